@@ -1,0 +1,99 @@
+"""``glm-infra validate | plan | render | schema``: review a stack without the Pulumi engine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from . import render, topology
+from .config import StackConfig
+from .stack import LoadedStack, StackError, load_file, resolve_stack_file
+
+EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+
+
+def _load(stack: str) -> LoadedStack:
+    return load_file(resolve_stack_file(stack))
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    status = EXIT_OK
+    for name in args.stacks:
+        try:
+            loaded = _load(name)
+        except StackError as e:
+            print(e, file=sys.stderr)
+            status = EXIT_INVALID
+            continue
+        p = topology.plan(loaded.config)
+        print(
+            f"{loaded.source}: ok ({len(p.hosts)} hosts, {len(p.instances)} vLLM instances, "
+            f"{sum(h.gpus_used for h in p.hosts)} GPUs{', router' if p.router else ''})"
+        )
+        for w in loaded.warnings:
+            print(f"  warning: {w}", file=sys.stderr)
+    return status
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    loaded = _load(args.stack)
+    print(f"# {loaded.source}")
+    print(topology.format_table(loaded.config, topology.plan(loaded.config)))
+    return EXIT_OK
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    loaded = _load(args.stack)
+    out = Path(args.out)
+    if out.exists():
+        if not args.force and any(out.iterdir()):
+            print(f"{out}: exists and is not empty (use --force to replace it)", file=sys.stderr)
+            return EXIT_USAGE
+        shutil.rmtree(out)
+    rendered = render.render_all(loaded.config, topology.plan(loaded.config))
+    written = render.write_tree(out, rendered)
+    for path in written:
+        print(path)
+    print(f"{len(written)} files for {len(rendered)} hosts under {out} (secrets are placeholders)", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    schema = StackConfig.model_json_schema(by_alias=True)
+    print(json.dumps(schema, indent=2, sort_keys=True))
+    return EXIT_OK
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="glm-infra", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    v = sub.add_parser("validate", help="check stacks; exit 1 if any is invalid")
+    v.add_argument("stacks", nargs="+", metavar="STACK", help="stack name (prod-b300) or path to a stack file")
+    v.set_defaults(func=cmd_validate)
+    p = sub.add_parser("plan", help="print hosts × instances × GPUs × ports")
+    p.add_argument("stack", metavar="STACK")
+    p.set_defaults(func=cmd_plan)
+    r = sub.add_parser("render", help="write every file that lands on each host under DIR/<host>/<path>")
+    r.add_argument("stack", metavar="STACK")
+    r.add_argument("--out", required=True, metavar="DIR")
+    r.add_argument("--force", action="store_true", help="replace DIR if it is not empty")
+    r.set_defaults(func=cmd_render)
+    s = sub.add_parser("schema", help="print the JSON Schema of the glm-infra config keys")
+    s.set_defaults(func=cmd_schema)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except StackError as e:
+        print(e, file=sys.stderr)
+        return EXIT_INVALID
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Turn a ``Step`` into a ``command:remote:Command`` — the one place components touch the provider."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pulumi
+import pulumi_command.remote as remote
+
+from ..steps import Step
+
+
+def run_step(
+    name: str,
+    step: Step,
+    connection: remote.ConnectionArgs,
+    parent: pulumi.Resource,
+    *,
+    stdin: pulumi.Input[str] | None = None,
+    triggers: Sequence[pulumi.Input[str]] = (),
+    depends_on: Sequence[pulumi.Resource] = (),
+    timeout: str | None = None,
+) -> remote.Command:
+    """``stdin`` overrides ``step.stdin`` (for content that is an Output, such as secret files)."""
+    data = stdin if stdin is not None else step.stdin
+    if step.secret and data is not None:
+        data = pulumi.Output.secret(data)
+    all_triggers = [*step.triggers, *triggers]
+    return remote.Command(
+        name,
+        connection=connection,
+        create=step.create,
+        update=step.create,
+        delete=step.delete,
+        stdin=data,
+        triggers=all_triggers or None,
+        add_previous_output_in_env=False,
+        logging=remote.Logging.NONE if step.secret else remote.Logging.STDOUT_AND_STDERR,
+        opts=pulumi.ResourceOptions(
+            parent=parent,
+            depends_on=list(depends_on),
+            additional_secret_outputs=["stdin"] if step.secret else None,
+            custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout) if timeout else None,
+        ),
+    )

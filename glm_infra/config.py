@@ -1,0 +1,375 @@
+"""Pydantic models of one stack: hosts, SSH, model, pools, router, runtime.
+
+Every model forbids unknown keys, so a misspelt key is an error rather than a silently ignored
+setting. Keys are camelCase in the stack file (``instancesPerHost``) and snake_case in Python.
+Cross-field rules (host references, GPU budgets, port collisions) live in ``validate.py``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import posixpath
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+NAMESPACE = "glm-infra"
+
+# Top-level stack keys this program reads; anything else in the namespace is a typo.
+STACK_KEYS = (
+    "hosts",
+    "ssh",
+    "model",
+    "prefill",
+    "decode",
+    "colocated",
+    "router",
+    "runtime",
+    "drivers",
+    "rdma",
+    "nixl",
+)
+
+# Paths (top key, nested key) whose values must be Pulumi secrets.
+SECRET_PATHS = (("ssh", "privateKey"), ("model", "hfToken"), ("router", "apiKey"))
+
+_HOST_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_DNS_NAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+
+
+@dataclass(frozen=True)
+class SecretValue:
+    """A secret from the stack. ``plaintext`` is known only inside a Pulumi run (decrypted by the
+    engine); in a stack file read offline it is ``None`` and only the ciphertext is present."""
+
+    plaintext: str | None = None
+
+    def __repr__(self) -> str:  # never print the value
+        return "SecretValue(***)"
+
+    __str__ = __repr__
+
+
+def _to_secret(value: Any) -> Any:
+    if isinstance(value, SecretValue):
+        return value
+    if isinstance(value, dict) and set(value) == {"secure"} and isinstance(value["secure"], str):
+        return SecretValue(None)
+    if isinstance(value, str):
+        return SecretValue(value)
+    raise ValueError("must be a secret string (pulumi config set --secret --path ...)")
+
+
+Secret = Annotated[SecretValue, BeforeValidator(_to_secret)]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        frozen=True,
+        arbitrary_types_allowed=True,
+    )
+
+
+Port = Annotated[int, Field(ge=1024, le=65535)]
+
+
+class HostConfig(StrictModel):
+    """One bare-metal server."""
+
+    name: str = Field(description="Short host name, used in resource names and unit paths.")
+    address: str = Field(description="Routable address (IPv4, IPv6 or DNS name) used for SSH, NIXL and the router.")
+    gpus: int = Field(8, ge=1, le=16, description="GPUs on the host.")
+    gpu_model: str = Field("B300", description="GPU model name as nvidia-smi reports it, without 'NVIDIA '.")
+    compute_nics: list[str] = Field(
+        default_factory=list,
+        description="RDMA devices carrying KV traffic (e.g. mlx5_0). Never the NVSwitch-management ConnectX.",
+    )
+    ssh_port: int = Field(22, ge=1, le=65535)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _HOST_NAME.match(v):
+            raise ValueError(f"{v!r} is not a valid host name (lowercase letters, digits and '-', at most 63)")
+        return v
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        try:
+            ip = ipaddress.ip_address(v)
+        except ValueError:
+            if _DNS_NAME.match(v) and not re.fullmatch(r"[0-9.]+", v):
+                return v
+            raise ValueError(f"{v!r} is not an IP address or DNS name") from None
+        if ip.is_unspecified or ip.is_multicast:
+            raise ValueError(f"{v!r} cannot address a host")
+        return v
+
+    @field_validator("compute_nics")
+    @classmethod
+    def _nics(cls, v: list[str]) -> list[str]:
+        for nic in v:
+            if not re.fullmatch(r"[A-Za-z0-9_.:-]+", nic):
+                raise ValueError(f"{nic!r} is not an RDMA device name")
+        if len(set(v)) != len(v):
+            raise ValueError("duplicate NIC")
+        return v
+
+
+class SshConfig(StrictModel):
+    """How glm-infra logs in to every host."""
+
+    user: str = Field("root", pattern=r"^[a-z_][a-z0-9_-]*$")
+    private_key: Secret | None = Field(None, description="Private key, a Pulumi secret.")
+    private_key_path: str | None = Field(
+        None, description="Path of a private key file on the machine running pulumi (read at run time, kept secret)."
+    )
+
+    @model_validator(mode="after")
+    def _one_key(self) -> SshConfig:
+        if (self.private_key is None) == (self.private_key_path is None):
+            raise ValueError("set exactly one of privateKey (a secret) or privateKeyPath")
+        return self
+
+
+class ModelConfig(StrictModel):
+    """The checkpoint to serve and where it lives on each host."""
+
+    repo: str = Field(description="Hugging Face repository, e.g. nvidia/GLM-5.2-NVFP4.")
+    revision: str = Field(description="Pinned revision (a commit SHA) of the repository.")
+    path: str = Field(description="Absolute path of the checkpoint on every host.")
+    served_model_name: str = Field("glm-5.2", pattern=r"^[A-Za-z0-9_.:/-]+$")
+    hf_token: Secret | None = Field(None, description="Hugging Face token, a Pulumi secret.")
+    # Model-wide serving flags of the BRIEF recipe; prefill and decode must agree on them.
+    trust_remote_code: bool = True
+    chat_template_content_format: Literal["auto", "string", "openai"] | None = "string"
+    tool_call_parser: str | None = Field("glm47", pattern=r"^[a-z0-9_]+$")
+    enable_auto_tool_choice: bool = True
+    reasoning_parser: str | None = Field("glm45", pattern=r"^[a-z0-9_]+$")
+    enable_prompt_tokens_details: bool = True
+    fingerprint_mode: str | None = Field("none", pattern=r"^[a-z0-9_]+$")
+    speculative_method: str = Field("mtp", pattern=r"^[a-z0-9_]+$", description="MTP method (P and D must match).")
+
+    @field_validator("repo")
+    @classmethod
+    def _repo(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", v):
+            raise ValueError(f"{v!r} is not an 'owner/name' repository id")
+        return v
+
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", v):
+            raise ValueError(f"{v!r} is not a revision")
+        return v
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"{v!r} is relative; the model path must be absolute")
+        if posixpath.normpath(v) != v or v == "/":
+            raise ValueError(f"{v!r} is not a normalised absolute path")
+        if not re.fullmatch(r"[A-Za-z0-9_./+-]+", v):
+            raise ValueError(f"{v!r} has characters that cannot appear in a unit file path")
+        return v
+
+
+CudagraphMode = Literal["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
+
+
+class PoolConfig(StrictModel):
+    """Settings shared by every pool of vLLM instances."""
+
+    hosts: list[str] = Field(min_length=1, description="Names of the hosts that run this pool.")
+    instances_per_host: int = Field(1, ge=1, le=16)
+    tp: int = Field(1, ge=1, le=16, description="Tensor parallel size (-tp).")
+    dp: int = Field(1, ge=1, le=16, description="Data parallel size (-dp).")
+    ep: bool = Field(True, description="Expert parallelism (-ep).")
+    speculative_tokens: int = Field(ge=0, le=16, description="MTP num_speculative_tokens; 0 disables MTP.")
+    gpu_memory_utilization: float = Field(gt=0, le=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    cudagraph_mode: CudagraphMode | None = None
+    all2all_backend: str | None = Field(None, alias="all2allBackend", pattern=r"^[a-z0-9_]+$")
+    shutdown_timeout: int = Field(300, ge=0, le=3600, description="--shutdown-timeout seconds (drain).")
+    http_port: Port = Field(description="HTTP port of the first instance on a host; further instances add 1.")
+    dp_rpc_port: Port = Field(description="--data-parallel-rpc-port of the first instance on a host; +1 each.")
+    nixl_side_channel_port: Port = Field(
+        description="VLLM_NIXL_SIDE_CHANNEL_PORT base of the first instance on a host; each DP rank uses base+rank."
+    )
+    model_runner_v2: bool = Field(True, description="VLLM_USE_V2_MODEL_RUNNER=1 (Model Runner V2).")
+    extra_args: list[str] = Field(default_factory=list, description="Further vllm serve arguments, verbatim.")
+    env: dict[str, str] = Field(default_factory=dict, description="Further non-secret environment variables.")
+
+    @field_validator("hosts")
+    @classmethod
+    def _unique_hosts(cls, v: list[str]) -> list[str]:
+        seen = set()
+        for h in v:
+            if h in seen:
+                raise ValueError(f"host {h!r} is listed twice")
+            seen.add(h)
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, val in v.items():
+            if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", k):
+                raise ValueError(f"{k!r} is not an environment variable name")
+            if "\n" in val or '"' in val or "\\" in val:
+                raise ValueError(f"value of {k} may not contain newlines, quotes or backslashes")
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra_args(cls, v: list[str]) -> list[str]:
+        for a in v:
+            if any(c in a for c in "\n%$'\\"):
+                raise ValueError(f"{a!r}: newlines, single quotes, backslashes, '%' and '$' cannot go in a unit")
+        return v
+
+    @property
+    def gpus_per_instance(self) -> int:
+        return self.tp * self.dp
+
+
+class PrefillConfig(PoolConfig):
+    http_port: Port = 8100
+    dp_rpc_port: Port = 29550
+    nixl_side_channel_port: Port = 5600
+
+
+class DecodeConfig(PoolConfig):
+    max_num_batched_tokens: int = Field(ge=1)
+    cudagraph_mode: CudagraphMode
+    all2all_backend: str = Field(alias="all2allBackend", pattern=r"^[a-z0-9_]+$")
+    http_port: Port = 8200
+    dp_rpc_port: Port = 29650
+    nixl_side_channel_port: Port = 5700
+
+
+class ColocatedConfig(PoolConfig):
+    """One pool serving prefill and decode together (no P/D): a development box."""
+
+    http_port: Port = 8100
+    dp_rpc_port: Port = 29550
+    nixl_side_channel_port: Port = 5600
+
+
+class RouterConfig(StrictModel):
+    host: str
+    port: Port = 8000
+    policy: Literal[
+        "random", "round_robin", "cache_aware", "kv_aware", "power_of_two", "consistent_hash", "sticky_least_loaded"
+    ] = "round_robin"
+    api_key: Secret | None = Field(None, description="API key the router and workers share, a Pulumi secret.")
+    health_check_interval: int = Field(10, ge=1, le=600, description="Seconds between worker health checks.")
+
+
+class RuntimeConfig(StrictModel):
+    """The Python runtime that runs vLLM and the router on every host."""
+
+    user: str = Field("vllm", pattern=r"^[a-z_][a-z0-9_-]*$")
+    venv: str = "/opt/glm-infra/venv"
+    vllm_version: str = Field("0.33.0", pattern=r"^[0-9][A-Za-z0-9.+_-]*$")
+    nixl_version: str = Field("1.5.1", pattern=r"^[0-9][A-Za-z0-9.+_-]*$")
+    router_version: str = Field("0.1.17", pattern=r"^[0-9][A-Za-z0-9.+_-]*$")
+    uv_version: str = Field("0.13.8", pattern=r"^[0-9][A-Za-z0-9.+_-]*$")
+    index_url: str | None = Field(None, description="Python package index for the hosts (None: PyPI).")
+    find_links: str | None = Field(None, description="Extra wheel location (URL) for the hosts.")
+    state_dir: str = "/var/lib/glm-infra"
+
+    @field_validator("venv", "state_dir")
+    @classmethod
+    def _abs(cls, v: str) -> str:
+        if not v.startswith("/") or posixpath.normpath(v) != v or v == "/":
+            raise ValueError(f"{v!r} must be a normalised absolute path")
+        return v
+
+
+class DriversConfig(StrictModel):
+    mode: Literal["install", "verify"] = "install"
+    version: str = Field("580.159.04", pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
+    apt_repository: str = Field(
+        "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/",
+        description="NVIDIA apt repository (deb line URL).",
+    )
+    apt_keyring_url: str | None = Field(
+        "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/3bf863cc.pub",
+        description="Signing key of the repository; None means the repository is trusted as is.",
+    )
+    fabric_manager: bool = Field(True, description="Run nvidia-fabricmanager (NVLink 5 / NVSwitch systems).")
+    remove_on_destroy: bool = Field(False, description="Unhold and purge the driver on pulumi destroy.")
+
+    @property
+    def branch(self) -> str:
+        return self.version.split(".")[0]
+
+
+class RdmaConfig(StrictModel):
+    stack: Literal["doca-ofed", "inbox"] = "doca-ofed"
+    gpudirect: Literal["dmabuf", "peermem"] = "dmabuf"
+    link_layer: Literal["Ethernet", "InfiniBand"] = "Ethernet"
+    mtu: int = Field(9000, ge=1500, le=9216)
+    gid_index: int = Field(3, ge=0, le=255)
+
+
+class NixlConfig(StrictModel):
+    ucx_tls: str = Field("rc,cuda_copy,cuda_ipc", pattern=r"^[a-z0-9_,]+$")
+
+
+class StackConfig(StrictModel):
+    """One stack file's ``glm-infra:*`` keys."""
+
+    hosts: list[HostConfig] = Field(min_length=1)
+    ssh: SshConfig
+    model: ModelConfig
+    prefill: PrefillConfig | None = None
+    decode: DecodeConfig | None = None
+    colocated: ColocatedConfig | None = None
+    router: RouterConfig | None = None
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    drivers: DriversConfig = Field(default_factory=DriversConfig)
+    rdma: RdmaConfig = Field(default_factory=RdmaConfig)
+    nixl: NixlConfig = Field(default_factory=NixlConfig)
+
+    def host(self, name: str) -> HostConfig:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+    def pools(self) -> list[tuple[str, PoolConfig]]:
+        """(role, pool) in a fixed order: prefill, decode, colocated."""
+        out: list[tuple[str, PoolConfig]] = []
+        for role in ("prefill", "decode", "colocated"):
+            pool = getattr(self, role)
+            if pool is not None:
+                out.append((role, pool))
+        return out
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill is not None and self.decode is not None
+
+
+def dump_json(value: Any) -> str:
+    """Compact JSON as vLLM's command line examples write it."""
+    return json.dumps(value, separators=(",", ":"))

@@ -1,0 +1,255 @@
+"""Rendering of everything that lands on a host: systemd units, environment files, host scripts.
+
+Pure and deterministic: the same stack gives byte-identical files. Secret values are never part of
+what this module renders for review; secret files are rendered from a ``secrets`` mapping that the
+offline CLI fills with placeholders and the Pulumi program fills inside ``Output.apply``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from .config import StackConfig, dump_json
+from .topology import KV_ROLE, Instance, Plan, pool_of
+
+TEMPLATES = Path(__file__).parent / "templates"
+ETC = "/etc/glm-infra"
+SECRETS_DIR = f"{ETC}/secrets"
+UNIT_DIR = "/etc/systemd/system"
+VLLM_SECRETS = f"{SECRETS_DIR}/vllm.env"
+ROUTER_SECRETS = f"{SECRETS_DIR}/router.env"
+UCX_ENV = f"{ETC}/ucx.env"
+
+
+
+def configured_secrets(stack: StackConfig) -> dict[str, str]:
+    """The secrets this stack sets, by template name, mapped to their stack key."""
+    out = {}
+    if stack.router is not None and stack.router.api_key is not None:
+        out["router_api_key"] = "glm-infra:router.apiKey"
+    if stack.model.hf_token is not None:
+        out["hf_token"] = "glm-infra:model.hfToken"
+    return out
+
+
+def placeholders(stack: StackConfig) -> dict[str, str]:
+    """What offline rendering writes in place of each secret."""
+    return {name: f"<secret {key}>" for name, key in configured_secrets(stack).items()}
+
+
+@dataclass(frozen=True)
+class RenderedFile:
+    path: str
+    content: str
+    mode: int = 0o644
+    secret: bool = False
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.content.encode()).hexdigest()
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["q"] = lambda v: shlex.quote(str(v))  # shell-quote a value for host scripts
+    return env
+
+
+_ENV = _env()
+
+
+def render_template(name: str, **context: object) -> str:
+    return _ENV.get_template(name).render(**context)
+
+
+_SAFE_WORD = re.compile(r"^[A-Za-z0-9_./:=,@+\[\]-]+$")
+
+
+def systemd_quote(args: list[str]) -> str:
+    """Join arguments into an ``ExecStart=`` line that systemd splits back into the same words.
+
+    systemd only honours quotes that wrap a whole word, so ``--flag='{...}'`` must be written as two
+    words. Arguments were validated not to hold single quotes, backslashes, '%' or '$'.
+    """
+    out = []
+    for a in args:
+        if any(c in a for c in "'\\%$\n"):
+            raise ValueError(f"argument cannot be written to a unit: {a!r}")
+        out.append(a if _SAFE_WORD.match(a) else f"'{a}'")
+    return " ".join(out)
+
+
+def _fmt_float(v: float) -> str:
+    return f"{v:.2f}" if round(v, 2) == v else repr(v)
+
+
+def vllm_args(stack: StackConfig, inst: Instance) -> list[str]:
+    """The complete ``vllm serve`` command of one instance, in the BRIEF recipe's order."""
+    m = stack.model
+    pool = pool_of(stack, inst.role)
+    a = [f"{stack.runtime.venv}/bin/vllm", "serve", m.path]
+    if m.trust_remote_code:
+        a.append("--trust-remote-code")
+    if inst.role in KV_ROLE:
+        a += ["--kv-transfer-config", dump_json({"kv_connector": "NixlConnector", "kv_role": KV_ROLE[inst.role]})]
+    if m.chat_template_content_format:
+        a.append(f"--chat-template-content-format={m.chat_template_content_format}")
+    if pool.cudagraph_mode:
+        a += ["--compilation-config", dump_json({"cudagraph_mode": pool.cudagraph_mode})]
+    if pool.max_num_batched_tokens:
+        a += ["--max-num-batched-tokens", str(pool.max_num_batched_tokens)]
+    if pool.ep:
+        a.append("-ep")
+    a += ["-tp", str(pool.tp), "-dp", str(pool.dp)]
+    if m.tool_call_parser:
+        a += ["--tool-call-parser", m.tool_call_parser]
+    if m.enable_auto_tool_choice:
+        a.append("--enable-auto-tool-choice")
+    if m.reasoning_parser:
+        a += ["--reasoning-parser", m.reasoning_parser]
+    a += ["--gpu-memory-utilization", _fmt_float(pool.gpu_memory_utilization)]
+    if m.enable_prompt_tokens_details:
+        a.append("--enable-prompt-tokens-details")
+    if pool.all2all_backend:
+        a.append(f"--all2all-backend={pool.all2all_backend}")
+    if pool.speculative_tokens > 0:
+        spec = {"method": m.speculative_method, "num_speculative_tokens": pool.speculative_tokens}
+        a += ["--speculative-config", dump_json(spec)]
+    a += ["--shutdown-timeout", str(pool.shutdown_timeout)]
+    if m.fingerprint_mode:
+        a.append(f"--fingerprint-mode={m.fingerprint_mode}")
+    # What a multi-host, multi-instance deployment adds to the recipe.
+    a += ["--served-model-name", m.served_model_name]
+    a += ["--host", inst.address, "--port", str(inst.http_port)]
+    a += ["--data-parallel-rpc-port", str(inst.dp_rpc_port)]
+    a += list(pool.extra_args)
+    return a
+
+
+def vllm_environment(stack: StackConfig, inst: Instance) -> list[tuple[str, str]]:
+    """Non-secret environment of one instance, as ``Environment=`` lines."""
+    pool = pool_of(stack, inst.role)
+    env: list[tuple[str, str]] = []
+    if pool.model_runner_v2:
+        env.append(("VLLM_USE_V2_MODEL_RUNNER", "1"))
+    env.append(("CUDA_VISIBLE_DEVICES", inst.cuda_visible_devices))
+    if inst.role in KV_ROLE:
+        env.append(("VLLM_NIXL_SIDE_CHANNEL_HOST", inst.nixl_host))
+        env.append(("VLLM_NIXL_SIDE_CHANNEL_PORT", str(inst.nixl_port_base)))
+    env.append(("HOME", f"{stack.runtime.state_dir}/home"))
+    env.append(("HF_HUB_OFFLINE", "1"))  # weights are staged by glm-infra; never download at start
+    env += sorted(pool.env.items())
+    return env
+
+
+def vllm_unit(stack: StackConfig, inst: Instance) -> str:
+    pool = pool_of(stack, inst.role)
+    requires = []
+    if stack.drivers.fabric_manager:
+        requires.append("nvidia-fabricmanager.service")
+    requires.append("nvidia-persistenced.service")
+    return render_template(
+        "vllm.service.j2",
+        inst=inst,
+        pool=pool,
+        stack=stack,
+        exec_start=systemd_quote(vllm_args(stack, inst)),
+        environment=vllm_environment(stack, inst),
+        environment_files=[UCX_ENV, VLLM_SECRETS],
+        requires=requires,
+        timeout_stop=pool.shutdown_timeout + 30,
+    )
+
+
+def router_args(stack: StackConfig, plan: Plan) -> list[str]:
+    assert plan.router is not None and stack.router is not None
+    r = plan.router
+    a = [f"{stack.runtime.venv}/bin/vllm-router"]
+    if plan.disaggregated:
+        a.append("--vllm-pd-disaggregation")
+        for url in r.prefill_urls:
+            a += ["--prefill", url]
+        for url in r.decode_urls:
+            a += ["--decode", url]
+    else:
+        a += ["--worker-urls", *r.worker_urls]
+    a += ["--policy", stack.router.policy]
+    a += ["--host", r.address, "--port", str(r.port)]
+    a += ["--health-check-interval-secs", str(stack.router.health_check_interval)]
+    return a
+
+
+def router_unit(stack: StackConfig, plan: Plan) -> str:
+    return render_template(
+        "router.service.j2",
+        stack=stack,
+        exec_start=systemd_quote(router_args(stack, plan)),
+        environment_files=[ROUTER_SECRETS],
+    )
+
+
+def ucx_env(stack: StackConfig, host_name: str) -> str:
+    host = stack.host(host_name)
+    return render_template("ucx.env.j2", host=host, rdma=stack.rdma, nixl=stack.nixl)
+
+
+def vllm_secrets_env(secrets: Mapping[str, str]) -> str:
+    return render_template("vllm-secrets.env.j2", secrets=secrets)
+
+
+def router_secrets_env(secrets: Mapping[str, str]) -> str:
+    return render_template("router-secrets.env.j2", secrets=secrets)
+
+
+def host_files(
+    stack: StackConfig, plan: Plan, host_name: str, secrets: Mapping[str, str] | None = None
+) -> dict[str, RenderedFile]:
+    """Every file glm-infra writes on one host, keyed by absolute path. Without ``secrets``,
+    secret values are placeholders."""
+    if secrets is None:
+        secrets = placeholders(stack)
+    h = plan.host(host_name)
+    files: list[RenderedFile] = []
+    if h.instances:
+        files.append(RenderedFile(UCX_ENV, ucx_env(stack, host_name)))
+        files.append(RenderedFile(VLLM_SECRETS, vllm_secrets_env(secrets), mode=0o600, secret=True))
+        for inst in h.instances:
+            files.append(RenderedFile(f"{UNIT_DIR}/{inst.unit}", vllm_unit(stack, inst)))
+    if h.runs_router:
+        files.append(RenderedFile(ROUTER_SECRETS, router_secrets_env(secrets), mode=0o600, secret=True))
+        assert plan.router is not None
+        files.append(RenderedFile(f"{UNIT_DIR}/{plan.router.unit}", router_unit(stack, plan)))
+    return {f.path: f for f in files}
+
+
+def render_all(
+    stack: StackConfig, plan: Plan, secrets: Mapping[str, str] | None = None
+) -> dict[str, dict[str, RenderedFile]]:
+    return {h.name: host_files(stack, plan, h.name, secrets) for h in plan.hosts}
+
+
+def write_tree(out_dir: Path, rendered: Mapping[str, Mapping[str, RenderedFile]]) -> list[Path]:
+    """Write ``rendered`` under ``out_dir/<host>/<absolute path>``; returns the paths written."""
+    written = []
+    for host, files in sorted(rendered.items()):
+        for path, f in sorted(files.items()):
+            target = out_dir / host / path.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(f.content)
+            target.chmod(f.mode)
+            written.append(target)
+    return written

@@ -1,0 +1,84 @@
+"""Remote steps: what one ``command:remote:Command`` runs, as plain data.
+
+Components turn each ``Step`` into a remote command; tests run the same strings over SSH or against
+a stub PATH. A step is idempotent: its ``create`` is also its ``update``, so a changed input re-runs
+the step in place instead of replacing it (a replacement would run the old ``delete`` after the new
+``create`` and undo it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from dataclasses import dataclass, field
+
+LIBEXEC = "/usr/local/libexec/glm-infra"
+
+
+def digest(*parts: str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One named remote operation.
+
+    ``create`` runs on create and on every input change; it reads ``stdin``. ``delete`` runs on
+    destroy (it receives no stdin). ``triggers`` are extra values whose change re-runs ``create``.
+    """
+
+    name: str
+    create: str
+    delete: str | None = None
+    stdin: str | None = None
+    triggers: tuple[str, ...] = ()
+    secret: bool = False  # stdin holds a secret: keep it encrypted in state, never log it
+
+    def with_triggers(self, *values: str) -> Step:
+        return Step(self.name, self.create, self.delete, self.stdin, self.triggers + tuple(values), self.secret)
+
+
+@dataclass(frozen=True)
+class ScriptStep:
+    """A host script (rendered from a template) installed under LIBEXEC and run with an action.
+
+    ``create``: install the script from stdin, run ``SCRIPT apply``. ``delete``: run ``SCRIPT remove``
+    if the script is there, then remove it. The script stays on the host between runs so operators
+    can re-run it (``SCRIPT check``) and so ``delete`` needs no stdin.
+    """
+
+    name: str
+    script: str
+    args: tuple[str, ...] = ()
+    removable: bool = True
+    triggers: tuple[str, ...] = field(default=())
+
+    @property
+    def path(self) -> str:
+        return f"{LIBEXEC}/{self.name}.sh"
+
+    def step(self) -> Step:
+        args = "".join(" " + shlex.quote(a) for a in self.args)
+        create = f"install -D -m 0755 /dev/stdin {self.path} && {self.path} apply{args}"
+        if self.removable:
+            delete = f"if [ -x {self.path} ]; then {self.path} remove{args}; fi && rm -f {self.path}"
+        else:
+            delete = f"rm -f {self.path}"
+        return Step(self.name, create, delete, self.script, self.triggers)
+
+
+def file_step(name: str, path: str, content: str, mode: int = 0o644, secret: bool = False) -> Step:
+    """Write ``content`` to ``path`` atomically (root-owned, ``mode``); remove it on destroy."""
+    q = shlex.quote(path)
+    d = shlex.quote(path.rsplit("/", 1)[0] or "/")
+    create = (
+        f"set -e; umask 077; mkdir -p {d}; tmp=$(mktemp {q}.XXXXXX); cat > \"$tmp\"; "
+        f"chmod {mode:o} \"$tmp\"; if cmp -s \"$tmp\" {q}; then rm -f \"$tmp\"; chmod {mode:o} {q}; echo unchanged {q}; "
+        f"else mv -f \"$tmp\" {q}; echo wrote {q}; fi"
+    )
+    delete = f"rm -f {q}"
+    return Step(name, create, delete, content, (), secret)

@@ -1,0 +1,214 @@
+"""Pure planning: vLLM instances → hosts, GPU sets, ports and NIXL side-channel ranges.
+
+No Pulumi here. ``allocate`` lays instances out without judging them; ``validate`` checks what it
+produced (GPU budgets, port collisions); ``plan`` is what components consume once a stack is valid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .config import PoolConfig, StackConfig
+
+ROLES = ("prefill", "decode", "colocated")
+KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One ``vllm serve`` process: a systemd unit on one host."""
+
+    role: str  # prefill | decode | colocated
+    index: int  # index within its pool, across hosts (prefill-0, prefill-1, ...)
+    host: str
+    address: str
+    slot: int  # index of this instance among its pool's instances on this host
+    gpus: tuple[int, ...]
+    http_port: int
+    dp_rpc_port: int
+    nixl_host: str
+    nixl_port_base: int
+    nixl_port_count: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.index}"
+
+    @property
+    def unit(self) -> str:
+        return f"glm-vllm-{self.name}.service"
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        return ",".join(str(g) for g in self.gpus)
+
+    @property
+    def nixl_ports(self) -> range:
+        return range(self.nixl_port_base, self.nixl_port_base + self.nixl_port_count)
+
+    @property
+    def url(self) -> str:
+        return f"http://{_url_host(self.address)}:{self.http_port}"
+
+    def ports(self) -> list[tuple[str, int]]:
+        """Every port this instance listens on, with what it is for."""
+        out = [("http", self.http_port), ("dp-rpc", self.dp_rpc_port)]
+        if self.role in KV_ROLE:
+            out += [("nixl", p) for p in self.nixl_ports]
+        return out
+
+
+@dataclass(frozen=True)
+class RouterPlan:
+    host: str
+    address: str
+    port: int
+    prefill_urls: tuple[str, ...]
+    decode_urls: tuple[str, ...]
+    worker_urls: tuple[str, ...]  # colocated mode
+
+    @property
+    def url(self) -> str:
+        return f"http://{_url_host(self.address)}:{self.port}"
+
+    @property
+    def unit(self) -> str:
+        return "glm-vllm-router.service"
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    name: str
+    address: str
+    gpus: int
+    instances: tuple[Instance, ...]
+    runs_router: bool
+
+    @property
+    def gpus_used(self) -> int:
+        return sum(len(i.gpus) for i in self.instances)
+
+
+@dataclass(frozen=True)
+class Plan:
+    hosts: tuple[HostPlan, ...]
+    instances: tuple[Instance, ...]
+    router: RouterPlan | None
+    disaggregated: bool = field(default=False)
+
+    def host(self, name: str) -> HostPlan:
+        return next(h for h in self.hosts if h.name == name)
+
+    def by_role(self, role: str) -> tuple[Instance, ...]:
+        return tuple(i for i in self.instances if i.role == role)
+
+    @property
+    def serving_hosts(self) -> tuple[HostPlan, ...]:
+        """Hosts that run at least one vLLM instance (they need the runtime and the weights)."""
+        return tuple(h for h in self.hosts if h.instances)
+
+
+def _url_host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
+
+def allocate(stack: StackConfig) -> list[Instance]:
+    """Lay every pool's instances out on their hosts.
+
+    GPUs are handed out in pool order (prefill, decode, colocated) from GPU 0 up on each host, so a
+    host shared by two pools gets disjoint sets. GPU indices past the host's count are allowed here
+    and reported by ``validate``. Ports start at the pool's base on each host and step by one per
+    instance (HTTP, DP RPC) or by ``dp`` (NIXL side channel: one port per DP rank).
+    """
+    addresses = {h.name: h.address for h in stack.hosts}
+    next_gpu: dict[str, int] = {}
+    out: list[Instance] = []
+    for role, pool in stack.pools():
+        index = 0
+        for host in pool.hosts:
+            for slot in range(pool.instances_per_host):
+                first = next_gpu.get(host, 0)
+                n = pool.gpus_per_instance
+                next_gpu[host] = first + n
+                out.append(
+                    Instance(
+                        role=role,
+                        index=index,
+                        host=host,
+                        address=addresses.get(host, ""),
+                        slot=slot,
+                        gpus=tuple(range(first, first + n)),
+                        http_port=pool.http_port + slot,
+                        dp_rpc_port=pool.dp_rpc_port + slot,
+                        nixl_host=addresses.get(host, ""),
+                        nixl_port_base=pool.nixl_side_channel_port + slot * pool.dp,
+                        nixl_port_count=pool.dp,
+                    )
+                )
+                index += 1
+    return out
+
+
+def pool_of(stack: StackConfig, role: str) -> PoolConfig:
+    pool = getattr(stack, role)
+    if pool is None:
+        raise KeyError(role)
+    return pool
+
+
+def plan(stack: StackConfig) -> Plan:
+    """The plan of a validated stack."""
+    instances = tuple(allocate(stack))
+    router = None
+    if stack.router is not None:
+        r = stack.router
+        router = RouterPlan(
+            host=r.host,
+            address=stack.host(r.host).address,
+            port=r.port,
+            prefill_urls=tuple(i.url for i in instances if i.role == "prefill"),
+            decode_urls=tuple(i.url for i in instances if i.role == "decode"),
+            worker_urls=tuple(i.url for i in instances if i.role == "colocated"),
+        )
+    hosts = tuple(
+        HostPlan(
+            name=h.name,
+            address=h.address,
+            gpus=h.gpus,
+            instances=tuple(i for i in instances if i.host == h.name),
+            runs_router=router is not None and router.host == h.name,
+        )
+        for h in stack.hosts
+    )
+    return Plan(hosts=hosts, instances=instances, router=router, disaggregated=stack.disaggregated)
+
+
+def format_table(stack: StackConfig, p: Plan) -> str:
+    """The plan as a table for PR review: one row per instance, grouped by host."""
+    headers = ("host", "address", "instance", "unit", "GPUs (CUDA_VISIBLE_DEVICES)", "http", "dp-rpc", "nixl ports")
+    rows: list[tuple[str, ...]] = []
+    for h in p.hosts:
+        if not h.instances and not h.runs_router:
+            rows.append((h.name, h.address, "-", "-", f"0/{h.gpus} used", "-", "-", "-"))
+        for i in h.instances:
+            pool = pool_of(stack, i.role)
+            label = f"{i.name} (tp{pool.tp} dp{pool.dp}{' ep' if pool.ep else ''})"
+            nixl = f"{i.nixl_ports.start}-{i.nixl_ports.stop - 1}" if i.role in KV_ROLE else "-"
+            rows.append(
+                (h.name, h.address, label, i.unit, i.cuda_visible_devices, str(i.http_port), str(i.dp_rpc_port), nixl)
+            )
+        if h.runs_router and p.router is not None:
+            rows.append((h.name, h.address, "router", p.router.unit, "-", str(p.router.port), "-", "-"))
+    widths = [max(len(r[c]) for r in [headers, *rows]) for c in range(len(headers))]
+    line = "  ".join("-" * w for w in widths)
+    out = ["  ".join(v.ljust(w) for v, w in zip(headers, widths)).rstrip(), line]
+    out += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    summary = []
+    for h in p.hosts:
+        summary.append(f"{h.name}: {h.gpus_used}/{h.gpus} GPUs")
+    out.append("")
+    out.append("GPU use: " + ", ".join(summary))
+    if p.router is not None:
+        mode = "P/D" if p.disaggregated else "round robin"
+        out.append(f"router: {p.router.url} ({mode}; {len(p.instances)} workers)")
+    return "\n".join(out)

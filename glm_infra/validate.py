@@ -1,0 +1,137 @@
+"""Cross-field rules of a stack that a single pydantic model cannot see.
+
+Each rule returns ``Problem`` entries naming the key path, so the CLI and ``pulumi up`` print the
+same messages. Rules run only on a stack whose individual keys already parsed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from .config import StackConfig
+from .topology import allocate
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: str  # e.g. "glm-infra:prefill.hosts[1]"
+    message: str
+
+
+def _key(top: str, rest: str = "") -> str:
+    return f"glm-infra:{top}{rest}"
+
+
+def check(stack: StackConfig) -> list[Problem]:
+    problems: list[Problem] = []
+    problems += _hosts_unique(stack)
+    problems += _pool_shape(stack)
+    problems += _host_references(stack)
+    if problems:
+        return problems  # budgets and ports are meaningless with unknown hosts
+    problems += _gpu_budget(stack)
+    problems += _port_collisions(stack)
+    return problems
+
+
+def _hosts_unique(stack: StackConfig) -> list[Problem]:
+    out = []
+    seen_name: dict[str, int] = {}
+    seen_addr: dict[str, int] = {}
+    for i, h in enumerate(stack.hosts):
+        if h.name in seen_name:
+            out.append(Problem(_key("hosts", f"[{i}].name"), f"duplicate host name {h.name!r} (also hosts[{seen_name[h.name]}])"))
+        else:
+            seen_name[h.name] = i
+        addr = h.address.lower()
+        if addr in seen_addr:
+            out.append(
+                Problem(_key("hosts", f"[{i}].address"), f"duplicate address {h.address!r} (also hosts[{seen_addr[addr]}])")
+            )
+        else:
+            seen_addr[addr] = i
+    return out
+
+
+def _pool_shape(stack: StackConfig) -> list[Problem]:
+    out = []
+    has_p, has_d, has_c = stack.prefill is not None, stack.decode is not None, stack.colocated is not None
+    if has_c and (has_p or has_d):
+        out.append(Problem(_key("colocated"), "a colocated pool cannot be combined with prefill/decode pools"))
+    elif has_p != has_d:
+        present, missing = ("prefill", "decode") if has_p else ("decode", "prefill")
+        out.append(Problem(_key(missing), f"P/D needs both pools: {present} is set but {missing} is missing"))
+    elif not (has_p or has_c):
+        out.append(Problem(_key("prefill"), "no vLLM pool: set prefill and decode (P/D) or colocated"))
+    if stack.disaggregated and stack.router is None:
+        out.append(Problem(_key("router"), "P/D needs a router in front of the prefill and decode pools"))
+    for role, pool in stack.pools():
+        if pool.gpus_per_instance > 16:
+            out.append(Problem(_key(role, ".dp"), f"tp×dp = {pool.gpus_per_instance} GPUs, more than one host has"))
+    if stack.prefill is not None and stack.decode is not None:
+        # P and D must agree on the MTP method; only the token count may differ.
+        if (stack.prefill.speculative_tokens == 0) != (stack.decode.speculative_tokens == 0):
+            out.append(
+                Problem(_key("decode", ".speculativeTokens"), "prefill and decode must both use MTP or both not")
+            )
+    return out
+
+
+def _host_references(stack: StackConfig) -> list[Problem]:
+    names = [h.name for h in stack.hosts]
+    known = ", ".join(names)
+    out = []
+    for role, pool in stack.pools():
+        for i, h in enumerate(pool.hosts):
+            if h not in names:
+                out.append(Problem(_key(role, f".hosts[{i}]"), f"unknown host {h!r} (hosts are: {known})"))
+    if stack.router is not None and stack.router.host not in names:
+        out.append(Problem(_key("router", ".host"), f"unknown host {stack.router.host!r} (hosts are: {known})"))
+    return out
+
+
+def _gpu_budget(stack: StackConfig) -> list[Problem]:
+    used: dict[str, list[str]] = defaultdict(list)
+    count: dict[str, int] = defaultdict(int)
+    for role, pool in stack.pools():
+        for h in pool.hosts:
+            used[h].append(f"{role} {pool.instances_per_host}×{pool.gpus_per_instance}")
+            count[h] += pool.instances_per_host * pool.gpus_per_instance
+    out = []
+    for i, h in enumerate(stack.hosts):
+        if count[h.name] > h.gpus:
+            out.append(
+                Problem(
+                    _key("hosts", f"[{i}].gpus"),
+                    f"host {h.name} is over-subscribed: {' + '.join(used[h.name])} = {count[h.name]} GPUs, "
+                    f"the host has {h.gpus}",
+                )
+            )
+    return out
+
+
+def _port_collisions(stack: StackConfig) -> list[Problem]:
+    owners: dict[tuple[str, int], str] = {}
+    clashes: dict[tuple[str, str, str, str], list[int]] = defaultdict(list)
+    out: list[Problem] = []
+
+    def claim(host: str, port: int, owner: str, path: str) -> None:
+        if port > 65535:
+            out.append(Problem(path, f"{owner} on {host} would need port {port}, above 65535"))
+            return
+        prev = owners.setdefault((host, port), owner)
+        if prev != owner:
+            clashes[(path, host, prev, owner)].append(port)
+
+    port_key = {"http": ".httpPort", "dp-rpc": ".dpRpcPort", "nixl": ".nixlSideChannelPort"}
+    for inst in allocate(stack):
+        for kind, port in inst.ports():
+            claim(inst.host, port, f"{inst.name} {kind}", _key(inst.role, port_key[kind]))
+    if stack.router is not None:
+        claim(stack.router.host, stack.router.port, "router http", _key("router", ".port"))
+    for (path, host, prev, owner), ports in clashes.items():
+        span = str(ports[0]) if len(ports) == 1 else f"{ports[0]}-{ports[-1]}"
+        word = "port" if len(ports) == 1 else "ports"
+        out.append(Problem(path, f"{word} {span} on {host} used twice: {prev} and {owner}"))
+    return out

@@ -1,0 +1,15 @@
+# shellcheck shell=bash
+# The project virtualenv (Pulumi.yaml: virtualenv venv), made once with the pinned dependencies.
+
+ensure_venv() {
+  local stamp=venv/.glm-infra-deps
+  local want
+  want=$(cat pyproject.toml requirements.txt | sha256sum | cut -c1-16)
+  if [ -x venv/bin/python ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    return 0
+  fi
+  echo "== virtualenv: installing pinned dependencies into venv/"
+  [ -x venv/bin/python ] || python3 -m venv venv
+  venv/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt
+  echo "$want" > "$stamp"
+}

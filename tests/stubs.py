@@ -1,0 +1,63 @@
+"""A stub PATH for host-script tests: each stub records its arguments and answers from a scenario."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+    calls: list[str]  # "cmd arg arg" per stub call, in order
+
+    def called(self, prefix: str) -> bool:
+        return any(c.startswith(prefix) for c in self.calls)
+
+
+class StubPath:
+    """A folder of fake commands. ``add(name, body)``: body is bash run after the call is logged;
+    ``$STATE`` is a folder the stubs and the test share."""
+
+    def __init__(self, root: Path) -> None:
+        self.bin = root / "bin"
+        self.state = root / "state"
+        self.log = root / "calls.log"
+        self.bin.mkdir(parents=True, exist_ok=True)
+        self.state.mkdir(exist_ok=True)
+
+    def add(self, name: str, body: str = "exit 0") -> None:
+        p = self.bin / name
+        p.write_text(f'#!/bin/bash\nprintf "%s\\n" "{name} $*" >> "$STUB_LOG"\n{body}\n')
+        p.chmod(0o755)
+
+    def run(self, script: Path | str, *args: str, env: dict | None = None, timeout: int = 60) -> Result:
+        self.log.write_text("")
+        e = {
+            "PATH": f"{self.bin}:/usr/bin:/bin",
+            "STUB_LOG": str(self.log),
+            "STATE": str(self.state),
+            "LC_ALL": "C",
+        }
+        e.update(env or {})
+        if isinstance(script, Path):
+            cmd = ["bash", str(script), *args]
+            stdin = None
+        else:
+            cmd = ["bash", "-s", "--", *args]
+            stdin = script
+        p = subprocess.run(cmd, input=stdin, capture_output=True, text=True, env=e, timeout=timeout)
+        calls = [l for l in self.log.read_text().splitlines() if l]
+        return Result(p.returncode, p.stdout, p.stderr, calls)
+
+
+def shellcheck(text: str, tmp: Path, name: str = "script.sh") -> subprocess.CompletedProcess:
+    p = tmp / name
+    p.write_text(text)
+    exe = Path(sys.executable).parent / "shellcheck"
+    sc = str(exe) if exe.exists() else "shellcheck"
+    return subprocess.run([sc, "-s", "bash", str(p)], capture_output=True, text=True)

@@ -1,0 +1,99 @@
+"""The Pulumi program under mocks: resource tree, parents, ordering and secrets, per stack."""
+
+from __future__ import annotations
+
+import pytest
+import pulumi
+import yaml
+
+from conftest import PROD_STACKS, stack_file
+from glm_infra.stack import load_file
+from glm_infra.topology import plan
+from pulumi_harness import run_program
+
+CMD = "command:remote:Command"
+
+
+@pytest.fixture
+def key_file(tmp_path):
+    k = tmp_path / "id_test"
+    k.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-real-key\n-----END OPENSSH PRIVATE KEY-----\n")
+    return k
+
+
+def _expected_commands(stack: str) -> int:
+    p = plan(load_file(stack_file(stack)).config)
+    serving = len(p.serving_hosts)
+    per_instance = 2  # unit file, service
+    router = 3 if p.router else 0  # secrets file, unit file, service
+    return serving * 2 + len(p.instances) * per_instance + router  # host files: ucx env, secrets env
+
+
+@pytest.mark.parametrize("stack", PROD_STACKS)
+def test_resource_tree(stack, key_file):
+    run = run_program(stack_file(stack), key_file)
+    p = plan(load_file(stack_file(stack)).config)
+    types = [r.type for r in run.resources]
+    assert types.count("glm-infra:index:Cluster") == 1
+    assert types.count("glm-infra:index:Host") == len(p.hosts)
+    assert types.count("glm-infra:index:VllmService") == len(p.instances)
+    assert types.count("glm-infra:index:Router") == (1 if p.router else 0)
+    assert types.count(CMD) == _expected_commands(stack)
+    # Every resource hangs under the cluster; names carry their parent's name.
+    cluster = run.get("glm")
+    for r in run.resources:
+        if r is cluster:
+            continue
+        parent = next(x for x in run.resources if x.urn == r.parent)
+        assert r.name.startswith(parent.name + "-"), (r.name, parent.name)
+    for i in p.instances:
+        assert run.get(f"glm-{i.name}").parent == cluster.urn
+        assert run.get(f"glm-{i.name}-service").parent == run.urn(f"glm-{i.name}")
+
+
+def test_prefill_restarts_one_at_a_time_and_router_comes_last(key_file):
+    run = run_program(stack_file("prod-b300"), key_file)
+    for a, b in [("prefill-0", "prefill-1"), ("prefill-1", "prefill-2"), ("prefill-2", "prefill-3")]:
+        # Depending on a component is depending on its children: b waits for a's health-gated service.
+        assert run.urn(f"glm-{a}-service") in run.get(f"glm-{b}").dependencies, f"{b} waits for {a}"
+    assert run.urn("glm-prefill-0-service") not in run.get("glm-decode-0").dependencies  # pools roll independently
+    router = run.get("glm-router")
+    for name in ["prefill-0", "prefill-1", "prefill-2", "prefill-3", "decode-0"]:
+        assert run.urn(f"glm-{name}-service") in router.dependencies
+    # A service starts after its unit file is written.
+    assert run.urn("glm-decode-0-unit") in run.get("glm-decode-0-service").dependencies
+
+
+def test_secrets_are_secret(key_file, tmp_path):
+    cfg = yaml.safe_load(stack_file("prod-b300").read_text())
+    cfg["config"]["glm-infra:router"]["apiKey"] = {"secure": "v1:x"}
+    path = tmp_path / "Pulumi.prod-secret.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    run = run_program(path, key_file, secrets={"glm-infra:router.apiKey": "sk-router-123"})
+    for r in run.by_type(CMD):
+        assert "connection" in r.secret_inputs, f"{r.name}: connection (private key) must be secret"
+        text = repr(r.inputs if "stdin" in r.secret_inputs else {k: v for k, v in r.inputs.items() if k != "connection"})
+        if "sk-router-123" in text:
+            assert "stdin" in r.secret_inputs, f"{r.name} carries the API key in a non-secret input"
+    secret_files = [r for r in run.by_type(CMD) if "secrets" in r.name]
+    assert secret_files and all("stdin" in r.secret_inputs for r in secret_files)
+    router_env = run.get("glm-router-secrets").inputs["stdin"]
+    assert "OPENAI_API_KEY=sk-router-123" in router_env
+    # Units never hold a secret.
+    for r in run.by_type(CMD):
+        if r.name.endswith("-unit"):
+            assert "sk-router-123" not in r.inputs["stdin"]
+
+
+def test_bad_stack_registers_nothing(key_file, tmp_path):
+    cfg = yaml.safe_load(stack_file("prod-b300").read_text())
+    cfg["config"]["glm-infra:decode"]["tp"] = 0
+    path = tmp_path / "Pulumi.bad.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(pulumi.RunError, match=r"glm-infra:decode.tp: Input should be greater than or equal to 1"):
+        run_program(path, key_file)
+
+
+def test_missing_key_file_is_named(tmp_path):
+    with pytest.raises(pulumi.RunError, match=r"glm-infra:ssh.privateKeyPath: cannot read .*nope"):
+        run_program(stack_file("prod-b300"), tmp_path / "nope")

@@ -1,0 +1,95 @@
+"""service.sh: start/restart a unit and gate on /health, against a stub PATH."""
+
+from __future__ import annotations
+
+import pytest
+
+from glm_infra.render import render_template
+from stubs import StubPath, shellcheck
+
+
+def script(timeout_s: int = 6) -> str:
+    return render_template(
+        "service.sh.j2",
+        host="b300-1",
+        unit="glm-vllm-prefill-0.service",
+        health_url="http://10.0.0.11:8100/health",
+        timeout_s=timeout_s,
+        drain_s=300,
+    )
+
+
+@pytest.fixture
+def stubs(tmp_path):
+    s = StubPath(tmp_path)
+    # systemctl: "active" state lives in $STATE/active; "failed" in $STATE/failed.
+    s.add(
+        "systemctl",
+        """case "$1" in
+  is-active) [ -e "$STATE/active" ] ;;
+  is-failed) [ -e "$STATE/failed" ] ;;
+  start|restart) touch "$STATE/active" ;;
+  list-unit-files) [ -e "$STATE/installed" ] ;;
+  disable) rm -f "$STATE/active" ;;
+  *) exit 0 ;;
+esac""",
+    )
+    s.add("curl", '[ -e "$STATE/healthy" ]')
+    s.add("journalctl", 'echo "vllm: CUDA error: out of memory"')
+    s.add("sleep", "exit 0")
+    return s
+
+
+def test_shellcheck_clean(tmp_path):
+    r = shellcheck(script(), tmp_path)
+    assert r.returncode == 0, r.stdout
+
+
+def test_first_apply_starts_and_waits_for_health(stubs):
+    (stubs.state / "healthy").touch()
+    r = stubs.run(script(), "apply")
+    assert r.returncode == 0, r.stderr
+    assert "systemctl daemon-reload" in r.calls
+    assert "systemctl enable --quiet glm-vllm-prefill-0.service" in r.calls
+    assert "systemctl start glm-vllm-prefill-0.service" in r.calls
+    assert not r.called("systemctl restart")
+    assert "b300-1: glm-vllm-prefill-0.service healthy" in r.stdout
+
+
+def test_apply_on_a_running_unit_restarts_it(stubs):
+    (stubs.state / "active").touch()
+    (stubs.state / "healthy").touch()
+    r = stubs.run(script(), "apply")
+    assert r.returncode == 0
+    assert "systemctl restart glm-vllm-prefill-0.service" in r.calls
+
+
+def test_unhealthy_unit_fails_with_host_and_journal(stubs):
+    r = stubs.run(script(timeout_s=1), "apply", env={"GLM_TEST": "1"})
+    assert r.returncode == 1
+    assert "b300-1: glm-vllm-prefill-0.service did not answer http://10.0.0.11:8100/health within 1s" in r.stderr
+    assert "CUDA error: out of memory" in r.stderr  # the unit's last journal lines
+
+
+def test_failed_unit_fails_fast(stubs):
+    (stubs.state / "failed").touch()
+    r = stubs.run(script(timeout_s=3600), "apply")
+    assert r.returncode == 1
+    assert "failed while starting" in r.stderr
+    assert sum(c.startswith("curl") for c in r.calls) == 1
+
+
+def test_check_and_remove(stubs):
+    r = stubs.run(script(), "check")
+    assert r.returncode == 1 and "is not active" in r.stderr
+    (stubs.state / "active").touch()
+    (stubs.state / "healthy").touch()
+    assert stubs.run(script(), "check").returncode == 0
+    (stubs.state / "installed").touch()
+    r = stubs.run(script(), "remove")
+    assert r.returncode == 0
+    assert "systemctl disable --now --quiet glm-vllm-prefill-0.service" in r.calls
+
+
+def test_unknown_action(stubs):
+    assert stubs.run(script(), "bogus").returncode == 2

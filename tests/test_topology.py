@@ -1,0 +1,98 @@
+"""The planner: GPU sets and ports for every committed stack, and its invariants."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import STACKS, stack_file
+from glm_infra.cli import main
+from glm_infra.stack import load_file
+from glm_infra.topology import plan
+
+
+def _plan(name):
+    cfg = load_file(stack_file(name)).config
+    return cfg, plan(cfg)
+
+
+def test_prod_b300_layout():
+    _, p = _plan("prod-b300")
+    rows = [(i.name, i.host, i.cuda_visible_devices, i.http_port, i.dp_rpc_port, i.nixl_port_base, i.nixl_port_count) for i in p.instances]
+    assert rows == [
+        ("prefill-0", "b300-1", "0,1,2,3", 8100, 29550, 5600, 4),
+        ("prefill-1", "b300-1", "4,5,6,7", 8101, 29551, 5604, 4),
+        ("prefill-2", "b300-2", "0,1,2,3", 8100, 29550, 5600, 4),
+        ("prefill-3", "b300-2", "4,5,6,7", 8101, 29551, 5604, 4),
+        ("decode-0", "b300-3", "0,1,2,3,4,5,6,7", 8200, 29650, 5700, 8),
+    ]
+    assert {i.host: i.nixl_host for i in p.instances} == {"b300-1": "10.0.0.11", "b300-2": "10.0.0.12", "b300-3": "10.0.0.13"}
+    assert p.router.url == "http://10.0.0.13:8000"
+    assert p.router.prefill_urls == ("http://10.0.0.11:8100", "http://10.0.0.11:8101", "http://10.0.0.12:8100", "http://10.0.0.12:8101")
+    assert p.router.decode_urls == ("http://10.0.0.13:8200",)
+    assert [h.gpus_used for h in p.hosts] == [8, 8, 8]
+
+
+def test_prefill_dp2_layout():
+    _, p = _plan("b300-prefill-dp2")
+    prefill = p.by_role("prefill")
+    assert len(prefill) == 8
+    assert [i.cuda_visible_devices for i in prefill[:4]] == ["0,1", "2,3", "4,5", "6,7"]
+    assert [i.nixl_port_base for i in prefill[:4]] == [5600, 5602, 5604, 5606]
+    assert [i.http_port for i in prefill[4:]] == [8100, 8101, 8102, 8103]
+
+
+def test_two_node_layout():
+    _, p = _plan("b300-2node")
+    assert [(i.name, i.host, i.cuda_visible_devices) for i in p.instances] == [
+        ("prefill-0", "b300-1", "0,1,2,3"),
+        ("prefill-1", "b300-1", "4,5,6,7"),
+        ("decode-0", "b300-2", "0,1,2,3,4,5,6,7"),
+    ]
+    assert p.router.host == "b300-2"
+
+
+def test_colocated_layout():
+    cfg, p = _plan("b300-1node-colocated")
+    (inst,) = p.instances
+    assert inst.role == "colocated" and inst.cuda_visible_devices == "0,1,2,3,4,5,6,7" and inst.http_port == 8000
+    assert not p.disaggregated and p.router is None
+    assert [k for k, _ in inst.ports()] == ["http", "dp-rpc"]  # no NIXL without P/D
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_invariants(stack):
+    cfg, p = _plan(stack)
+    for h in p.hosts:
+        gpus = [g for i in h.instances for g in i.gpus]
+        assert len(gpus) == len(set(gpus)), "GPU sets on a host are disjoint"
+        assert all(0 <= g < h.gpus for g in gpus)
+        ports = [port for i in h.instances for _, port in i.ports()]
+        if h.runs_router:
+            ports.append(p.router.port)
+        assert len(ports) == len(set(ports)), "ports on a host are unique"
+    for i in p.instances:
+        pool = getattr(cfg, i.role)
+        assert len(i.gpus) == pool.tp * pool.dp
+        assert list(i.nixl_ports) == [i.nixl_port_base + r for r in range(pool.dp)]
+    assert len({(i.host, i.unit) for i in p.instances}) == len(p.instances)
+
+
+def test_shared_host_gets_disjoint_gpus(write_stack, prod_config):
+    prod_config["glm-infra:hosts"][2]["gpus"] = 16
+    prod_config["glm-infra:prefill"]["hosts"] = ["b300-1", "b300-2", "b300-3"]
+    prod_config["glm-infra:decode"]["httpPort"] = 8300
+    prod_config["glm-infra:decode"]["nixlSideChannelPort"] = 5800
+    prod_config["glm-infra:decode"]["dpRpcPort"] = 29750
+    p = plan(load_file(write_stack(prod_config)).config)
+    on3 = {i.name: i.cuda_visible_devices for i in p.instances if i.host == "b300-3"}
+    assert on3 == {"prefill-4": "0,1,2,3", "prefill-5": "4,5,6,7", "decode-0": "8,9,10,11,12,13,14,15"}
+
+
+def test_plan_command_prints_the_table(capsys):
+    assert main(["plan", "prod-b300"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert any(l.split()[:3] == ["b300-1", "10.0.0.11", "prefill-0"] and "0,1,2,3" in l and "5600-5603" in l for l in lines)
+    assert any("decode-0" in l and "0,1,2,3,4,5,6,7" in l and "8200" in l and "5700-5707" in l for l in lines)
+    assert "GPU use: b300-1: 8/8 GPUs, b300-2: 8/8 GPUs, b300-3: 8/8 GPUs" in out
+    assert "router: http://10.0.0.13:8000 (P/D; 5 workers)" in out

@@ -1,0 +1,155 @@
+"""Stack validation: every bad stack is refused with the file, the key path and the reason."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, STACKS
+from glm_infra.cli import main
+from glm_infra.stack import StackError, load_file
+
+
+def _set(cfg: dict, path: str, value) -> dict:
+    """Set a path such as 'glm-infra:prefill.tp' or 'glm-infra:hosts[0].name' (``_DELETE`` removes it)."""
+    top = re.match(r"[^.\[]+", path).group(0)
+    parts: list = [top] + [int(i) if i else k for k, i in re.findall(r"\.([^.\[]+)|\[(\d+)\]", path[len(top) :])]
+    node = cfg
+    for p in parts[:-1]:
+        node = node[p]
+    if value is _DELETE:
+        del node[parts[-1]]
+    else:
+        node[parts[-1]] = value
+    return cfg
+
+
+_DELETE = object()
+
+# (id, [(path, value), ...], key path the message must name, fragment of the reason)
+BAD = [
+    ("unknown-top-key", [("glm-infra:prefil", {"hosts": ["b300-1"]})], "glm-infra:prefil", "did you mean glm-infra:prefill"),
+    ("misspelt-pool-key", [("glm-infra:prefill.instancePerHost", 2)], "glm-infra:prefill.instancePerHost", "unknown key"),
+    ("misspelt-host-key", [("glm-infra:hosts[0].adress", "10.0.0.1")], "glm-infra:hosts[0].adress", "unknown key"),
+    ("wrong-type-tp", [("glm-infra:prefill.tp", "one")], "glm-infra:prefill.tp", "integer"),
+    ("wrong-type-hosts", [("glm-infra:prefill.hosts", "b300-1")], "glm-infra:prefill.hosts", "list"),
+    ("tp-zero", [("glm-infra:prefill.tp", 0)], "glm-infra:prefill.tp", "greater than or equal to 1"),
+    ("dp-zero", [("glm-infra:decode.dp", 0)], "glm-infra:decode.dp", "greater than or equal to 1"),
+    ("instances-zero", [("glm-infra:prefill.instancesPerHost", 0)], "glm-infra:prefill.instancesPerHost", "greater than or equal to 1"),
+    ("util-zero", [("glm-infra:decode.gpuMemoryUtilization", 0)], "glm-infra:decode.gpuMemoryUtilization", "greater than 0"),
+    ("util-above-one", [("glm-infra:prefill.gpuMemoryUtilization", 1.2)], "glm-infra:prefill.gpuMemoryUtilization", "less than or equal to 1"),
+    ("negative-mtp", [("glm-infra:decode.speculativeTokens", -1)], "glm-infra:decode.speculativeTokens", "greater than or equal to 0"),
+    ("duplicate-host-name", [("glm-infra:hosts[1].name", "b300-1")], "glm-infra:hosts[1].name", "duplicate host name 'b300-1'"),
+    ("duplicate-address", [("glm-infra:hosts[2].address", "10.0.0.11")], "glm-infra:hosts[2].address", "duplicate address"),
+    ("invalid-address", [("glm-infra:hosts[0].address", "10.0.0.300")], "glm-infra:hosts[0].address", "not an IP address or DNS name"),
+    ("unspecified-address", [("glm-infra:hosts[0].address", "0.0.0.0")], "glm-infra:hosts[0].address", "cannot address a host"),
+    ("invalid-host-name", [("glm-infra:hosts[0].name", "B300_1")], "glm-infra:hosts[0].name", "not a valid host name"),
+    ("relative-model-path", [("glm-infra:model.path", "mnt/model/glm")], "glm-infra:model.path", "relative"),
+    ("unnormalised-model-path", [("glm-infra:model.path", "/mnt/../etc")], "glm-infra:model.path", "normalised"),
+    ("unknown-pool-host", [("glm-infra:decode.hosts", ["b300-9"])], "glm-infra:decode.hosts[0]", "unknown host 'b300-9'"),
+    ("unknown-router-host", [("glm-infra:router.host", "edge-1")], "glm-infra:router.host", "unknown host 'edge-1'"),
+    ("gpu-oversubscribed-shared", [("glm-infra:decode.hosts", ["b300-1"])], "glm-infra:hosts[0].gpus", "over-subscribed: prefill 2×4 + decode 1×8 = 16 GPUs"),
+    ("gpu-oversubscribed-pool", [("glm-infra:prefill.instancesPerHost", 3)], "glm-infra:hosts[0].gpus", "12 GPUs, the host has 8"),
+    ("http-port-collision", [("glm-infra:hosts[2].gpus", 16), ("glm-infra:prefill.hosts", ["b300-1", "b300-2", "b300-3"]), ("glm-infra:decode.httpPort", 8101)], "glm-infra:decode.httpPort", "port 8101 on b300-3 used twice: prefill-5 http and decode-0 http"),
+    ("nixl-port-collision", [("glm-infra:hosts[2].gpus", 16), ("glm-infra:prefill.hosts", ["b300-1", "b300-2", "b300-3"]), ("glm-infra:decode.nixlSideChannelPort", 5606)], "glm-infra:decode.nixlSideChannelPort", "ports 5606-5607 on b300-3 used twice: prefill-5 nixl and decode-0 nixl"),
+    ("dp-rpc-port-collision", [("glm-infra:decode.dpRpcPort", 8000)], "glm-infra:router.port", "port 8000 on b300-3 used twice: decode-0 dp-rpc and router http"),
+    ("router-port-collision", [("glm-infra:router.port", 8200)], "glm-infra:router.port", "port 8200 on b300-3 used twice"),
+    ("privileged-port", [("glm-infra:router.port", 80)], "glm-infra:router.port", "greater than or equal to 1024"),
+    ("empty-host-list", [("glm-infra:hosts", [])], "glm-infra:hosts", "at least 1 item"),
+    ("empty-pool-hosts", [("glm-infra:prefill.hosts", [])], "glm-infra:prefill.hosts", "at least 1 item"),
+    ("pool-host-twice", [("glm-infra:prefill.hosts", ["b300-1", "b300-1"])], "glm-infra:prefill.hosts", "listed twice"),
+    ("decode-without-prefill", [("glm-infra:prefill", _DELETE)], "glm-infra:prefill", "P/D needs both pools"),
+    ("pd-without-router", [("glm-infra:router", _DELETE)], "glm-infra:router", "P/D needs a router"),
+    ("missing-required", [("glm-infra:decode.cudagraphMode", _DELETE)], "glm-infra:decode.cudagraphMode", "required key is missing"),
+    ("bad-cudagraph-mode", [("glm-infra:decode.cudagraphMode", "FULL_DECODE")], "glm-infra:decode.cudagraphMode", "FULL_DECODE_ONLY"),
+    ("ssh-no-key", [("glm-infra:ssh.privateKeyPath", _DELETE)], "glm-infra:ssh", "exactly one of privateKey"),
+    ("plaintext-secret", [("glm-infra:router.apiKey", "hunter2")], "glm-infra:router.apiKey", "plaintext in the stack file"),
+    ("mtp-mismatch", [("glm-infra:prefill.speculativeTokens", 0)], "glm-infra:decode.speculativeTokens", "both use MTP"),
+    ("bad-extra-arg", [("glm-infra:decode.extraArgs", ["--x=$HOME"])], "glm-infra:decode.extraArgs", "cannot go in a unit"),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_bad_stack_is_refused_naming_the_key(case, prod_config, write_stack, capsys):
+    _, edits, key, reason = case
+    for path, value in edits:
+        _set(prod_config, path, value)
+    path = write_stack(prod_config)
+    with pytest.raises(StackError) as err:
+        load_file(path)
+    msg = str(err.value)
+    assert str(path) in msg
+    assert f"{key}:" in msg, msg
+    assert reason in msg, msg
+    # The CLI prints the same message and exits non-zero, without a traceback.
+    assert main(["validate", str(path)]) == 1
+    out = capsys.readouterr()
+    assert key in out.err and reason in out.err and "Traceback" not in out.err
+
+
+def test_secret_values_never_echoed(prod_config, write_stack):
+    _set(prod_config, "glm-infra:router.apiKey", {"secure": "v1:abc"})
+    _set(prod_config, "glm-infra:router.port", "not-a-port")
+    msg = str(pytest.raises(StackError, load_file, write_stack(prod_config)).value)
+    assert "glm-infra:router.port" in msg and "v1:abc" not in msg
+
+
+def test_problem_lines_point_into_the_file(prod_config, write_stack):
+    _set(prod_config, "glm-infra:decode.tp", 0)
+    path = write_stack(prod_config)
+    msg = str(pytest.raises(StackError, load_file, path).value)
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if text.strip().startswith("tp: 0"))
+    assert f"{path}:{line}: glm-infra:decode.tp" in msg
+
+
+def test_yaml_syntax_error_names_the_line(write_stack):
+    path = write_stack("config:\n  glm-infra:hosts:\n    - name: a\n      address: [10.0.0.1\n  glm-infra:ssh: {}\n")
+    msg = str(pytest.raises(StackError, load_file, path).value)
+    assert "YAML syntax error at line 5" in msg, msg
+
+
+def test_every_problem_is_reported_at_once(prod_config, write_stack):
+    _set(prod_config, "glm-infra:prefill.tp", 0)
+    _set(prod_config, "glm-infra:decode.gpuMemoryUtilization", 2)
+    _set(prod_config, "glm-infra:model.path", "relative")
+    err = pytest.raises(StackError, load_file, write_stack(prod_config)).value
+    assert {p.path for p in err.problems} >= {
+        "glm-infra:prefill.tp",
+        "glm-infra:decode.gpuMemoryUtilization",
+        "glm-infra:model.path",
+    }
+
+
+def test_other_namespaces_are_left_alone(prod_config, write_stack):
+    prod_config["command:someSetting"] = "x"
+    prod_config["pulumi:tags"] = {"team": "inference"}
+    assert load_file(write_stack(prod_config)).config.prefill is not None
+
+
+def test_encrypted_secret_accepted(prod_config, write_stack):
+    _set(prod_config, "glm-infra:router.apiKey", {"secure": "v1:Zm9v"})
+    loaded = load_file(write_stack(prod_config))
+    assert loaded.config.router.api_key is not None
+    assert "Zm9v" not in repr(loaded.config)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_committed_stacks_validate(stack):
+    assert main(["validate", stack]) == 0
+
+
+def test_validate_exit_codes_via_console_script(write_stack, prod_config):
+    bad = write_stack({**prod_config, "glm-infra:prefill": {"hosts": ["b300-1"], "tp": "x"}})
+    ok = subprocess.run([sys.executable, "-m", "glm_infra.cli", "validate", "prod-b300"], cwd=ROOT, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    res = subprocess.run([sys.executable, "-m", "glm_infra.cli", "validate", str(bad)], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 1
+    assert "glm-infra:prefill.tp" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_missing_stack_file_is_a_clear_error(capsys):
+    assert main(["validate", "no-such-stack"]) == 1
+    assert "Pulumi.no-such-stack.yaml: invalid stack" in capsys.readouterr().err
