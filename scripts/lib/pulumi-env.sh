@@ -1,0 +1,17 @@
+# shellcheck shell=bash
+# Environment for running the Pulumi CLI here: the toolchain built by scripts/toolchain, no network
+# beyond the registries, a local file backend inside the repo and the passphrase secrets provider.
+# shellcheck source=scripts/lib/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+# shellcheck source=scripts/lib/versions.sh
+. "$(dirname "${BASH_SOURCE[0]}")/versions.sh"
+
+TOOLCHAIN_BIN="$GLM_INFRA_CACHE/toolchain/pulumi-v$PULUMI_VERSION/bin"
+# The project venv first: the language host runs the program with the python it finds.
+export PATH="$REPO_ROOT/venv/bin:$TOOLCHAIN_BIN:$PATH"
+export PULUMI_HOME="${PULUMI_HOME:-$GLM_INFRA_CACHE/pulumi-home}"
+export PULUMI_BACKEND_URL="${PULUMI_BACKEND_URL:-file://$REPO_ROOT/.pulumi-state}"
+export PULUMI_SKIP_UPDATE_CHECK=true
+export PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true
+export PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK=true
+mkdir -p "$PULUMI_HOME" "${PULUMI_BACKEND_URL#file://}"

@@ -1,0 +1,351 @@
+"""Simulated B300 hosts on one Linux machine: systemd-nspawn containers with real systemd and sshd.
+
+Each host of a stack file becomes a container booted from a cached ``debootstrap`` root file system
+(one overlay per host) on a bridge, with the stack's address. The machine serves the stand-in apt
+repository and wheels to the hosts from the bridge address. Only these hosts and loopback are ever
+targeted: addresses outside the bridge's private /24 are refused.
+
+    sim up [--stack sim]      build or reuse the image, boot every host, wait for SSH
+    sim down [--stack sim]    stop every host and remove what ``up`` created
+    sim status [--stack sim]  one line per host
+    sim ssh HOST [CMD...]     log in (or run CMD) as root
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import ipaddress
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache" / "glm-infra"))
+SIM = CACHE / "sim"
+RUN = Path(os.environ.get("GLM_SIM_RUN", "/run/glm-infra-sim"))
+BRIDGE = "br-glmsim"
+HTTP_PORT = 8088
+SUITE = "bookworm"
+MIRROR = os.environ.get("GLM_SIM_MIRROR", "http://deb.debian.org/debian")
+# What every simulated host has before glm-infra touches it (an Ubuntu server image has these too).
+PACKAGES = [
+    "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv", "iproute2",
+    "ca-certificates", "curl", "gnupg", "kmod", "procps", "less", "iputils-ping", "netbase",
+]
+SSH_OPTS = [
+    "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+    "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5",
+]
+
+
+def say(msg: str) -> None:
+    print(f"==> {msg}", file=sys.stderr, flush=True)
+
+
+class SimError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class SimHost:
+    name: str
+    address: str
+
+    @property
+    def dir(self) -> Path:
+        return RUN / self.name
+
+
+def hosts_of(stack: str) -> tuple[list[SimHost], ipaddress.IPv4Interface]:
+    path = Path(stack) if stack.endswith((".yaml", ".yml")) else REPO / "stacks" / f"Pulumi.{stack}.yaml"
+    cfg = yaml.safe_load(path.read_text())["config"]
+    hosts = [SimHost(h["name"], h["address"]) for h in cfg["glm-infra:hosts"]]
+    net = ipaddress.ip_network(f"{hosts[0].address}/24", strict=False)
+    if not net.is_private:
+        raise SimError(f"{path}: {net} is not a private network; simulated hosts only live on a private bridge")
+    for h in hosts:
+        if ipaddress.ip_address(h.address) not in net or h.address.endswith(".1"):
+            raise SimError(f"{path}: {h.name} {h.address} is not a host address in {net}")
+    gateway = ipaddress.IPv4Interface(f"{next(net.hosts())}/24")
+    return hosts, gateway
+
+
+def run(cmd: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=check, text=True, **kw)
+
+
+def ssh_key() -> Path:
+    key = SIM / "ssh" / "id_ed25519"
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "glm-infra-sim", "-f", str(key)])
+    return key
+
+
+# --- the image -----------------------------------------------------------------------------------
+
+
+def rootfs() -> Path:
+    """The cached Debian root file system every host overlays (built once per package list)."""
+    tag = hashlib.sha256(" ".join([SUITE, *PACKAGES]).encode()).hexdigest()[:10]
+    target = SIM / f"rootfs-{SUITE}-{tag}"
+    if (target / ".complete").exists():
+        return target
+    for tool in ("debootstrap", "systemd-nspawn"):
+        if shutil.which(tool) is None:
+            raise SimError(f"{tool} is missing: apt-get install debootstrap systemd-container")
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    say(f"building the host image with debootstrap ({SUITE}, about a minute; cached in {target})")
+    run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(tmp), MIRROR],
+        stdout=subprocess.DEVNULL)
+    # No route beyond the bridge: hosts install only from the machine's stand-in repository.
+    (tmp / "etc/apt/sources.list").write_text("")
+    (tmp / "etc/machine-id").write_text("")  # each container gets its own at boot
+    for unit in ("systemd-networkd.service", "ssh.service"):
+        run(["chroot", str(tmp), "systemctl", "enable", unit], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Timers that would touch apt behind glm-infra's back, and utmp bookkeeping that fails in a
+    # container (it would leave every host "degraded").
+    for unit in ("apt-daily.timer", "apt-daily-upgrade.timer", "e2scrub_all.timer", "fstrim.timer",
+                 "systemd-update-utmp.service", "systemd-update-utmp-runlevel.service"):
+        run(["chroot", str(tmp), "systemctl", "mask", unit], check=False,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (tmp / "etc/ssh/sshd_config.d").mkdir(parents=True, exist_ok=True)
+    (tmp / "etc/ssh/sshd_config.d/glm-sim.conf").write_text("PermitRootLogin prohibit-password\nUseDNS no\n")
+    (tmp / ".complete").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime()))
+    tmp.rename(target)
+    return target
+
+
+# --- the machine's side: bridge, nspawn propagation dir, HTTP server -----------------------------
+
+
+def ensure_nspawn_tmpfs() -> None:
+    d = Path("/run/systemd/nspawn")
+    d.mkdir(parents=True, exist_ok=True)
+    fstype = run(["stat", "-f", "-c", "%T", str(d)], capture_output=True).stdout.strip()
+    if fstype != "tmpfs":  # nspawn aborts otherwise (SIM-NOTES)
+        run(["mount", "-t", "tmpfs", "tmpfs", str(d)])
+
+
+def ensure_bridge(gateway: ipaddress.IPv4Interface) -> None:
+    if run(["ip", "link", "show", BRIDGE], check=False, capture_output=True).returncode != 0:
+        run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+    addrs = run(["ip", "-o", "-4", "addr", "show", "dev", BRIDGE], capture_output=True).stdout
+    if str(gateway) not in addrs:
+        run(["ip", "addr", "add", str(gateway), "dev", BRIDGE])
+    run(["ip", "link", "set", BRIDGE, "up"])
+
+
+def start_http(gateway: ipaddress.IPv4Interface) -> None:
+    pidfile = RUN / "http.pid"
+    if _alive(pidfile):
+        return
+    www = SIM / "www"
+    www.mkdir(parents=True, exist_ok=True)
+    log = open(RUN / "http.log", "ab")
+    p = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", str(gateway.ip), str(HTTP_PORT), "--directory", str(www)],
+        stdout=log, stderr=log, start_new_session=True,
+    )
+    pidfile.write_text(str(p.pid))
+
+
+def _alive(pidfile: Path) -> bool:
+    try:
+        os.kill(int(pidfile.read_text()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+# --- hosts ---------------------------------------------------------------------------------------
+
+LAUNCHER = r"""#!/bin/bash
+# Keep one simulated host running: nspawn exits with 133 when the host reboots; boot it again.
+dir=$1; shift
+trap 'touch "$dir/stop"; kill -TERM "$(cat "$dir/nspawn.pid")" 2>/dev/null' TERM INT
+while :; do
+  systemd-nspawn "$@" &
+  echo $! > "$dir/nspawn.pid"
+  wait $!; rc=$?
+  while kill -0 "$(cat "$dir/nspawn.pid")" 2>/dev/null; do wait "$(cat "$dir/nspawn.pid")"; rc=$?; done
+  [ -e "$dir/stop" ] && exit 0
+  [ "$rc" -eq 133 ] || exit "$rc"
+  echo "launcher: $(date -u +%FT%TZ) host rebooted" >&2
+done
+"""
+
+
+def boot(h: SimHost, image: Path, hosts: list[SimHost], key: Path) -> None:
+    d = h.dir
+    if _alive(d / "launcher.pid"):
+        return
+    for sub in ("upper", "work", "merged"):
+        (d / sub).mkdir(parents=True, exist_ok=True)
+    merged = d / "merged"
+    if not os.path.ismount(merged):
+        run(["mount", "-t", "overlay", "overlay", "-o",
+             f"lowerdir={image},upperdir={d / 'upper'},workdir={d / 'work'}", str(merged)])
+    (merged / "etc/hostname").write_text(h.name + "\n")
+    etc_hosts = "127.0.0.1 localhost\n" + "".join(f"{x.address} {x.name}\n" for x in hosts)
+    (merged / "etc/hosts").write_text(etc_hosts)
+    # Sorts before the stock 80-container-host0.network, which would win otherwise (SIM-NOTES).
+    (merged / "etc/systemd/network/10-host0.network").write_text(
+        f"[Match]\nName=host0\n\n[Network]\nAddress={h.address}/24\nLinkLocalAddressing=no\n"
+    )
+    ssh_dir = merged / "root/.ssh"
+    ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (ssh_dir / "authorized_keys").write_text(Path(str(key) + ".pub").read_text())
+    (ssh_dir / "authorized_keys").chmod(0o600)
+    (d / "stop").unlink(missing_ok=True)
+    launcher = RUN / "launcher.sh"
+    launcher.write_text(LAUNCHER)
+    launcher.chmod(0o755)
+    log = open(d / "console.log", "ab")
+    p = subprocess.Popen(
+        [str(launcher), str(d), "--quiet", "--register=no", "--keep-unit", "-D", str(merged), "-M", h.name,
+         "-b", f"--network-bridge={BRIDGE}"],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+    )
+    (d / "launcher.pid").write_text(str(p.pid))
+
+
+def ssh_cmd(h: SimHost, key: Path, *cmd: str) -> list[str]:
+    return ["ssh", "-i", str(key), *SSH_OPTS, f"root@{h.address}", *cmd]
+
+
+def wait_ready(hosts: list[SimHost], key: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    pending = list(hosts)
+    while pending:
+        h = pending[0]
+        r = run(ssh_cmd(h, key, "systemctl", "is-system-running", "--wait"), check=False, capture_output=True)
+        if r.stdout.strip() in ("running", "degraded"):
+            pending.pop(0)
+            continue
+        if not _alive(h.dir / "launcher.pid"):
+            tail = (h.dir / "console.log").read_text(errors="replace")[-2000:]
+            raise SimError(f"{h.name}: the container exited while booting:\n{tail}")
+        if time.monotonic() > deadline:
+            raise SimError(f"{h.name} ({h.address}): no SSH after {timeout:.0f}s; see {h.dir / 'console.log'}")
+        time.sleep(1)
+
+
+def stop(h: SimHost) -> None:
+    d = h.dir
+    if d.exists():
+        (d / "stop").touch()
+        for pidfile in (d / "nspawn.pid", d / "launcher.pid"):
+            if _alive(pidfile):
+                try:
+                    os.kill(int(pidfile.read_text()), signal.SIGTERM)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + 30
+        while _alive(d / "launcher.pid") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if _alive(d / "launcher.pid"):
+            os.killpg(int((d / "launcher.pid").read_text()), signal.SIGKILL)
+        merged = d / "merged"
+        if os.path.ismount(merged):
+            run(["umount", str(merged)], check=False)
+            if os.path.ismount(merged):
+                run(["umount", "-l", str(merged)], check=False)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+# --- commands ------------------------------------------------------------------------------------
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    if os.geteuid() != 0:
+        raise SimError("the simulated cluster needs root (mounts, bridges, containers)")
+    hosts, gateway = hosts_of(args.stack)
+    RUN.mkdir(parents=True, exist_ok=True)
+    key = ssh_key()
+    image = rootfs()
+    ensure_nspawn_tmpfs()
+    ensure_bridge(gateway)
+    start_http(gateway)
+    t0 = time.monotonic()
+    for h in hosts:
+        boot(h, image, hosts, key)
+    wait_ready(hosts, key)
+    say(f"{len(hosts)} simulated hosts up in {time.monotonic() - t0:.0f}s "
+        f"(repository http://{gateway.ip}:{HTTP_PORT}/, key {key})")
+    return cmd_status(args)
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    hosts, gateway = hosts_of(args.stack)
+    for h in hosts:
+        stop(h)
+    others = [p for p in RUN.glob("*/launcher.pid")] if RUN.exists() else []
+    if not others:
+        if _alive(RUN / "http.pid"):
+            os.kill(int((RUN / "http.pid").read_text()), signal.SIGTERM)
+        (RUN / "http.pid").unlink(missing_ok=True)
+        run(["ip", "link", "del", BRIDGE], check=False, stderr=subprocess.DEVNULL)
+    say(f"{len(hosts)} simulated hosts down")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    hosts, _ = hosts_of(args.stack)
+    key = SIM / "ssh" / "id_ed25519"
+    down = 0
+    for h in hosts:
+        if not _alive(h.dir / "launcher.pid"):
+            print(f"{h.name:12} {h.address:15} stopped")
+            down += 1
+            continue
+        r = run(ssh_cmd(h, key, "systemctl", "is-system-running"), check=False, capture_output=True)
+        state = r.stdout.strip() or f"no ssh ({r.stderr.strip()[:60]})"
+        print(f"{h.name:12} {h.address:15} running  systemd: {state}")
+    return 1 if down else 0
+
+
+def cmd_ssh(args: argparse.Namespace) -> int:
+    hosts, _ = hosts_of(args.stack)
+    match = [h for h in hosts if h.name == args.host]
+    if not match:
+        raise SimError(f"no simulated host {args.host!r} (hosts: {', '.join(h.name for h in hosts)})")
+    argv = ssh_cmd(match[0], SIM / "ssh" / "id_ed25519", *args.cmd)
+    if not args.cmd:
+        argv.insert(1, "-t")
+    os.execvp(argv[0], argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="sim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--stack", default="sim", help="stack name or file whose hosts to simulate (default: sim)")
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("up").set_defaults(func=cmd_up)
+    sub.add_parser("down").set_defaults(func=cmd_down)
+    sub.add_parser("status").set_defaults(func=cmd_status)
+    s = sub.add_parser("ssh")
+    s.add_argument("host")
+    s.add_argument("cmd", nargs=argparse.REMAINDER)
+    s.set_defaults(func=cmd_ssh)
+    args = ap.parse_args(argv)
+    try:
+        return args.func(args)
+    except SimError as e:
+        print(f"sim: {e}", file=sys.stderr)
+        return 1
+    except subprocess.CalledProcessError as e:
+        print(f"sim: {' '.join(map(str, e.cmd))} failed with exit {e.returncode}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
