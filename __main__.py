@@ -19,3 +19,4 @@ cluster = Cluster(
 pulumi.export("hosts", {h.name: h.address for h in deployment.plan.hosts})
 pulumi.export("instances", {i.name: {"host": i.host, "url": i.url, "gpus": i.cuda_visible_devices} for i in deployment.plan.instances})
 pulumi.export("routerUrl", cluster.router_url)
+pulumi.export("hostFacts", cluster.facts)

@@ -29,6 +29,7 @@ NAMESPACE = "glm-infra"
 # Top-level stack keys this program reads; anything else in the namespace is a typo.
 STACK_KEYS = (
     "hosts",
+    "preflight",
     "ssh",
     "model",
     "prefill",
@@ -292,8 +293,8 @@ class RuntimeConfig(StrictModel):
     nixl_version: str = Field("1.5.1", pattern=r"^[0-9][A-Za-z0-9.+_-]*$")
     router_version: str = Field("0.1.17", pattern=r"^[0-9][A-Za-z0-9.+_-]*$")
     uv_version: str = Field("0.13.8", pattern=r"^[0-9][A-Za-z0-9.+_-]*$")
-    index_url: str | None = Field(None, description="Python package index for the hosts (None: PyPI).")
-    find_links: str | None = Field(None, description="Extra wheel location (URL) for the hosts.")
+    index_url: str = Field("https://pypi.org/simple", description="Python package index (PEP 503) for the hosts.")
+    find_links: str | None = Field(None, description="Wheel folder URL; with it the hosts use no index at all.")
     state_dir: str = "/var/lib/glm-infra"
 
     @field_validator("venv", "state_dir")
@@ -304,7 +305,18 @@ class RuntimeConfig(StrictModel):
         return v
 
 
+class PreflightConfig(StrictModel):
+    """What a host must already be before glm-infra installs anything."""
+
+    allowed_os: list[str] = Field(
+        default_factory=lambda: ["ubuntu 24.04"], description="'ID VERSION_ID' pairs from /etc/os-release."
+    )
+    min_kernel: str = Field("5.12", pattern=r"^[0-9]+\.[0-9]+$", description="DMA-BUF GPUDirect needs 5.12+.")
+
+
 class DriversConfig(StrictModel):
+    """NVIDIA driver, fabric manager and tools: installed and held (install) or only checked (verify)."""
+
     mode: Literal["install", "verify"] = "install"
     version: str = Field("580.159.04", pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
     apt_repository: str = Field(
@@ -316,19 +328,50 @@ class DriversConfig(StrictModel):
         description="Signing key of the repository; None means the repository is trusted as is.",
     )
     fabric_manager: bool = Field(True, description="Run nvidia-fabricmanager (NVLink 5 / NVSwitch systems).")
+    dcgm_diag_level: int = Field(0, ge=0, le=3, description="Run `dcgmi diag -r N` in the health gate (0: skip).")
+    reboot_timeout: int = Field(1800, ge=60, le=7200, description="Seconds to wait for a host to come back.")
     remove_on_destroy: bool = Field(False, description="Unhold and purge the driver on pulumi destroy.")
 
     @property
     def branch(self) -> str:
         return self.version.split(".")[0]
 
+    @property
+    def locked_packages(self) -> list[str]:
+        """Packages whose version must be exactly the driver's (a mismatch breaks the fabric)."""
+        b = self.branch
+        out = [f"nvidia-driver-pinning-{b}", f"nvidia-driver-{b}-open", f"libnvidia-nscq-{b}"]
+        if self.fabric_manager:
+            out += ["nvidia-fabricmanager", "libnvsdm"]
+        return out
+
+    @property
+    def tool_packages(self) -> list[str]:
+        """Packages installed and held at whatever version the repository has."""
+        out = ["datacenter-gpu-manager-4-cuda13"]
+        if self.fabric_manager:
+            out += ["nvlsm", "infiniband-diags"]
+        return out
+
 
 class RdmaConfig(StrictModel):
+    """RDMA networking for NIXL's KV transfer."""
+
     stack: Literal["doca-ofed", "inbox"] = "doca-ofed"
     gpudirect: Literal["dmabuf", "peermem"] = "dmabuf"
     link_layer: Literal["Ethernet", "InfiniBand"] = "Ethernet"
     mtu: int = Field(9000, ge=1500, le=9216)
     gid_index: int = Field(3, ge=0, le=255)
+    remove_on_destroy: bool = Field(True, description="Remove the RDMA packages glm-infra installed on destroy.")
+
+    @property
+    def packages(self) -> list[str]:
+        return ["doca-ofed"] if self.stack == "doca-ofed" else ["rdma-core", "ibverbs-utils"]
+
+    @property
+    def active_mtu(self) -> int:
+        """The RDMA MTU the ports report for this netdev MTU (RoCE: 4096 for 9000)."""
+        return max(m for m in (256, 512, 1024, 2048, 4096) if m <= self.mtu - 100) if self.link_layer == "Ethernet" else 4096
 
 
 class NixlConfig(StrictModel):
@@ -339,6 +382,7 @@ class StackConfig(StrictModel):
     """One stack file's ``glm-infra:*`` keys."""
 
     hosts: list[HostConfig] = Field(min_length=1)
+    preflight: PreflightConfig = Field(default_factory=PreflightConfig)
     ssh: SshConfig
     model: ModelConfig
     prefill: PrefillConfig | None = None

@@ -4,6 +4,9 @@
 glm-infra installs this file on every host and runs it from the preflight and health-gate steps:
 
     hostcheck.py facts [--model-path P]          JSON facts: OS, kernel, GPUs, driver, disk, RDMA, memlock
+    hostcheck.py preflight --host NAME --allowed-os 'ubuntu 24.04' [--min-kernel 5.12] [--gpus N --gpu-model M]
+                        [--require-driver] [--model-path P]
+                                                 facts on stdout; exit 1 with what rules the host out
     hostcheck.py health --host NAME --gpus N --gpu-model M [--driver V] [--fabric]
                         [--nics mlx5_0,...] [--link-layer Ethernet] [--mtu 4096] [--gid-index 3]
                                                  exit 1 with one "NAME: check: problem" line per failure
@@ -297,28 +300,66 @@ def rdma_problems(devinfo: str, gids: str, nics: list[str], link_layer: str, mtu
     return problems
 
 
-def health(args: argparse.Namespace) -> int:
-    problems: list[tuple[str, str]] = []
+def _gpu_health(args: argparse.Namespace) -> list[tuple[str, str]]:
     rc, query = _run(["nvidia-smi", f"--query-gpu={QUERY_FIELDS}", "--format=csv"])
     if rc != 0:
-        problems.append(("driver", f"nvidia-smi failed (exit {rc}): {query.splitlines()[0] if query else ''}"))
-    else:
-        _, smi_q = _run(["nvidia-smi", "-q"])
-        _, nvlink = _run(["nvidia-smi", "nvlink", "-s"]) if args.fabric else (0, "")
-        problems += gpu_problems(query, smi_q, nvlink, args.gpus, args.gpu_model, args.driver, args.fabric)
+        return [("driver", f"nvidia-smi failed (exit {rc}): {query.splitlines()[0] if query else ''}")]
+    _, smi_q = _run(["nvidia-smi", "-q"])
+    _, nvlink = _run(["nvidia-smi", "nvlink", "-s"]) if args.fabric else (0, "")
+    return gpu_problems(query, smi_q, nvlink, args.gpus, args.gpu_model, args.driver, args.fabric)
+
+
+def _rdma_health(args: argparse.Namespace) -> list[tuple[str, str]]:
+    rc, devinfo = _run(["ibv_devinfo"])
+    if rc != 0:
+        return [("rdma", f"ibv_devinfo failed: {devinfo.splitlines()[0] if devinfo else rc}")]
+    rc, gids = _run(["show_gids"])
+    return rdma_problems(devinfo, gids if rc == 0 else "", args.nics.split(","), args.link_layer, args.mtu,
+                         args.gid_index)
+
+
+def health(args: argparse.Namespace) -> int:
+    problems: list[tuple[str, str]] = []
+    what: list[str] = []
+    if not args.rdma_only:
+        problems += _gpu_health(args)
+        what.append(f"{args.gpus} × {args.gpu_model}" + (", fabric Completed, NVLink up" if args.fabric else ""))
     if args.nics:
-        rc, devinfo = _run(["ibv_devinfo"])
-        rc2, gids = _run(["show_gids"])
-        if rc != 0:
-            problems.append(("rdma", f"ibv_devinfo failed: {devinfo.splitlines()[0] if devinfo else rc}"))
-        else:
-            problems += rdma_problems(devinfo, gids if rc2 == 0 else "", args.nics.split(","), args.link_layer,
-                                      args.mtu, args.gid_index)
+        problems += _rdma_health(args)
+        what.append(f"RDMA {args.nics} {args.link_layer} active_mtu {args.mtu}")
     for check, problem in problems:
         print(f"{args.host}: {check}: {problem}", file=sys.stderr)
     if not problems:
-        print(f"{args.host}: healthy ({args.gpus} × {args.gpu_model}"
-              f"{', fabric Completed, NVLink up' if args.fabric else ''}{', RDMA ' + args.nics if args.nics else ''})")
+        print(f"{args.host}: healthy ({'; '.join(what)})")
+    return 1 if problems else 0
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v)[:2])
+
+
+def preflight(args: argparse.Namespace) -> int:
+    """Facts as one JSON line on stdout; what rules out this host, one line each on stderr."""
+    f = facts(args.model_path)
+    problems: list[tuple[str, str]] = []
+    allowed = [a.lower() for a in args.allowed_os]
+    if f["os"].lower() not in allowed:
+        problems.append(("os", f"{f['os_pretty'] or f['os']} is not supported here (allowed: {', '.join(args.allowed_os)})"))
+    if _version_tuple(f["kernel"]) < _version_tuple(args.min_kernel):
+        problems.append(("kernel", f"kernel {f['kernel']} is older than {args.min_kernel} (DMA-BUF GPUDirect)"))
+    gpus = f["gpus"]
+    if "error" in gpus:
+        if args.require_driver:
+            problems.append(("driver", f"drivers.mode is verify but the driver does not answer: {gpus['error']}"))
+    elif args.gpus:
+        if gpus["count"] != args.gpus:
+            problems.append(("gpus", f"{gpus['count']} GPUs visible, stack expects {args.gpus}"))
+        wrong = [m for m in gpus["models"] if args.gpu_model.lower() not in m.lower()]
+        if wrong:
+            problems.append(("gpus", f"GPU model {', '.join(wrong)}, stack expects {args.gpu_model}"))
+    print(json.dumps(f, sort_keys=True))
+    for check, problem in problems:
+        print(f"{args.host}: {check}: {problem}", file=sys.stderr)
     return 1 if problems else 0
 
 
@@ -328,10 +369,19 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("facts")
     f.add_argument("--model-path")
+    p = sub.add_parser("preflight")
+    p.add_argument("--host", required=True)
+    p.add_argument("--allowed-os", action="append", required=True, help="'ID VERSION_ID', repeatable")
+    p.add_argument("--min-kernel", default="5.12")
+    p.add_argument("--model-path")
+    p.add_argument("--gpus", type=int, default=0)
+    p.add_argument("--gpu-model", default="")
+    p.add_argument("--require-driver", action="store_true")
     h = sub.add_parser("health")
     h.add_argument("--host", required=True)
-    h.add_argument("--gpus", type=int, required=True)
-    h.add_argument("--gpu-model", required=True)
+    h.add_argument("--gpus", type=int, default=0)
+    h.add_argument("--gpu-model", default="")
+    h.add_argument("--rdma-only", action="store_true", help="check only the RDMA NICs")
     h.add_argument("--driver")
     h.add_argument("--fabric", action="store_true")
     h.add_argument("--nics", default="")
@@ -342,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "facts":
         print(json.dumps(facts(args.model_path), sort_keys=True))
         return 0
+    if args.cmd == "preflight":
+        return preflight(args)
     return health(args)
 
 

@@ -64,6 +64,9 @@ def _env() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
         autoescape=False,
+        # Bash uses "{#" (${#array[@]}); templates have no Jinja comments.
+        comment_start_string="<%#",
+        comment_end_string="#%>",
     )
     env.filters["q"] = lambda v: shlex.quote(str(v))  # shell-quote a value for host scripts
     return env

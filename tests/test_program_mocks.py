@@ -23,10 +23,13 @@ def key_file(tmp_path):
 
 def _expected_commands(stack: str) -> int:
     p = plan(load_file(stack_file(stack)).config)
-    serving = len(p.serving_hosts)
+    # Serving host: preflight, secrets env, driver install/reboot/back, health gate, RDMA, UCX env, runtime.
+    per_serving_host = 9
+    router_only = sum(1 for h in p.hosts if h.runs_router and not h.instances) * 2  # preflight, runtime
+    bare = sum(1 for h in p.hosts if not h.runs_router and not h.instances)  # preflight only
     per_instance = 2  # unit file, service
     router = 3 if p.router else 0  # secrets file, unit file, service
-    return serving * 2 + len(p.instances) * per_instance + router  # host files: ucx env, secrets env
+    return len(p.serving_hosts) * per_serving_host + router_only + bare + len(p.instances) * per_instance + router
 
 
 @pytest.mark.parametrize("stack", PROD_STACKS)
@@ -39,6 +42,10 @@ def test_resource_tree(stack, key_file):
     assert types.count("glm-infra:index:VllmService") == len(p.instances)
     assert types.count("glm-infra:index:Router") == (1 if p.router else 0)
     assert types.count(CMD) == _expected_commands(stack)
+    assert types.count("command:local:Command") == len(p.serving_hosts)  # the wait for a reboot
+    for t in ("Drivers", "Fabric", "Rdma", "Nixl"):
+        assert types.count(f"glm-infra:index:{t}") == len(p.serving_hosts), t
+    assert types.count("glm-infra:index:Runtime") == len({h.name for h in p.hosts if h.instances or h.runs_router})
     # Every resource hangs under the cluster; names carry their parent's name.
     cluster = run.get("glm")
     for r in run.resources:
@@ -64,6 +71,28 @@ def test_prefill_restarts_one_at_a_time_and_router_comes_last(key_file):
     assert run.urn("glm-decode-0-unit") in run.get("glm-decode-0-service").dependencies
 
 
+def test_host_chain_order(key_file):
+    run = run_program(stack_file("prod-b300"), key_file)
+
+    def needs(later: str, earlier: str) -> None:
+        assert run.urn(earlier) in run.get(later).dependencies, f"{later} must wait for {earlier}"
+
+    h = "glm-b300-2"
+    needs(f"{h}-drivers-install", f"{h}-preflight")
+    needs(f"{h}-drivers-reboot", f"{h}-drivers-install")
+    needs(f"{h}-drivers-wait", f"{h}-drivers-reboot")
+    needs(f"{h}-drivers-back", f"{h}-drivers-wait")
+    needs(f"{h}-health-gate", f"{h}-drivers-back")
+    needs(f"{h}-rdma-setup", f"{h}-health-gate")
+    needs(f"{h}-nixl-ucx-env", f"{h}-rdma-setup")
+    needs(f"{h}-runtime-venv", f"{h}-nixl-ucx-env")
+    needs("glm-prefill-2-service", f"{h}-runtime-venv")
+    needs("glm-prefill-2-unit", f"{h}-runtime-venv")
+    needs("glm-router-service", "glm-b300-3-runtime-venv")
+    # Hosts provision in parallel: nothing on one host waits for another host's chain.
+    assert not any("b300-1" in d for d in run.get(f"{h}-runtime-venv").dependencies)
+
+
 def test_secrets_are_secret(key_file, tmp_path):
     cfg = yaml.safe_load(stack_file("prod-b300").read_text())
     cfg["config"]["glm-infra:router"]["apiKey"] = {"secure": "v1:x"}
@@ -72,6 +101,7 @@ def test_secrets_are_secret(key_file, tmp_path):
     run = run_program(path, key_file, secrets={"glm-infra:router.apiKey": "sk-router-123"})
     for r in run.by_type(CMD):
         assert "connection" in r.secret_inputs, f"{r.name}: connection (private key) must be secret"
+        assert "privateKey" not in repr({k: v for k, v in r.inputs.items() if k != "connection"})
         text = repr(r.inputs if "stdin" in r.secret_inputs else {k: v for k, v in r.inputs.items() if k != "connection"})
         if "sk-router-123" in text:
             assert "stdin" in r.secret_inputs, f"{r.name} carries the API key in a non-secret input"

@@ -1,14 +1,20 @@
-"""One server reached over SSH: its connection and the host-wide files the services share."""
+"""One server reached over SSH: its connection, the host checker and the preflight facts."""
 
 from __future__ import annotations
 
+import json
+import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pulumi
 import pulumi_command.remote as remote
 
-from ..steps import file_step
+from ..steps import LIBEXEC, Step, digest, file_step
 from .remote_step import run_step
+
+HOSTCHECK_SOURCE = Path(__file__).resolve().parent.parent / "hostcheck.py"
+HOSTCHECK = f"{LIBEXEC}/hostcheck.py"
 
 
 @dataclass
@@ -23,12 +29,41 @@ class HostArgs:
     """SSH private key (a secret Output)."""
     ssh_port: int = 22
     """SSH port."""
+    allowed_os: list[str] = field(default_factory=lambda: ["ubuntu 24.04"])
+    """'ID VERSION_ID' values the host may run."""
+    min_kernel: str = "5.12"
+    """Oldest kernel accepted."""
+    gpus: int = 8
+    """GPUs the host must show once the driver answers."""
+    gpu_model: str = "B300"
+    """GPU model the host must show."""
+    require_driver: bool = False
+    """The driver must already answer (drivers.mode verify)."""
+    model_path: str | None = None
+    """Where the weights go (free disk there is a fact)."""
     files: dict[str, tuple[pulumi.Input[str], int, bool]] = field(default_factory=dict)
     """Host-wide files: absolute path → (content, mode, secret)."""
 
 
+def preflight_step(args: HostArgs) -> Step:
+    """Install hostcheck.py and run its preflight: facts on stdout, what rules the host out on stderr."""
+    source = HOSTCHECK_SOURCE.read_text()
+    cmd = [HOSTCHECK, "preflight", "--host", args.name, "--min-kernel", args.min_kernel,
+           "--gpus", str(args.gpus), "--gpu-model", args.gpu_model]
+    for os_id in args.allowed_os:
+        cmd += ["--allowed-os", os_id]
+    if args.require_driver:
+        cmd.append("--require-driver")
+    if args.model_path:
+        cmd += ["--model-path", args.model_path]
+    create = f"install -D -m 0755 /dev/stdin {HOSTCHECK} && " + " ".join(shlex.quote(c) for c in cmd)
+    return Step("preflight", create, f"rm -f {HOSTCHECK}", source, (digest(source),))
+
+
 class Host(pulumi.ComponentResource):
     connection: remote.ConnectionArgs
+    preflight: remote.Command
+    facts: pulumi.Output[dict]
     files: list[remote.Command]
 
     def __init__(self, name: str, args: HostArgs, opts: pulumi.ResourceOptions | None = None) -> None:
@@ -41,10 +76,21 @@ class Host(pulumi.ComponentResource):
             dial_error_limit=30,
             per_dial_timeout=10,
         )
+        self.preflight = run_step(f"{name}-preflight", preflight_step(args), self.connection, self)
+        self.facts = self.preflight.stdout.apply(_last_json)
         self.files = []
         for path, (content, mode, secret) in sorted(args.files.items()):
             slug = path.strip("/").replace("/", "-").replace(".", "-")
             step = file_step(slug, path, "", mode=mode, secret=secret)
-            self.files.append(run_step(f"{name}-{slug}", step, self.connection, self, stdin=content))
+            self.files.append(
+                run_step(f"{name}-{slug}", step, self.connection, self, stdin=content, depends_on=[self.preflight])
+            )
         self.address = pulumi.Output.from_input(args.address)
-        self.register_outputs({"address": self.address})
+        self.register_outputs({"address": self.address, "facts": self.facts})
+
+
+def _last_json(stdout: str | None) -> dict:
+    for line in reversed((stdout or "").splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    return {}

@@ -10,6 +10,13 @@ import pulumi_command.remote as remote
 from ..steps import Step
 
 
+def inherited(opts: pulumi.ResourceOptions | None) -> list[pulumi.Resource]:
+    """The component's own ``depends_on``: children must carry it themselves, the engine only orders
+    resources by the dependencies each registration names."""
+    deps = (opts.depends_on if opts else None) or []
+    return list(deps) if isinstance(deps, (list, tuple)) else [deps]
+
+
 def run_step(
     name: str,
     step: Step,

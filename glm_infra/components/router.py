@@ -10,7 +10,7 @@ import pulumi_command.remote as remote
 
 from ..render import render_template
 from ..steps import ScriptStep, digest, file_step
-from .remote_step import run_step
+from .remote_step import inherited, run_step
 
 
 @dataclass
@@ -42,9 +42,12 @@ class Router(pulumi.ComponentResource):
             args.connection,
             self,
             stdin=args.secrets_env,
+            depends_on=inherited(opts),
         )
         unit_path = f"/etc/systemd/system/{args.unit_name}"
-        unit_file = run_step(f"{name}-unit", file_step("unit", unit_path, args.unit), args.connection, self)
+        unit_file = run_step(
+            f"{name}-unit", file_step("unit", unit_path, args.unit), args.connection, self, depends_on=inherited(opts)
+        )
         script = render_template(
             "service.sh.j2",
             host=args.host,
@@ -60,7 +63,7 @@ class Router(pulumi.ComponentResource):
             args.connection,
             self,
             triggers=[digest(args.unit), pulumi.Output.secret(args.secrets_env).apply(lambda s: digest(s)), *args.restart_triggers],
-            depends_on=[unit_file, secrets],
+            depends_on=[unit_file, secrets, *inherited(opts)],
         )
         self.url = pulumi.Output.from_input(args.url)
         self.register_outputs({"url": self.url})

@@ -10,7 +10,7 @@ import pulumi_command.remote as remote
 
 from ..render import render_template
 from ..steps import ScriptStep, digest, file_step
-from .remote_step import run_step
+from .remote_step import inherited, run_step
 
 
 @dataclass
@@ -37,7 +37,9 @@ class VllmService(pulumi.ComponentResource):
     def __init__(self, name: str, args: VllmServiceArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("glm-infra:index:VllmService", name, None, opts)
         unit_path = f"/etc/systemd/system/{args.unit_name}"
-        unit_file = run_step(f"{name}-unit", file_step("unit", unit_path, args.unit), args.connection, self)
+        unit_file = run_step(
+            f"{name}-unit", file_step("unit", unit_path, args.unit), args.connection, self, depends_on=inherited(opts)
+        )
         script = render_template(
             "service.sh.j2",
             host=args.host,
@@ -53,7 +55,7 @@ class VllmService(pulumi.ComponentResource):
             args.connection,
             self,
             triggers=[digest(args.unit), *args.restart_triggers],
-            depends_on=[unit_file],
+            depends_on=[unit_file, *inherited(opts)],
             timeout=f"{args.start_timeout_s + 120}s",
         )
         self.unit_file = unit_file
