@@ -277,6 +277,7 @@ class ColocatedConfig(PoolConfig):
 class RouterConfig(StrictModel):
     host: str
     port: Port = 8000
+    metrics_port: Port = Field(29000, description="Prometheus exporter of the router (--prometheus-port).")
     policy: Literal[
         "random", "round_robin", "cache_aware", "kv_aware", "power_of_two", "consistent_hash", "sticky_least_loaded"
     ] = "round_robin"

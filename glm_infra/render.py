@@ -192,6 +192,7 @@ def router_args(stack: StackConfig, plan: Plan) -> list[str]:
         a += ["--worker-urls", *r.worker_urls]
     a += ["--policy", stack.router.policy]
     a += ["--host", r.address, "--port", str(r.port)]
+    a += ["--prometheus-host", r.address, "--prometheus-port", str(stack.router.metrics_port)]
     a += ["--health-check-interval-secs", str(stack.router.health_check_interval)]
     return a
 

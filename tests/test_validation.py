@@ -57,6 +57,7 @@ BAD = [
     ("nixl-port-collision", [("glm-infra:hosts[2].gpus", 16), ("glm-infra:prefill.hosts", ["b300-1", "b300-2", "b300-3"]), ("glm-infra:decode.nixlSideChannelPort", 5606)], "glm-infra:decode.nixlSideChannelPort", "ports 5606-5607 on b300-3 used twice: prefill-5 nixl and decode-0 nixl"),
     ("dp-rpc-port-collision", [("glm-infra:decode.dpRpcPort", 8000)], "glm-infra:router.port", "port 8000 on b300-3 used twice: decode-0 dp-rpc and router http"),
     ("router-port-collision", [("glm-infra:router.port", 8200)], "glm-infra:router.port", "port 8200 on b300-3 used twice"),
+    ("router-metrics-collision", [("glm-infra:router.metricsPort", 8200)], "glm-infra:router.metricsPort", "port 8200 on b300-3 used twice: decode-0 http and router metrics"),
     ("privileged-port", [("glm-infra:router.port", 80)], "glm-infra:router.port", "greater than or equal to 1024"),
     ("empty-host-list", [("glm-infra:hosts", [])], "glm-infra:hosts", "at least 1 item"),
     ("empty-pool-hosts", [("glm-infra:prefill.hosts", [])], "glm-infra:prefill.hosts", "at least 1 item"),

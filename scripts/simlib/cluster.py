@@ -128,6 +128,13 @@ def rootfs() -> Path:
 # --- the machine's side: bridge, nspawn propagation dir, HTTP server -----------------------------
 
 
+def build_standins() -> None:
+    """The stand-in apt repository and wheels the hosts install from (rebuilt only when changed)."""
+    www = SIM / "www"
+    run([str(REPO / "scripts/standins/build-apt-repo"), str(www / "apt")])
+    run([str(REPO / "scripts/standins/build-wheels"), str(www / "wheels")])
+
+
 def ensure_nspawn_tmpfs() -> None:
     d = Path("/run/systemd/nspawn")
     d.mkdir(parents=True, exist_ok=True)
@@ -273,6 +280,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     RUN.mkdir(parents=True, exist_ok=True)
     key = ssh_key()
     image = rootfs()
+    build_standins()
     ensure_nspawn_tmpfs()
     ensure_bridge(gateway)
     start_http(gateway)

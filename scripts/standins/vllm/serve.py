@@ -1,0 +1,431 @@
+"""``vllm serve`` of the stand-in.
+
+First the checks a real vLLM fails on (GPU count, staged weights, NIXL side channel, ports), then
+llm-d-inference-sim as a child on a free port behind a small threaded reverse proxy on --host:--port.
+The proxy owns what the simulator does not model: the weight-loading delay (/health is 503 until
+loaded), draining on SIGTERM within --shutdown-timeout, VLLM_API_KEY, and one log line per request
+naming the P/D role, so the journal shows a request going through prefill, then decode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hmac
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+ROLE_OF_KV_ROLE = {"kv_producer": "prefill", "kv_consumer": "decode", "kv_both": "prefill+decode"}
+# Requests whose kv_transfer_params are logged: the ones the P/D router sends.
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
+# Paths vLLM serves without the API key.
+OPEN_PATHS = ("/health", "/metrics")
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+}
+PR_SET_PDEATHSIG = 1
+
+
+class ServeError(Exception):
+    """A startup failure a real vLLM would also have; printed as one line, exit 1."""
+
+
+def log(line: str) -> None:
+    # One write per line: request threads log concurrently and the journal reads whole lines.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+# --- the checks -------------------------------------------------------------------------------
+
+
+def check_devices(args: argparse.Namespace) -> None:
+    needed = args.tensor_parallel_size * args.data_parallel_size
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        raise ServeError(f"CUDA_VISIBLE_DEVICES is not set; -tp {args.tensor_parallel_size} × -dp "
+                         f"{args.data_parallel_size} needs {needed} GPUs")
+    devices = [d.strip() for d in visible.split(",") if d.strip()]
+    if len(set(devices)) != len(devices):
+        raise ServeError(f"CUDA_VISIBLE_DEVICES={visible} lists a GPU twice")
+    if len(devices) != needed:
+        raise ServeError(f"CUDA_VISIBLE_DEVICES={visible} lists {len(devices)} GPUs but -tp "
+                         f"{args.tensor_parallel_size} × -dp {args.data_parallel_size} needs {needed}")
+
+
+def check_model(args: argparse.Namespace) -> None:
+    model = Path(args.model)
+    if not model.is_dir():
+        raise ServeError(f"model {args.model} is not a directory (weights not staged?)")
+    if not (model / "config.json").is_file():
+        raise ServeError(f"model {args.model} has no config.json (weights not staged?)")
+
+
+def kv_role(args: argparse.Namespace) -> str | None:
+    config = args.kv_transfer_config
+    if config is None:
+        return None
+    connector = config.get("kv_connector")
+    if connector != "NixlConnector":
+        raise ServeError(f"--kv-transfer-config kv_connector {connector!r}: the stand-in models NixlConnector only")
+    role = config.get("kv_role")
+    if role not in ROLE_OF_KV_ROLE:
+        raise ServeError(f"--kv-transfer-config kv_role {role!r} is not one of {', '.join(ROLE_OF_KV_ROLE)}")
+    return role
+
+
+def env_number(name: str, default: float) -> float:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ServeError(f"{name}={text} is not a non-negative number")
+    return value
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """What the simulated engine takes from the environment (not vLLM flags, so not on the command line)."""
+
+    ttft_ms: float
+    itl_ms: float
+    kv_transfer_ms: float
+    startup_seconds: float
+
+    @classmethod
+    def from_env(cls) -> Simulation:
+        return cls(
+            ttft_ms=env_number("GLM_SIM_TTFT_MS", 50),
+            itl_ms=env_number("GLM_SIM_ITL_MS", 10),
+            kv_transfer_ms=env_number("GLM_SIM_KV_TRANSFER_MS", 20),
+            startup_seconds=env_number("GLM_SIM_STARTUP_SECONDS", 2),
+        )
+
+
+def listen(host: str, port: int, what: str) -> socket.socket:
+    try:
+        return socket.create_server((host, port))
+    except OSError as e:
+        raise ServeError(f"cannot bind {what} on {host}:{port}: {e.strerror or e}") from None
+
+
+def bind_nixl_side_channel(args: argparse.Namespace) -> list[socket.socket]:
+    """One listener per DP rank at base+rank, as the NIXL connector's side channel does."""
+    host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "")
+    base_text = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "")
+    for name, value in (("VLLM_NIXL_SIDE_CHANNEL_HOST", host), ("VLLM_NIXL_SIDE_CHANNEL_PORT", base_text)):
+        if not value:
+            raise ServeError(f"{name} is not set; NixlConnector needs it with --kv-transfer-config")
+    if not base_text.isdigit() or not 1 <= int(base_text) <= 65535 - args.data_parallel_size + 1:
+        raise ServeError(f"VLLM_NIXL_SIDE_CHANNEL_PORT={base_text} leaves no room for {args.data_parallel_size} ranks")
+    base = int(base_text)
+    return [
+        listen(host, base + rank, f"NIXL side channel of DP rank {rank}") for rank in range(args.data_parallel_size)
+    ]
+
+
+def simulator_binary() -> Path:
+    bundled = Path(__file__).parent / "_bin" / "llm-d-inference-sim"
+    if os.access(bundled, os.X_OK):
+        return bundled
+    fallback = os.environ.get("GLM_SIM_BINARY")
+    if fallback and os.access(fallback, os.X_OK):
+        return Path(fallback)
+    raise ServeError(f"no llm-d-inference-sim: {bundled} is missing and GLM_SIM_BINARY is not an executable")
+
+
+def free_port() -> int:
+    # The simulator listens on every interface, so the port must be free on all of them.
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def die_with_parent() -> None:
+    """In the child: get SIGKILL if the stand-in dies without stopping it (e.g. SIGKILL)."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def start_simulator(binary: Path, args: argparse.Namespace, simulation: Simulation, port: int) -> subprocess.Popen:
+    command = [
+        str(binary),
+        f"--port={port}",
+        f"--model={args.model}",
+        f"--time-to-first-token={simulation.ttft_ms:g}ms",
+        f"--inter-token-latency={simulation.itl_ms:g}ms",
+        f"--kv-cache-transfer-latency={simulation.kv_transfer_ms:g}ms",
+        f"--max-num-seqs={args.max_num_seqs}",
+        f"--max-model-len={args.max_model_len}",
+        # vLLM's -dp N serves one API port; the simulator's would listen on port, port+1, …
+        "--data-parallel-size=1",
+        # Otherwise it asks huggingface.co whether the model name is a real model.
+        "--force-dummy-tokenizer",
+    ]
+    if args.served_model_name:
+        # Last: the simulator reads the names up to the next "--" flag.
+        command += ["--served-model-name", *args.served_model_name]
+    # Own session: a Ctrl-C meant for the stand-in must not kill the simulator before the drain.
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
+
+
+# --- the running instance ---------------------------------------------------------------------
+
+
+class Instance:
+    def __init__(self, args: argparse.Namespace, role: str, simulation: Simulation, upstream_port: int):
+        self.role = role
+        self.upstream_port = upstream_port
+        self.api_key = os.environ.get("VLLM_API_KEY") or None
+        self.shutdown_timeout = args.shutdown_timeout
+        self.loaded_at = time.monotonic() + simulation.startup_seconds
+        self.ready = False
+        # Set from the signal handler without a lock; admit() reads it under the lock.
+        self.draining = False
+        self.drain_signal = ""
+        self._lock = threading.Lock()
+        self._in_flight = 0
+
+    def admit(self) -> bool:
+        """Count a request in flight, unless draining (then it gets 503)."""
+        with self._lock:
+            if self.draining:
+                return False
+            self._in_flight += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._in_flight
+
+    def healthy(self) -> bool:
+        return self.ready and not self.draining
+
+    def wait_until_loaded(self) -> None:
+        """Ready once the simulator answers /health and the simulated load time has passed."""
+        while not self.draining:
+            if time.monotonic() >= self.loaded_at and self._simulator_healthy():
+                self.ready = True
+                log(f"glm-sim {self.role}: ready")
+                return
+            time.sleep(0.1)
+
+    def _simulator_healthy(self) -> bool:
+        conn = http.client.HTTPConnection("127.0.0.1", self.upstream_port, timeout=2)
+        try:
+            conn.request("GET", "/health")
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            conn.close()
+
+
+class ProxyServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # listen backlog; the default 5 drops connections under a burst
+    instance: Instance
+
+
+def kv_flags(body: bytes) -> str:
+    try:
+        params = json.loads(body).get("kv_transfer_params")
+    except (ValueError, AttributeError):
+        params = None
+    params = params if isinstance(params, dict) else {}
+    flags = [f"{name}={str(bool(params.get(name))).lower()}" for name in ("do_remote_decode", "do_remote_prefill")]
+    return " " + " ".join(flags)
+
+
+class ProxyHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: ProxyServer
+
+    def do_GET(self) -> None:
+        self.handle_request()
+
+    do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
+
+    def handle_request(self) -> None:
+        instance = self.server.instance
+        path = self.path.split("?", 1)[0]
+        if path == "/health":
+            self.reply(200 if instance.healthy() else 503)
+            return
+        started = time.monotonic()
+        status, note = self.dispatch(instance, path)
+        # The P/D router sends the same X-Request-Id to prefill and decode: it pairs the two lines.
+        request_id = self.headers.get("X-Request-Id")
+        note += f" request_id={request_id}" if request_id else ""
+        log(f"glm-sim {instance.role}: {self.command} {self.path} {status}{note} {time.monotonic() - started:.3f}s")
+
+    def dispatch(self, instance: Instance, path: str) -> tuple[int, str]:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            self.close_connection = True  # the unread body would be taken for the next request
+            return self.reply(411, {"error": "send Content-Length"}), ""
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if not instance.admit():
+            self.close_connection = True  # so a keep-alive client (the router) reconnects elsewhere
+            return self.reply(503, {"error": "server is shutting down"}), " (draining)"
+        try:
+            if not instance.ready:
+                return self.reply(503, {"error": "model is still loading"}), " (loading)"
+            if instance.api_key and path not in OPEN_PATHS and not self.authorized(instance.api_key):
+                return self.reply(401, {"error": "Unauthorized"}), " (no valid API key)"
+            note = kv_flags(body) if path in GENERATION_PATHS else ""
+            try:
+                return self.forward(instance.upstream_port, body), note
+            except (OSError, http.client.HTTPException) as e:
+                self.close_connection = True
+                return 499, f"{note} (connection lost: {e!r})"
+        finally:
+            instance.release()
+
+    def authorized(self, api_key: str) -> bool:
+        given = self.headers.get("Authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode())
+
+    def forward(self, upstream_port: int, body: bytes) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", upstream_port)
+        try:
+            conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+            for name, value in self.headers.items():
+                if name.lower() not in HOP_BY_HOP and name.lower() != "content-length":
+                    conn.putheader(name, value)
+            if body or self.command in ("POST", "PUT", "PATCH"):
+                conn.putheader("Content-Length", str(len(body)))
+            conn.endheaders(body or None)
+            upstream = conn.getresponse()
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            return self.reply(502, {"error": f"engine unreachable: {e}"})
+        try:
+            self.relay(upstream)
+        finally:
+            conn.close()
+        return upstream.status
+
+    def relay(self, upstream: http.client.HTTPResponse) -> None:
+        """Pass the response on as it arrives: SSE streams chunk by chunk, not buffered."""
+        self.send_response_only(upstream.status, upstream.reason)
+        for name, value in upstream.getheaders():
+            if name.lower() not in HOP_BY_HOP:
+                self.send_header(name, value)
+        length = upstream.getheader("Content-Length")
+        chunked = length is None and upstream.status not in (204, 304)
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        while data := upstream.read1(65536):
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+        if chunked:
+            self.wfile.write(b"0\r\n\r\n")
+
+    def reply(self, status: int, payload: dict | None = None) -> int:
+        body = json.dumps(payload).encode() if payload is not None else b""
+        self.send_response_only(status)
+        self.send_header("Date", self.date_time_string())
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        if payload is not None:
+            self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        return status
+
+
+# --- lifecycle --------------------------------------------------------------------------------
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def serve(args: argparse.Namespace) -> int:
+    check_devices(args)
+    check_model(args)
+    role_key = kv_role(args)
+    role = ROLE_OF_KV_ROLE[role_key] if role_key else "colocated"
+    simulation = Simulation.from_env()
+    binary = simulator_binary()
+    # Held open for the process lifetime: a second instance on the same ports fails like vLLM.
+    reserved = bind_nixl_side_channel(args) if role_key else []
+    if args.data_parallel_rpc_port is not None:
+        reserved.append(listen("127.0.0.1", args.data_parallel_rpc_port, "the data-parallel RPC port"))
+    host = args.host or "0.0.0.0"
+    try:
+        server = ProxyServer((host, args.port), ProxyHandler)
+    except OSError as e:
+        raise ServeError(f"cannot bind the API server on {host}:{args.port}: {e.strerror or e}") from None
+
+    upstream_port = free_port()
+    simulator = start_simulator(binary, args, simulation, upstream_port)
+    instance = Instance(args, role, simulation, upstream_port)
+    server.instance = instance
+
+    def begin_drain(signum: int, _frame: object) -> None:
+        # Only flags: the main loop logs (writing stdout here could re-enter a write in progress).
+        instance.drain_signal = instance.drain_signal or signal.Signals(signum).name
+        instance.draining = True
+
+    signal.signal(signal.SIGTERM, begin_drain)
+    signal.signal(signal.SIGINT, begin_drain)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=instance.wait_until_loaded, daemon=True).start()
+    names = ", ".join(args.served_model_name or [args.model])
+    log(f"glm-sim {role}: serving {names} on http://{host}:{args.port} "
+        f"(llm-d-inference-sim on port {upstream_port}, pid {simulator.pid})")
+
+    try:
+        while not instance.draining:
+            if simulator.poll() is not None:
+                log(f"glm-sim {role}: llm-d-inference-sim exited with code {simulator.returncode}")
+                return 1
+            time.sleep(0.1)
+        log(f"glm-sim {role}: {instance.drain_signal}, draining (up to {instance.shutdown_timeout}s)")
+        deadline = time.monotonic() + instance.shutdown_timeout
+        while instance.in_flight() and time.monotonic() < deadline and simulator.poll() is None:
+            time.sleep(0.05)
+        if simulator.poll() is not None:
+            log(f"glm-sim {role}: llm-d-inference-sim exited with code {simulator.returncode} while draining")
+            return 1
+        left = instance.in_flight()
+        log(f"glm-sim {role}: drained" if not left else f"glm-sim {role}: shutdown timeout, aborting {left} requests")
+        return 0
+    finally:
+        stop(simulator)
+        server.shutdown()
+        server.server_close()
+        for sock in reserved:
+            sock.close()

@@ -1,0 +1,479 @@
+"""The stand-in vllm of the simulated cluster (scripts/standins): built into wheels, installed into a
+fresh venv like on a host, and run on loopback alone, as P/D pairs behind the real vllm-router, and
+through its lifecycle (loading, draining on SIGTERM, engine death). Needs Go (or a cached simulator
+build) and, on the first run only, PyPI for the vllm-router and uv wheels."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, STACKS, stack_file
+from glm_infra.render import vllm_args
+from glm_infra.stack import load_file
+from glm_infra.topology import plan
+
+BUILD_WHEELS = ROOT / "scripts" / "standins" / "build-wheels"
+ROUTER = ROOT / "venv" / "bin" / "vllm-router"
+VERSION = "0.33.0+glmsim"
+MODEL_NAME = "glm-5.2"
+PRODUCER = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_producer"})
+CONSUMER = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_consumer"})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_port_range(count: int) -> int:
+    """A base port with count free ports from it (for NIXL side channels, one per DP rank)."""
+    while True:
+        base = free_port()
+        if base + count > 65535:
+            continue
+        try:
+            held = [socket.create_server(("127.0.0.1", base + i)) for i in range(count)]
+        except OSError:
+            continue
+        for s in held:
+            s.close()
+        return base
+
+
+def request(port: int, method: str, path: str, body: dict | None = None, headers: dict | None = None,
+            timeout: float = 30) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        payload = json.dumps(body).encode() if body is not None else None
+        all_headers = {"Content-Type": "application/json", **(headers or {})}
+        conn.request(method, path, body=payload, headers=all_headers)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def chat(stream: bool = False, **extra: object) -> dict:
+    return {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Say hello"}], "stream": stream, **extra}
+
+
+def metric(port: int, finish_reason: str) -> float:
+    status, body = request(port, "GET", "/metrics")
+    assert status == 200
+    pattern = rf'^vllm:request_success_total{{[^}}]*finish_reason="{finish_reason}"[^}}]*}} (\S+)$'
+    found = re.search(pattern, body.decode(), re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    """Running, not gone and not a zombie waiting for its reaper."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def answers(port: int, path: str = "/health", status: int = 200) -> bool:
+    try:
+        return request(port, "GET", path, timeout=2)[0] == status
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheels")
+    subprocess.run([str(BUILD_WHEELS), str(out)], check=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def vllm_bin(wheels, tmp_path_factory) -> Path:
+    """The stand-in installed into a fresh venv, offline, pinned the way production pins vLLM."""
+    venv = tmp_path_factory.mktemp("venv")
+    subprocess.run(["python3", "-m", "venv", str(venv)], check=True)
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+         "--no-index", "--find-links", str(wheels), "vllm==0.33.0", "nixl==1.5.1"],
+        check=True,
+    )
+    return venv / "bin" / "vllm"
+
+
+@pytest.fixture
+def model_dir(tmp_path) -> Path:
+    """Staged weights, as far as vLLM looks before loading."""
+    model = tmp_path / "GLM-5.2-NVFP4"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["GlmMoeDsaForCausalLM"]}')
+    return model
+
+
+def clean_env(**overrides: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "GLM_SIM_", "CUDA_"))}
+    env = {k: v for k, v in env.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
+    env["NO_PROXY"] = "127.0.0.1,localhost"
+    env.update(overrides)
+    return env
+
+
+@dataclass
+class Instance:
+    process: subprocess.Popen
+    port: int
+    log: Path
+
+    def lines(self) -> list[str]:
+        return self.log.read_text().splitlines()
+
+    def simulator_pid(self) -> int | None:
+        found = re.search(r"llm-d-inference-sim on port \d+, pid (\d+)", self.log.read_text())
+        return int(found.group(1)) if found else None
+
+    def wait_healthy(self, timeout: float = 30) -> Instance:
+        wait_for(lambda: self.process.poll() is not None or answers(self.port), timeout, f"{self.log.name} healthy")
+        assert self.process.poll() is None, f"{self.log.name} exited:\n{self.log.read_text()}"
+        return self
+
+
+@pytest.fixture
+def launch(vllm_bin, model_dir, tmp_path):
+    """Start ``vllm serve`` on loopback; everything started is killed at teardown."""
+    started: list[Instance] = []
+
+    def start(*flags: str, gpus: str = "0", env: dict[str, str] | None = None, startup: str = "0.2",
+              name: str = "vllm") -> Instance:
+        port = free_port()
+        log = tmp_path / f"{name}-{port}.log"
+        argv = [str(vllm_bin), "serve", str(model_dir), "--served-model-name", MODEL_NAME,
+                "--host", "127.0.0.1", "--port", str(port), *flags]
+        environment = clean_env(CUDA_VISIBLE_DEVICES=gpus, GLM_SIM_STARTUP_SECONDS=startup, **(env or {}))
+        with log.open("w") as out:
+            process = subprocess.Popen(argv, env=environment, stdout=out, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        started.append(Instance(process, port, log))
+        return started[-1]
+
+    yield start
+    for instance in started:
+        simulator = instance.simulator_pid()
+        if instance.process.poll() is None:
+            os.killpg(instance.process.pid, signal.SIGKILL)
+        instance.process.wait()
+        if simulator is not None and alive(simulator):  # it dies with its parent; this guards a leak
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(simulator, signal.SIGKILL)
+
+
+def run_serve(vllm_bin: Path, *argv: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(vllm_bin), "serve", *argv], env=clean_env(**env), capture_output=True, text=True,
+                          timeout=30)
+
+
+def nixl_env(base: int) -> dict[str, str]:
+    return {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(base)}
+
+
+# --- the wheels -------------------------------------------------------------------------------
+
+
+def test_wheels_are_complete_and_rebuilds_are_skipped(wheels):
+    names = sorted(p.name for p in wheels.glob("*.whl"))
+    assert f"vllm-{VERSION}-py3-none-linux_x86_64.whl" in names
+    assert "nixl-1.5.1+glmsim-py3-none-any.whl" in names
+    assert any(n.startswith("vllm_router-0.1.17-") and "manylinux" in n for n in names)
+    assert any(n.startswith("uv-0.13.8-") and "manylinux" in n for n in names)
+    index = (wheels / "index.html").read_text()
+    for name in names:
+        assert f'href="{name.replace("+", "%2B")}#sha256=' in index
+
+    with zipfile.ZipFile(wheels / f"vllm-{VERSION}-py3-none-linux_x86_64.whl") as whl:
+        record = whl.read(f"vllm-{VERSION}.dist-info/RECORD").decode().splitlines()
+        for line in record:
+            path, digest, size = line.rsplit(",", 2)
+            if digest:
+                data = whl.read(path)
+                expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+                assert (digest, int(size)) == (f"sha256={expected}", len(data)), path
+        assert {line.split(",")[0] for line in record} == set(whl.namelist())
+        assert whl.getinfo("vllm/_bin/llm-d-inference-sim").external_attr >> 16 == 0o100755
+        assert "vllm = vllm.cli:main" in whl.read(f"vllm-{VERSION}.dist-info/entry_points.txt").decode()
+
+    before = {p.name: p.stat().st_mtime_ns for p in wheels.iterdir()}
+    again = subprocess.run([str(BUILD_WHEELS), str(wheels)], capture_output=True, text=True, check=True)
+    assert "up to date" in again.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in wheels.iterdir()} == before
+
+
+def test_uv_installs_from_the_find_links_page(wheels, tmp_path):
+    """What a host runs (runtime.sh): uv pip install --no-index --find-links http://.../wheels/ with the
+    pins of the sim stack; vllm-router's dependencies must be on the page too."""
+    tools = tmp_path / "tools"
+    subprocess.run(["python3", "-m", "venv", str(tools)], check=True)
+    subprocess.run([str(tools / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                    "--no-index", "--find-links", str(wheels), "uv==0.13.8"], check=True)
+    target = tmp_path / "target"
+    subprocess.run(["python3", "-m", "venv", "--without-pip", str(target)], check=True)
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory",
+                               str(wheels), str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: answers(port, "/index.html"), 10, "wheel server")
+        subprocess.run(
+            [str(tools / "bin" / "uv"), "pip", "install", "--python", str(target / "bin" / "python"),
+             "--no-index", "--find-links", f"http://127.0.0.1:{port}/", "vllm==0.33.0+glmsim",
+             "nixl==1.5.1+glmsim", "vllm-router==0.1.17"],
+            check=True, env=clean_env(UV_CACHE_DIR=str(tmp_path / "uv-cache"), UV_NO_CONFIG="1"),
+        )
+    finally:
+        server.kill()
+        server.wait()
+    version = subprocess.run([str(target / "bin" / "vllm"), "--version"], capture_output=True, text=True, check=True)
+    assert version.stdout.strip() == VERSION
+    assert os.access(next(target.glob("lib/python3*/site-packages/vllm/_bin/llm-d-inference-sim")), os.X_OK)
+    subprocess.run([str(target / "bin" / "vllm-router"), "--help"], capture_output=True, check=True)
+
+
+def test_versions(vllm_bin):
+    assert subprocess.run([str(vllm_bin), "--version"], capture_output=True, text=True).stdout.strip() == VERSION
+    python = vllm_bin.parent / "python"
+    nixl = subprocess.run([str(python), "-c", "import nixl; print(nixl.__version__)"], capture_output=True, text=True)
+    assert nixl.stdout.strip() == "1.5.1+glmsim"
+
+
+# --- what vllm serve refuses ------------------------------------------------------------------
+
+
+def test_unknown_flag_is_a_usage_error(vllm_bin, model_dir):
+    result = run_serve(vllm_bin, str(model_dir), "-tp", "1", "--tensor-paralel-size", "2", CUDA_VISIBLE_DEVICES="0")
+    assert result.returncode == 2
+    assert "vllm: error: unrecognized arguments: --tensor-paralel-size 2" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [["--kv-transfer-config", "not json"], ["--speculative-config", "[1]"], ["--gpu-memory-utilization", "1.2"],
+     ["--chat-template-content-format", "xml"], ["--served-model"]],
+)
+def test_malformed_flags_are_usage_errors(vllm_bin, model_dir, flag):
+    result = run_serve(vllm_bin, str(model_dir), *flag, CUDA_VISIBLE_DEVICES="0")
+    assert result.returncode == 2, result.stderr
+    assert "error: " in result.stderr
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_rendered_command_parses(vllm_bin, stack):
+    """Each instance's rendered ExecStart gets past argparse: it stops at the first check (exit 1),
+    because CUDA_VISIBLE_DEVICES is left out, not at a usage error (exit 2)."""
+    config = load_file(stack_file(stack)).config
+    for instance in plan(config).instances:
+        argv = vllm_args(config, instance)
+        result = run_serve(vllm_bin, *argv[2:])
+        assert result.returncode == 1, f"{instance.name}: {result.stderr}"
+        assert "CUDA_VISIBLE_DEVICES is not set" in result.stderr
+
+
+def test_gpu_count_must_match_tp_times_dp(vllm_bin, model_dir):
+    result = run_serve(vllm_bin, str(model_dir), "-tp", "1", "-dp", "4", CUDA_VISIBLE_DEVICES="0,1,2")
+    assert result.returncode == 1
+    assert "CUDA_VISIBLE_DEVICES=0,1,2 lists 3 GPUs but -tp 1 × -dp 4 needs 4" in result.stderr
+
+
+def test_model_needs_staged_config_json(vllm_bin, tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = run_serve(vllm_bin, str(tmp_path / "empty"), CUDA_VISIBLE_DEVICES="0")
+    assert result.returncode == 1
+    assert f"model {tmp_path / 'empty'} has no config.json" in result.stderr
+    result = run_serve(vllm_bin, str(tmp_path / "absent"), CUDA_VISIBLE_DEVICES="0")
+    assert result.returncode == 1
+    assert "is not a directory" in result.stderr
+
+
+def test_kv_transfer_needs_the_nixl_side_channel_env(vllm_bin, model_dir):
+    result = run_serve(vllm_bin, str(model_dir), "--kv-transfer-config", PRODUCER, CUDA_VISIBLE_DEVICES="0")
+    assert result.returncode == 1
+    assert "VLLM_NIXL_SIDE_CHANNEL_HOST is not set" in result.stderr
+    result = run_serve(vllm_bin, str(model_dir), "--kv-transfer-config", PRODUCER, CUDA_VISIBLE_DEVICES="0",
+                       VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1")
+    assert result.returncode == 1
+    assert "VLLM_NIXL_SIDE_CHANNEL_PORT is not set" in result.stderr
+    bad_role = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_prefill"})
+    result = run_serve(vllm_bin, str(model_dir), "--kv-transfer-config", bad_role, CUDA_VISIBLE_DEVICES="0")
+    assert result.returncode == 1
+    assert "kv_role 'kv_prefill' is not one of kv_producer, kv_consumer, kv_both" in result.stderr
+
+
+def test_nixl_side_channel_collision_fails_the_second_instance(launch):
+    base = free_port_range(3)
+    first = launch("--kv-transfer-config", PRODUCER, "-dp", "2", gpus="0,1", env=nixl_env(base), name="first")
+    first.wait_healthy()
+    # Its ranks hold base and base+1; the second instance's rank 0 wants base+1.
+    second = launch("--kv-transfer-config", PRODUCER, "-dp", "2", gpus="2,3", env=nixl_env(base + 1), name="second")
+    assert second.process.wait(30) == 1
+    assert f"cannot bind NIXL side channel of DP rank 0 on 127.0.0.1:{base + 1}: Address already in use" in (
+        second.log.read_text())
+    assert first.process.poll() is None
+
+
+def test_data_parallel_rpc_port_collision_fails(launch):
+    rpc_port = free_port()
+    launch("--data-parallel-rpc-port", str(rpc_port), name="first").wait_healthy()
+    second = launch("--data-parallel-rpc-port", str(rpc_port), name="second")
+    assert second.process.wait(30) == 1
+    assert f"cannot bind the data-parallel RPC port on 127.0.0.1:{rpc_port}" in second.log.read_text()
+
+
+# --- serving ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api_key", [None, "k3y"], ids=["open", "api-key"])
+def test_prefill_then_decode_behind_the_real_router(launch, tmp_path, api_key):
+    """With router.apiKey, glm-infra gives the instances VLLM_API_KEY and the router OPENAI_API_KEY,
+    which the router sends on its prefill and decode requests."""
+    instance_env = {"VLLM_API_KEY": api_key} if api_key else {}
+    prefill = launch("--kv-transfer-config", PRODUCER, "-ep", "-tp", "1", "-dp", "2", gpus="0,1",
+                     env={**nixl_env(free_port_range(2)), **instance_env}, name="prefill")
+    decode = launch("--kv-transfer-config", CONSUMER, "-ep", "-tp", "1", "-dp", "4", gpus="0,1,2,3",
+                    env={**nixl_env(free_port_range(4)), **instance_env}, name="decode")
+    prefill.wait_healthy()
+    decode.wait_healthy()
+
+    router_port = free_port()
+    router_log = tmp_path / "router.log"
+    with router_log.open("w") as out:
+        router = subprocess.Popen(
+            [str(ROUTER), "--vllm-pd-disaggregation", "--prefill", f"http://127.0.0.1:{prefill.port}",
+             "--decode", f"http://127.0.0.1:{decode.port}", "--host", "127.0.0.1", "--port", str(router_port),
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
+            env=clean_env(**({"OPENAI_API_KEY": api_key} if api_key else {})), stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_for(lambda: router.poll() is not None or answers(router_port), 60, "router healthy")
+        assert router.poll() is None, router_log.read_text()[-3000:]
+        status, body = request(router_port, "POST", "/v1/chat/completions", chat())
+        assert status == 200, body
+        answer = json.loads(body)
+        assert answer["choices"][0]["finish_reason"] == "stop"
+        assert answer["choices"][0]["message"]["content"]
+    finally:
+        os.killpg(router.pid, signal.SIGKILL)
+        router.wait()
+
+    assert metric(prefill.port, "remote_decode") == 1  # /metrics needs no key
+    assert metric(prefill.port, "stop") == 0
+    assert metric(decode.port, "stop") == 1
+    prefill_line = next(line for line in prefill.lines() if "POST /v1/chat/completions 200" in line)
+    decode_line = next(line for line in decode.lines() if "POST /v1/chat/completions 200" in line)
+    assert prefill_line.startswith("glm-sim prefill: ") and "do_remote_decode=true do_remote_prefill=false" in (
+        prefill_line)
+    assert decode_line.startswith("glm-sim decode: ") and "do_remote_decode=false do_remote_prefill=true" in (
+        decode_line)
+    request_id = re.search(r"request_id=(\S+)", prefill_line).group(1)
+    assert f"request_id={request_id}" in decode_line
+
+
+def test_health_is_503_while_loading(launch):
+    started = time.monotonic()
+    instance = launch(startup="2")
+    wait_for(lambda: answers(instance.port, status=503), 10, "the API port")
+    assert request(instance.port, "POST", "/v1/chat/completions", chat())[0] == 503
+    instance.wait_healthy()
+    assert time.monotonic() - started >= 2
+    assert request(instance.port, "POST", "/v1/chat/completions", chat())[0] == 200
+    assert any("(loading)" in line for line in instance.lines())
+
+
+def test_sigterm_drains_a_streaming_request(launch):
+    instance = launch("--shutdown-timeout", "30", env={"GLM_SIM_ITL_MS": "10"}).wait_healthy()
+    first_token = threading.Event()
+    events: list[str] = []
+    outcome: dict[str, object] = {}
+
+    def stream() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", instance.port, timeout=30)
+        body = chat(stream=True, max_tokens=200, ignore_eos=True, stream_options={"include_usage": True})
+        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        outcome["status"] = response.status
+        for raw in response:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                events.append(line[len("data: "):])
+                if '"content"' in line:
+                    first_token.set()
+        outcome["finished"] = time.monotonic()
+        conn.close()
+
+    reader = threading.Thread(target=stream)
+    reader.start()
+    assert first_token.wait(10)
+    instance.process.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    wait_for(lambda: answers(instance.port, status=503), 1, "/health 503 after SIGTERM")
+    assert request(instance.port, "GET", "/v1/models")[0] == 503
+    reader.join(30)
+
+    assert outcome["status"] == 200
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[-1]["usage"]["completion_tokens"] == 200
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+    assert outcome["finished"] - signalled > 0.5  # most of the 200 tokens came after the signal
+    assert instance.process.wait(15) == 0
+    assert "glm-sim colocated: drained" in instance.lines()
+    assert not alive(instance.simulator_pid())
+
+
+def test_simulator_death_fails_the_instance(launch):
+    instance = launch().wait_healthy()
+    os.kill(instance.simulator_pid(), signal.SIGKILL)
+    assert instance.process.wait(10) != 0
+    assert any("llm-d-inference-sim exited with code" in line for line in instance.lines())
+
+
+def test_killed_instance_takes_the_simulator_along(launch):
+    instance = launch().wait_healthy()
+    simulator = instance.simulator_pid()
+    instance.process.kill()
+    instance.process.wait()
+    wait_for(lambda: not alive(simulator), 5, "the simulator to exit")
+
+
+def test_api_key_is_required_except_for_health_and_metrics(launch):
+    instance = launch(env={"VLLM_API_KEY": "s3cret"}).wait_healthy()
+    assert request(instance.port, "GET", "/v1/models")[0] == 401
+    assert request(instance.port, "GET", "/v1/models", headers={"Authorization": "Bearer wrong"})[0] == 401
+    assert request(instance.port, "POST", "/v1/chat/completions", chat())[0] == 401
+    status, body = request(instance.port, "GET", "/v1/models", headers={"Authorization": "Bearer s3cret"})
+    assert status == 200 and MODEL_NAME in body.decode()
+    status, _ = request(instance.port, "POST", "/v1/chat/completions", chat(),
+                        headers={"Authorization": "Bearer s3cret"})
+    assert status == 200
+    assert request(instance.port, "GET", "/health")[0] == 200
+    assert request(instance.port, "GET", "/metrics")[0] == 200
