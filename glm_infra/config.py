@@ -165,6 +165,18 @@ class ModelConfig(StrictModel):
     enable_prompt_tokens_details: bool = True
     fingerprint_mode: str | None = Field("none", pattern=r"^[a-z0-9_]+$")
     speculative_method: str = Field("mtp", pattern=r"^[a-z0-9_]+$", description="MTP method (P and D must match).")
+    # Staging of the weights (ModelWeights).
+    source: Literal["huggingface", "mirror", "local"] = Field(
+        "huggingface", description="huggingface (repo@revision via the hf CLI), mirror (HTTP(S) with manifest), "
+        "local (already at path on every host: verify only)."
+    )
+    mirror_url: str | None = Field(None, description="Mirror base URL: files and manifest.json under URL/REVISION/.")
+    seed_host: str | None = Field(None, description="Host that downloads from the source (default: first serving host).")
+    fanout_port: Port = Field(8090, description="Port the seed serves verified files to the other hosts on.")
+    disk_margin_gb: float = Field(20, ge=0, description="Free space required beyond the checkpoint.")
+    hf_hub_version: str = Field("2.4.0", pattern=r"^[0-9][A-Za-z0-9.+_-]*$", description="huggingface_hub pin (hf CLI).")
+    verify: str = Field("", description="Change to re-verify (and repair) the checkpoint on every host.")
+    remove_on_destroy: bool = Field(False, description="Delete the weights on pulumi destroy (default: keep).")
 
     @field_validator("repo")
     @classmethod
@@ -179,6 +191,19 @@ class ModelConfig(StrictModel):
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", v):
             raise ValueError(f"{v!r} is not a revision")
         return v
+
+    @field_validator("mirror_url")
+    @classmethod
+    def _mirror_url(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"https?://[^\s'\"]+", v):
+            raise ValueError(f"{v!r} is not an http(s) URL")
+        return v
+
+    @model_validator(mode="after")
+    def _source_settings(self) -> ModelConfig:
+        if self.source == "mirror" and not self.mirror_url:
+            raise ValueError("source mirror needs mirrorUrl")
+        return self
 
     @field_validator("path")
     @classmethod

@@ -17,7 +17,8 @@ from pathlib import Path
 import jinja2
 
 from .config import StackConfig, dump_json
-from .topology import KV_ROLE, Instance, Plan, pool_of
+from .steps import LIBEXEC
+from .topology import KV_ROLE, Instance, Plan, pool_of, seed_host
 
 TEMPLATES = Path(__file__).parent / "templates"
 ETC = "/etc/glm-infra"
@@ -25,7 +26,15 @@ SECRETS_DIR = f"{ETC}/secrets"
 UNIT_DIR = "/etc/systemd/system"
 VLLM_SECRETS = f"{SECRETS_DIR}/vllm.env"
 ROUTER_SECRETS = f"{SECRETS_DIR}/router.env"
+HF_SECRETS = f"{SECRETS_DIR}/hf.env"
 UCX_ENV = f"{ETC}/ucx.env"
+PACKAGE_DIR = Path(__file__).resolve().parent
+HOSTCHECK = f"{LIBEXEC}/hostcheck.py"
+WEIGHTS = f"{LIBEXEC}/weights.py"
+# How long a (re)started instance may take to answer /health: loading ~465 GB and compiling graphs.
+SERVICE_START_TIMEOUT_S = 3600
+ROUTER_START_TIMEOUT_S = 300
+FABRIC_TIMEOUT_S = 600
 
 
 
@@ -219,6 +228,89 @@ def router_secrets_env(secrets: Mapping[str, str]) -> str:
     return render_template("router-secrets.env.j2", secrets=secrets)
 
 
+def hf_secrets_env(secrets: Mapping[str, str]) -> str:
+    return render_template("hf-secrets.env.j2", secrets=secrets)
+
+
+# --- host scripts: one function each, used by the components and by offline render --------------
+
+
+def hostcheck_source() -> str:
+    return (PACKAGE_DIR / "hostcheck.py").read_text()
+
+
+def weights_source() -> str:
+    return (PACKAGE_DIR / "weights.py").read_text()
+
+
+def drivers_script(stack: StackConfig, host: str) -> str:
+    return render_template("drivers.sh.j2", host=host, d=stack.drivers)
+
+
+def reboot_script(host: str) -> str:
+    return render_template("reboot.sh.j2", host=host)
+
+
+def waitboot_script(stack: StackConfig, host: str) -> str:
+    h = stack.host(host)
+    return render_template(
+        "waitboot.sh.j2", host=host, address=h.address, port=h.ssh_port, timeout_s=stack.drivers.reboot_timeout
+    )
+
+
+def health_script(stack: StackConfig, host: str) -> str:
+    h = stack.host(host)
+    return render_template(
+        "fabric.sh.j2",
+        host=host,
+        hostcheck=HOSTCHECK,
+        gpus=h.gpus,
+        gpu_model=h.gpu_model,
+        driver=stack.drivers.version,
+        fabric=stack.drivers.fabric_manager,
+        dcgm_level=stack.drivers.dcgm_diag_level,
+        timeout_s=FABRIC_TIMEOUT_S,
+    )
+
+
+def rdma_script(stack: StackConfig, host: str) -> str:
+    return render_template(
+        "rdma.sh.j2", host=host, r=stack.rdma, nics=stack.host(host).compute_nics, hostcheck=HOSTCHECK
+    )
+
+
+def runtime_script(stack: StackConfig, host: str) -> str:
+    return render_template("runtime.sh.j2", host=host, rt=stack.runtime)
+
+
+def vllm_service_script(stack: StackConfig, inst: Instance) -> str:
+    return render_template(
+        "service.sh.j2",
+        host=inst.host,
+        unit=inst.unit,
+        health_url=f"{inst.url}/health",
+        timeout_s=SERVICE_START_TIMEOUT_S,
+        drain_s=pool_of(stack, inst.role).shutdown_timeout,
+    )
+
+
+def router_service_script(plan: Plan) -> str:
+    assert plan.router is not None
+    r = plan.router
+    return render_template(
+        "service.sh.j2", host=r.host, unit=r.unit, health_url=f"{r.url}/health",
+        timeout_s=ROUTER_START_TIMEOUT_S, drain_s=0,
+    )
+
+
+def script_path(name: str) -> str:
+    return f"{LIBEXEC}/{name}.sh"
+
+
+def unit_stem(unit: str) -> str:
+    return unit.removesuffix(".service")
+
+
 def host_files(
     stack: StackConfig, plan: Plan, host_name: str, secrets: Mapping[str, str] | None = None
 ) -> dict[str, RenderedFile]:
@@ -227,16 +319,26 @@ def host_files(
     if secrets is None:
         secrets = placeholders(stack)
     h = plan.host(host_name)
-    files: list[RenderedFile] = []
+    files: list[RenderedFile] = [RenderedFile(HOSTCHECK, hostcheck_source(), mode=0o755)]
     if h.instances:
+        files.append(RenderedFile(script_path("drivers"), drivers_script(stack, host_name), mode=0o755))
+        files.append(RenderedFile(script_path("health-gate"), health_script(stack, host_name), mode=0o755))
+        files.append(RenderedFile(script_path("rdma"), rdma_script(stack, host_name), mode=0o755))
         files.append(RenderedFile(UCX_ENV, ucx_env(stack, host_name)))
         files.append(RenderedFile(VLLM_SECRETS, vllm_secrets_env(secrets), mode=0o600, secret=True))
+        files.append(RenderedFile(WEIGHTS, weights_source(), mode=0o755))
         for inst in h.instances:
             files.append(RenderedFile(f"{UNIT_DIR}/{inst.unit}", vllm_unit(stack, inst)))
+            files.append(RenderedFile(script_path(unit_stem(inst.unit)), vllm_service_script(stack, inst), mode=0o755))
+        if host_name == seed_host(stack) and stack.model.source == "huggingface":
+            files.append(RenderedFile(HF_SECRETS, hf_secrets_env(secrets), mode=0o600, secret=True))
+    if h.instances or h.runs_router:
+        files.append(RenderedFile(script_path("runtime"), runtime_script(stack, host_name), mode=0o755))
     if h.runs_router:
-        files.append(RenderedFile(ROUTER_SECRETS, router_secrets_env(secrets), mode=0o600, secret=True))
         assert plan.router is not None
+        files.append(RenderedFile(ROUTER_SECRETS, router_secrets_env(secrets), mode=0o600, secret=True))
         files.append(RenderedFile(f"{UNIT_DIR}/{plan.router.unit}", router_unit(stack, plan)))
+        files.append(RenderedFile(script_path(unit_stem(plan.router.unit)), router_service_script(plan), mode=0o755))
     return {f.path: f for f in files}
 
 

@@ -156,6 +156,15 @@ def pool_of(stack: StackConfig, role: str) -> PoolConfig:
     return pool
 
 
+def seed_host(stack: StackConfig) -> str | None:
+    """The host that downloads the weights from the source: the stack's choice or the first serving host."""
+    if stack.model.seed_host:
+        return stack.model.seed_host
+    for _, pool in stack.pools():
+        return pool.hosts[0]
+    return None
+
+
 def plan(stack: StackConfig) -> Plan:
     """The plan of a validated stack."""
     instances = tuple(allocate(stack))

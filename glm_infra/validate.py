@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from .config import StackConfig
-from .topology import allocate
+from .topology import allocate, seed_host
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,10 @@ def _host_references(stack: StackConfig) -> list[Problem]:
                 out.append(Problem(_key(role, f".hosts[{i}]"), f"unknown host {h!r} (hosts are: {known})"))
     if stack.router is not None and stack.router.host not in names:
         out.append(Problem(_key("router", ".host"), f"unknown host {stack.router.host!r} (hosts are: {known})"))
+    seed = stack.model.seed_host
+    serving = [h for _, pool in stack.pools() for h in pool.hosts]
+    if seed is not None and seed not in serving:
+        out.append(Problem(_key("model", ".seedHost"), f"{seed!r} runs no vLLM instance (serving hosts: {', '.join(dict.fromkeys(serving))})"))
     return out
 
 
@@ -128,6 +132,9 @@ def _port_collisions(stack: StackConfig) -> list[Problem]:
     for inst in allocate(stack):
         for kind, port in inst.ports():
             claim(inst.host, port, f"{inst.name} {kind}", _key(inst.role, port_key[kind]))
+    seed = seed_host(stack)
+    if seed is not None and stack.model.source != "local":
+        claim(seed, stack.model.fanout_port, "weights fan-out", _key("model", ".fanoutPort"))
     if stack.router is not None:
         claim(stack.router.host, stack.router.port, "router http", _key("router", ".port"))
         claim(stack.router.host, stack.router.metrics_port, "router metrics", _key("router", ".metricsPort"))

@@ -30,6 +30,7 @@ class Registered:
     dependencies: list[str]
     inputs: dict
     secret_inputs: set[str] = field(default_factory=set)
+    retain_on_delete: bool = False
 
 
 class _Mocks(pulumi.runtime.Mocks):
@@ -52,7 +53,8 @@ class RecordingMonitor(pmocks.MockMonitor):
             secret = {k for k, v in raw.items() if isinstance(v, dict) and SECRET_SIG in v.values()}
             inputs = {k: (v.get("value") if k in secret else v) for k, v in raw.items()}
             self.registered.append(
-                Registered(request.type, request.name, resp.urn, request.parent, list(request.dependencies), inputs, secret)
+                Registered(request.type, request.name, resp.urn, request.parent, list(request.dependencies), inputs,
+                           secret, bool(request.retainOnDelete))
             )
         return resp
 

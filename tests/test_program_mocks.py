@@ -29,7 +29,11 @@ def _expected_commands(stack: str) -> int:
     bare = sum(1 for h in p.hosts if not h.runs_router and not h.instances)  # preflight only
     per_instance = 2  # unit file, service
     router = 3 if p.router else 0  # secrets file, unit file, service
-    return len(p.serving_hosts) * per_serving_host + router_only + bare + len(p.instances) * per_instance + router
+    # Weights (huggingface source in the committed stacks): the seed's token file and fan-out start and
+    # stop; a staging step and, after the services, a prune step per serving host.
+    weights = 3 + 2 * len(p.serving_hosts)
+    return (len(p.serving_hosts) * per_serving_host + router_only + bare + len(p.instances) * per_instance + router
+            + weights)
 
 
 @pytest.mark.parametrize("stack", PROD_STACKS)
@@ -91,6 +95,26 @@ def test_host_chain_order(key_file):
     needs("glm-router-service", "glm-b300-3-runtime-venv")
     # Hosts provision in parallel: nothing on one host waits for another host's chain.
     assert not any("b300-1" in d for d in run.get(f"{h}-runtime-venv").dependencies)
+
+
+def test_weights_download_once_and_fan_out(key_file):
+    run = run_program(stack_file("prod-b300"), key_file)
+    stage = {h: run.get(f"glm-weights-{h}-stage") for h in ("b300-1", "b300-2", "b300-3")}
+    seed_cmd = stage["b300-1"].inputs["create"]
+    assert "--role seed --source huggingface --repo nvidia/GLM-5.2-NVFP4 --token-file /etc/glm-infra/secrets/hf.env" in seed_cmd
+    for peer in ("b300-2", "b300-3"):
+        cmd = stage[peer].inputs["create"]
+        assert "--role peer --peer http://10.0.0.11:8090" in cmd and "huggingface" not in cmd
+    fanout = run.urn("glm-weights-b300-1-fanout")
+    for s in stage.values():
+        assert fanout in s.dependencies, "every host stages while the seed serves"
+        assert s.retain_on_delete, "destroy keeps the weights by default"
+        assert not any("-stage" in d for d in s.dependencies), "hosts stage in parallel"
+    stop = run.get("glm-weights-b300-1-fanout-stop")
+    assert all(s.urn in stop.dependencies for s in stage.values())
+    assert stage["b300-2"].urn in run.get("glm-prefill-2-service").dependencies
+    prune = run.get("glm-b300-2-prune-weights")
+    assert all(run.urn(f"glm-{i}-service") in prune.dependencies for i in ("prefill-0", "prefill-3", "decode-0"))
 
 
 def test_secrets_are_secret(key_file, tmp_path):

@@ -31,6 +31,8 @@ def stubs(tmp_path):
   start|restart) touch "$STATE/active" ;;
   list-unit-files) [ -e "$STATE/installed" ] ;;
   disable) rm -f "$STATE/active" ;;
+  show) n=$(cat "$STATE/nrestarts" 2>/dev/null || echo 0); echo "$n"
+        [ -e "$STATE/crashloop" ] && echo $((n + 1)) > "$STATE/nrestarts"; exit 0 ;;
   *) exit 0 ;;
 esac""",
     )
@@ -77,6 +79,14 @@ def test_failed_unit_fails_fast(stubs):
     assert r.returncode == 1
     assert "failed while starting" in r.stderr
     assert sum(c.startswith("curl") for c in r.calls) == 1
+
+
+def test_crash_loop_behind_restart_on_failure_fails_fast(stubs):
+    (stubs.state / "crashloop").touch()  # every look at NRestarts finds one more restart
+    r = stubs.run(script(timeout_s=3600), "apply")
+    assert r.returncode == 1
+    assert "glm-vllm-prefill-0.service failed while starting" in r.stderr
+    assert "CUDA error" in r.stderr
 
 
 def test_check_and_remove(stubs):

@@ -1,8 +1,10 @@
 """The whole deployment of one stack, built from the plan: per host preflight → driver → health
-gate → RDMA → NIXL → runtime, then the vLLM instances (each pool one at a time) and the router."""
+gate → RDMA → NIXL → runtime, the weights (downloaded once, fanned out), then the vLLM instances
+(each pool one at a time) and the router."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -10,16 +12,18 @@ import pulumi
 
 from .. import render
 from ..config import StackConfig
-from ..steps import digest
-from ..topology import Plan, pool_of
+from ..steps import Step, digest
+from ..topology import Plan, seed_host
 from .drivers import Drivers, DriversArgs
 from .fabric import Fabric, FabricArgs
 from .host import Host, HostArgs
 from .nixl import Nixl, NixlArgs
 from .rdma import Rdma, RdmaArgs
+from .remote_step import run_step
 from .router import Router, RouterArgs
 from .runtime import Runtime, RuntimeArgs
 from .vllm_service import VllmService, VllmServiceArgs
+from .weights import ModelWeights, ModelWeightsArgs, WeightsHost
 
 
 @dataclass
@@ -37,26 +41,30 @@ class ClusterArgs:
 class Cluster(pulumi.ComponentResource):
     hosts: dict[str, Host]
     runtimes: dict[str, Runtime]
+    weights: ModelWeights | None
     services: dict[str, VllmService]
     router: Router | None
 
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("glm-infra:index:Cluster", name, None, opts)
         stack, plan = args.stack, args.plan
-        child = pulumi.ResourceOptions(parent=self)
         secret_values = pulumi.Output.secret(
             pulumi.Output.all(**dict(args.secrets)) if args.secrets else pulumi.Output.from_input({})
         )
         secrets_digest = secret_values.apply(lambda s: digest(render.vllm_secrets_env(s)))
         rt = stack.runtime
         runtime_digest = digest(rt.vllm_version, rt.nixl_version, rt.router_version, rt.venv)
+        seed = seed_host(stack)
 
         self.hosts, self.runtimes = {}, {}
         ready: dict[str, list[pulumi.Resource]] = {}
         for h in plan.hosts:
             hc = stack.host(h.name)
-            serving = bool(h.instances)
-            files = {render.VLLM_SECRETS: (secret_values.apply(render.vllm_secrets_env), 0o600, True)} if serving else {}
+            files: dict[str, tuple[pulumi.Input[str], int, bool]] = {}
+            if h.instances:
+                files[render.VLLM_SECRETS] = (secret_values.apply(render.vllm_secrets_env), 0o600, True)
+            if h.name == seed and stack.model.source == "huggingface":
+                files[render.HF_SECRETS] = (secret_values.apply(render.hf_secrets_env), 0o600, True)
             host = Host(
                 f"{name}-{h.name}",
                 HostArgs(
@@ -73,55 +81,74 @@ class Cluster(pulumi.ComponentResource):
                     model_path=stack.model.path,
                     files=files,
                 ),
-                child,
+                pulumi.ResourceOptions(parent=self),
             )
             self.hosts[h.name] = host
             previous: pulumi.Resource = host.preflight
-            if serving:
+            if h.instances:
                 drivers = Drivers(
                     f"{name}-{h.name}-drivers",
-                    DriversArgs(h.name, h.address, hc.ssh_port, host.connection, stack.drivers),
+                    DriversArgs(
+                        host=h.name,
+                        connection=host.connection,
+                        script=render.drivers_script(stack, h.name),
+                        reboot_script=render.reboot_script(h.name),
+                        wait_script=render.waitboot_script(stack, h.name),
+                        reboot_timeout=stack.drivers.reboot_timeout,
+                    ),
                     pulumi.ResourceOptions(parent=self, depends_on=[host.preflight]),
                 )
                 fabric = Fabric(
                     f"{name}-{h.name}-health",
                     FabricArgs(
-                        host=h.name,
                         connection=host.connection,
-                        gpus=hc.gpus,
-                        gpu_model=hc.gpu_model,
-                        driver_version=stack.drivers.version,
-                        fabric=stack.drivers.fabric_manager,
-                        dcgm_diag_level=stack.drivers.dcgm_diag_level,
+                        script=render.health_script(stack, h.name),
+                        timeout_s=render.FABRIC_TIMEOUT_S,
                         triggers=[drivers.ready.stdout],
                     ),
                     pulumi.ResourceOptions(parent=self, depends_on=[drivers]),
                 )
                 rdma = Rdma(
                     f"{name}-{h.name}-rdma",
-                    RdmaArgs(h.name, host.connection, hc.compute_nics, stack.rdma),
+                    RdmaArgs(host.connection, render.rdma_script(stack, h.name)),
                     pulumi.ResourceOptions(parent=self, depends_on=[fabric]),
                 )
-                nixl = Nixl(
+                previous = Nixl(
                     f"{name}-{h.name}-nixl",
                     NixlArgs(host.connection, render.ucx_env(stack, h.name)),
                     pulumi.ResourceOptions(parent=self, depends_on=[rdma]),
                 )
-                previous = nixl
-            if serving or h.runs_router:
+            if h.instances or h.runs_router:
                 runtime = Runtime(
                     f"{name}-{h.name}-runtime",
-                    RuntimeArgs(h.name, host.connection, rt),
+                    RuntimeArgs(host.connection, render.runtime_script(stack, h.name)),
                     pulumi.ResourceOptions(parent=self, depends_on=[previous]),
                 )
                 self.runtimes[h.name] = runtime
                 ready[h.name] = [runtime, *host.files]
 
+        self.weights = None
+        if plan.serving_hosts and seed is not None:
+            self.weights = ModelWeights(
+                f"{name}-weights",
+                ModelWeightsArgs(
+                    model=stack.model,
+                    runtime=rt,
+                    hosts=[
+                        WeightsHost(h.name, h.address, self.hosts[h.name].connection, ready[h.name])
+                        for h in plan.serving_hosts
+                    ],
+                    seed=seed,
+                ),
+                pulumi.ResourceOptions(parent=self),
+            )
+            for h in plan.serving_hosts:
+                ready[h.name] = [*ready[h.name], self.weights.staged[h.name]]
+
         # Instances of one pool start and restart one at a time, each gated on /health.
         self.services = {}
         last_of_pool: dict[str, VllmService] = {}
         for inst in plan.instances:
-            pool = pool_of(stack, inst.role)
             deps = list(ready[inst.host])
             if inst.role in last_of_pool:
                 deps.append(last_of_pool[inst.role])
@@ -132,14 +159,28 @@ class Cluster(pulumi.ComponentResource):
                     connection=self.hosts[inst.host].connection,
                     unit_name=inst.unit,
                     unit=render.vllm_unit(stack, inst),
+                    script=render.vllm_service_script(stack, inst),
                     health_url=f"{inst.url}/health",
-                    drain_s=pool.shutdown_timeout,
-                    restart_triggers=[digest(render.ucx_env(stack, inst.host)), secrets_digest, runtime_digest],
+                    start_timeout_s=render.SERVICE_START_TIMEOUT_S,
+                    restart_triggers=[
+                        digest(render.ucx_env(stack, inst.host)),
+                        secrets_digest,
+                        runtime_digest,
+                        stack.model.revision,
+                    ],
                 ),
                 pulumi.ResourceOptions(parent=self, depends_on=deps),
             )
             self.services[inst.name] = svc
             last_of_pool[inst.role] = svc
+
+        # Old revisions go only once every instance serves the new one.
+        if self.weights is not None and stack.model.source != "local":
+            for h in plan.serving_hosts:
+                cmd = [render.WEIGHTS, "prune", "--revision", stack.model.revision, "--path", stack.model.path]
+                prune = Step("prune", " ".join(shlex.quote(c) for c in cmd))
+                run_step(f"{name}-{h.name}-prune-weights", prune, self.hosts[h.name].connection, self,
+                         triggers=[stack.model.revision], depends_on=list(self.services.values()))
 
         self.router = None
         if plan.router is not None:
@@ -151,6 +192,7 @@ class Cluster(pulumi.ComponentResource):
                     connection=self.hosts[r.host].connection,
                     unit_name=r.unit,
                     unit=render.router_unit(stack, plan),
+                    script=render.router_service_script(plan),
                     url=r.url,
                     secrets_env=secret_values.apply(render.router_secrets_env),
                     secrets_path=render.ROUTER_SECRETS,

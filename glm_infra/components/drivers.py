@@ -9,8 +9,6 @@ import pulumi
 import pulumi_command.local as local
 import pulumi_command.remote as remote
 
-from ..config import DriversConfig
-from ..render import render_template
 from ..steps import ScriptStep, Step
 from .remote_step import inherited, run_step
 
@@ -19,14 +17,16 @@ from .remote_step import inherited, run_step
 class DriversArgs:
     host: str
     """Host name."""
-    address: str
-    """Host address (the wait for a reboot watches its SSH port)."""
-    ssh_port: int
-    """SSH port."""
     connection: remote.ConnectionArgs
     """SSH connection."""
-    drivers: DriversConfig
-    """Driver settings of the stack."""
+    script: str
+    """Rendered drivers.sh (install or verify, pin, hold)."""
+    reboot_script: str
+    """Rendered reboot.sh (reboots only if the kernel module changed)."""
+    wait_script: str
+    """Rendered waitboot.sh, run on the machine running pulumi."""
+    reboot_timeout: int = 1800
+    """Seconds a host may take to come back."""
 
 
 class Drivers(pulumi.ComponentResource):
@@ -35,34 +35,29 @@ class Drivers(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: DriversArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("glm-infra:index:Drivers", name, None, opts)
-        d = args.drivers
-        script = render_template("drivers.sh.j2", host=args.host, d=d)
-        install = run_step(f"{name}-install", ScriptStep("drivers", script).step(), args.connection, self,
+        install = run_step(f"{name}-install", ScriptStep("drivers", args.script).step(), args.connection, self,
                            depends_on=inherited(opts), timeout="30m")
-        reboot_script = render_template("reboot.sh.j2", host=args.host)
         reboot = run_step(
             f"{name}-reboot",
-            Step("reboot", "bash -s", None, reboot_script),
+            Step("reboot", "bash -s", None, args.reboot_script),
             args.connection,
             self,
             triggers=[install.stdout],
             depends_on=[install],
         )
-        wait_script = render_template(
-            "waitboot.sh.j2", host=args.host, address=args.address, port=args.ssh_port, timeout_s=d.reboot_timeout
-        )
+        timeout = f"{args.reboot_timeout + 180}s"
         wait = local.Command(
             f"{name}-wait",
             create="bash -s",
             update="bash -s",
-            stdin=wait_script,
+            stdin=args.wait_script,
             environment={"REBOOT_STATUS": reboot.stdout},
             triggers=[reboot.stdout],
             add_previous_output_in_env=False,
             opts=pulumi.ResourceOptions(
                 parent=self,
                 depends_on=[reboot],
-                custom_timeouts=pulumi.CustomTimeouts(create=f"{d.reboot_timeout + 180}s", update=f"{d.reboot_timeout + 180}s"),
+                custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout),
             ),
         )
         # Back on a new boot: the boot id differs from the one the reboot step left.

@@ -5,16 +5,12 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
-
 import pulumi
 import pulumi_command.remote as remote
 
-from ..steps import LIBEXEC, Step, digest, file_step
+from ..render import HOSTCHECK, hostcheck_source
+from ..steps import Step, digest, file_step
 from .remote_step import run_step
-
-HOSTCHECK_SOURCE = Path(__file__).resolve().parent.parent / "hostcheck.py"
-HOSTCHECK = f"{LIBEXEC}/hostcheck.py"
 
 
 @dataclass
@@ -47,7 +43,7 @@ class HostArgs:
 
 def preflight_step(args: HostArgs) -> Step:
     """Install hostcheck.py and run its preflight: facts on stdout, what rules the host out on stderr."""
-    source = HOSTCHECK_SOURCE.read_text()
+    source = hostcheck_source()
     cmd = [HOSTCHECK, "preflight", "--host", args.name, "--min-kernel", args.min_kernel,
            "--gpus", str(args.gpus), "--gpu-model", args.gpu_model]
     for os_id in args.allowed_os:

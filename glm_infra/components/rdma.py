@@ -8,23 +8,16 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_command.remote as remote
 
-from ..config import RdmaConfig
-from ..render import render_template
 from ..steps import ScriptStep
-from .host import HOSTCHECK
 from .remote_step import inherited, run_step
 
 
 @dataclass
 class RdmaArgs:
-    host: str
-    """Host name."""
     connection: remote.ConnectionArgs
     """SSH connection."""
-    nics: list[str]
-    """Compute NICs (never the NVSwitch-management ConnectX devices)."""
-    rdma: RdmaConfig
-    """RDMA settings of the stack."""
+    script: str
+    """Rendered rdma.sh (install, GPUDirect, MTU, memlock, then check the compute NICs)."""
 
 
 class Rdma(pulumi.ComponentResource):
@@ -32,7 +25,6 @@ class Rdma(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: RdmaArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("glm-infra:index:Rdma", name, None, opts)
-        script = render_template("rdma.sh.j2", host=args.host, r=args.rdma, nics=args.nics, hostcheck=HOSTCHECK)
-        self.setup = run_step(f"{name}-setup", ScriptStep("rdma", script).step(), args.connection, self,
+        self.setup = run_step(f"{name}-setup", ScriptStep("rdma", args.script).step(), args.connection, self,
                               depends_on=inherited(opts), timeout="20m")
         self.register_outputs({"rdma": self.setup.stdout})

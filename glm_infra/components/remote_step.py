@@ -27,6 +27,7 @@ def run_step(
     triggers: Sequence[pulumi.Input[str]] = (),
     depends_on: Sequence[pulumi.Resource] = (),
     timeout: str | None = None,
+    retain_on_delete: bool = False,
 ) -> remote.Command:
     """``stdin`` overrides ``step.stdin`` (for content that is an Output, such as secret files)."""
     data = stdin if stdin is not None else step.stdin
@@ -48,5 +49,6 @@ def run_step(
             depends_on=list(depends_on),
             additional_secret_outputs=["stdin"] if step.secret else None,
             custom_timeouts=pulumi.CustomTimeouts(create=timeout, update=timeout) if timeout else None,
+            retain_on_delete=retain_on_delete or None,
         ),
     )

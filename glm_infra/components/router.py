@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_command.remote as remote
 
-from ..render import render_template
+from ..render import unit_stem
 from ..steps import ScriptStep, digest, file_step
 from .remote_step import inherited, run_step
 
@@ -23,6 +23,8 @@ class RouterArgs:
     """systemd unit name."""
     unit: str
     """Rendered unit file."""
+    script: str
+    """Rendered service.sh: (re)start the router and wait for /health."""
     url: str
     """Public URL of the router."""
     secrets_env: pulumi.Input[str]
@@ -48,15 +50,7 @@ class Router(pulumi.ComponentResource):
         unit_file = run_step(
             f"{name}-unit", file_step("unit", unit_path, args.unit), args.connection, self, depends_on=inherited(opts)
         )
-        script = render_template(
-            "service.sh.j2",
-            host=args.host,
-            unit=args.unit_name,
-            health_url=f"{args.url}/health",
-            timeout_s=300,
-            drain_s=0,
-        )
-        svc = ScriptStep(args.unit_name.removesuffix(".service"), script).step()
+        svc = ScriptStep(unit_stem(args.unit_name), args.script).step()
         self.service = run_step(
             f"{name}-service",
             svc,

@@ -8,20 +8,16 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_command.remote as remote
 
-from ..config import RuntimeConfig
-from ..render import render_template
 from ..steps import ScriptStep
 from .remote_step import inherited, run_step
 
 
 @dataclass
 class RuntimeArgs:
-    host: str
-    """Host name."""
     connection: remote.ConnectionArgs
     """SSH connection."""
-    runtime: RuntimeConfig
-    """Runtime settings of the stack (user, venv, pins, package index)."""
+    script: str
+    """Rendered runtime.sh (user, uv, venv with the pins)."""
 
 
 class Runtime(pulumi.ComponentResource):
@@ -29,7 +25,6 @@ class Runtime(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: RuntimeArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("glm-infra:index:Runtime", name, None, opts)
-        script = render_template("runtime.sh.j2", host=args.host, rt=args.runtime)
-        self.venv = run_step(f"{name}-venv", ScriptStep("runtime", script).step(), args.connection, self,
+        self.venv = run_step(f"{name}-venv", ScriptStep("runtime", args.script).step(), args.connection, self,
                              depends_on=inherited(opts), timeout="60m")
-        self.register_outputs({"venv": args.runtime.venv})
+        self.register_outputs({"runtime": self.venv.stdout})

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_command.remote as remote
 
-from ..render import render_template
+from ..render import unit_stem
 from ..steps import ScriptStep, digest, file_step
 from .remote_step import inherited, run_step
 
@@ -23,12 +23,12 @@ class VllmServiceArgs:
     """systemd unit name (glm-vllm-prefill-0.service)."""
     unit: str
     """Rendered unit file."""
+    script: str
+    """Rendered service.sh: (re)start the unit and wait for /health."""
     health_url: str
-    """URL that answers 200 once the instance serves."""
+    """URL that answers 200 once the instance serves (a stack output)."""
     start_timeout_s: int = 3600
-    """How long to wait for /health after a (re)start."""
-    drain_s: int = 300
-    """--shutdown-timeout of the instance (for messages)."""
+    """How long the script waits for /health (the step's timeout adds a margin)."""
     restart_triggers: Sequence[pulumi.Input[str]] = field(default_factory=list)
     """Values whose change restarts the instance (env files, weights revision, runtime pins)."""
 
@@ -40,15 +40,7 @@ class VllmService(pulumi.ComponentResource):
         unit_file = run_step(
             f"{name}-unit", file_step("unit", unit_path, args.unit), args.connection, self, depends_on=inherited(opts)
         )
-        script = render_template(
-            "service.sh.j2",
-            host=args.host,
-            unit=args.unit_name,
-            health_url=args.health_url,
-            timeout_s=args.start_timeout_s,
-            drain_s=args.drain_s,
-        )
-        svc = ScriptStep(args.unit_name.removesuffix(".service"), script).step()
+        svc = ScriptStep(unit_stem(args.unit_name), args.script).step()
         self.service = run_step(
             f"{name}-service",
             svc,

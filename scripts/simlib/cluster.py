@@ -33,6 +33,7 @@ SIM = CACHE / "sim"
 RUN = Path(os.environ.get("GLM_SIM_RUN", "/run/glm-infra-sim"))
 BRIDGE = "br-glmsim"
 HTTP_PORT = 8088
+MODEL_PORT = 8089  # the model mirror: its own server, so benchmarks can throttle it alone
 SUITE = "bookworm"
 MIRROR = os.environ.get("GLM_SIM_MIRROR", "http://deb.debian.org/debian")
 # What every simulated host has before glm-infra touches it (an Ubuntu server image has these too).
@@ -128,11 +129,23 @@ def rootfs() -> Path:
 # --- the machine's side: bridge, nspawn propagation dir, HTTP server -----------------------------
 
 
-def build_standins() -> None:
-    """The stand-in apt repository and wheels the hosts install from (rebuilt only when changed)."""
+def build_standins(stack: str) -> None:
+    """The stand-in apt repository, wheels and model checkpoint the hosts install from (rebuilt
+    only when changed)."""
     www = SIM / "www"
     run([str(REPO / "scripts/standins/build-apt-repo"), str(www / "apt")])
     run([str(REPO / "scripts/standins/build-wheels"), str(www / "wheels")])
+    model = model_of(stack)
+    if model.get("source") == "mirror":
+        name = model["mirrorUrl"].rstrip("/").rsplit("/", 1)[-1]
+        shards, shard_mb = os.environ.get("GLM_SIM_MODEL_SHARDS", "8"), os.environ.get("GLM_SIM_MODEL_SHARD_MB", "16")
+        run([sys.executable, str(REPO / "scripts/standins/make-checkpoint"), str(SIM / "models" / name),
+             "--revision", str(model["revision"]), "--shards", shards, "--shard-mb", shard_mb])
+
+
+def model_of(stack: str) -> dict:
+    path = Path(stack) if stack.endswith((".yaml", ".yml")) else REPO / "stacks" / f"Pulumi.{stack}.yaml"
+    return yaml.safe_load(path.read_text())["config"].get("glm-infra:model", {})
 
 
 def ensure_nspawn_tmpfs() -> None:
@@ -153,17 +166,23 @@ def ensure_bridge(gateway: ipaddress.IPv4Interface) -> None:
 
 
 def start_http(gateway: ipaddress.IPv4Interface) -> None:
-    pidfile = RUN / "http.pid"
-    if _alive(pidfile):
-        return
-    www = SIM / "www"
-    www.mkdir(parents=True, exist_ok=True)
-    log = open(RUN / "http.log", "ab")
-    p = subprocess.Popen(
-        [sys.executable, "-m", "http.server", "--bind", str(gateway.ip), str(HTTP_PORT), "--directory", str(www)],
-        stdout=log, stderr=log, start_new_session=True,
-    )
-    pidfile.write_text(str(p.pid))
+    """Serve the repository and wheels on :8088 and the model mirror on :8089 (with range requests,
+    as a real mirror), from the bridge address only."""
+    (SIM / "www").mkdir(parents=True, exist_ok=True)
+    (SIM / "models").mkdir(parents=True, exist_ok=True)
+    servers = {
+        "http": [sys.executable, "-m", "http.server", "--bind", str(gateway.ip), str(HTTP_PORT),
+                 "--directory", str(SIM / "www")],
+        "models": [sys.executable, str(REPO / "glm_infra/weights.py"), "serve", "--all", "--dir", str(SIM / "models"),
+                   "--bind", f"{gateway.ip}:{MODEL_PORT}"],
+    }
+    for name, argv in servers.items():
+        pidfile = RUN / f"{name}.pid"
+        if _alive(pidfile):
+            continue
+        log = open(RUN / f"{name}.log", "ab")
+        p = subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True)
+        pidfile.write_text(str(p.pid))
 
 
 def _alive(pidfile: Path) -> bool:
@@ -280,7 +299,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     RUN.mkdir(parents=True, exist_ok=True)
     key = ssh_key()
     image = rootfs()
-    build_standins()
+    build_standins(args.stack)
     ensure_nspawn_tmpfs()
     ensure_bridge(gateway)
     start_http(gateway)
@@ -299,9 +318,10 @@ def cmd_down(args: argparse.Namespace) -> int:
         stop(h)
     others = [p for p in RUN.glob("*/launcher.pid")] if RUN.exists() else []
     if not others:
-        if _alive(RUN / "http.pid"):
-            os.kill(int((RUN / "http.pid").read_text()), signal.SIGTERM)
-        (RUN / "http.pid").unlink(missing_ok=True)
+        for name in ("http", "models"):
+            if _alive(RUN / f"{name}.pid"):
+                os.kill(int((RUN / f"{name}.pid").read_text()), signal.SIGTERM)
+            (RUN / f"{name}.pid").unlink(missing_ok=True)
         run(["ip", "link", "del", BRIDGE], check=False, stderr=subprocess.DEVNULL)
     say(f"{len(hosts)} simulated hosts down")
     return 0

@@ -1,0 +1,549 @@
+#!/usr/bin/env python3
+"""Stage a model checkpoint on a host: download once on a seed host, fan out to the others, verify
+everywhere, resume after interruption, switch revisions atomically. Runs on the hosts (stdlib only).
+
+Layout under the model path P (what vLLM serves):
+    P                          symlink → P.revisions/<revision>
+    P.revisions/<revision>/    the checkpoint; ``.glm-manifest.json`` lists every file with size
+                               and sha256; ``.glm-complete`` exists once every file is verified
+    P.revisions/.lock          held while a staging runs
+
+    weights.py fanout-start --revision R --path P --bind ADDR:PORT   (seed: serve verified files)
+    weights.py stage --role seed --source mirror --url URL --revision R --path P
+    weights.py stage --role seed --source huggingface --repo ORG/NAME --revision R --path P
+    weights.py stage --role peer --peer http://SEED:PORT --revision R --path P
+    weights.py stage --source local --path P       (already on every host: verify only)
+    weights.py fanout-stop                         (seed, once every host has the checkpoint)
+    weights.py serve --dir D --bind ADDR:PORT [--all]   (the fan-out server, run by systemd)
+    weights.py verify --revision R --path P        (full sha256 check; exit 1 naming bad files)
+    weights.py prune --revision R --path P         (remove every other revision)
+    weights.py remove --path P                     (remove the checkpoint and its revisions)
+
+The seed publishes each file in ``.glm-progress.json`` only after verifying it, and the fan-out
+server serves only published files, so peers copy shards while the seed is still downloading and
+never see a partial file. Peers verify every file against the seed's sha256 before using it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import fcntl
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import socketserver
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+MANIFEST = ".glm-manifest.json"
+PROGRESS = ".glm-progress.json"
+COMPLETE = ".glm-complete"
+CHUNK = 4 << 20
+HOST = os.uname().nodename
+
+
+def log(msg: str) -> None:
+    print(f"{HOST}: weights: {msg}", flush=True)
+
+
+class StageError(Exception):
+    pass
+
+
+# --- files ---------------------------------------------------------------------------------------
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_json(path: str, data: object) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def revisions_dir(path: str) -> str:
+    return path.rstrip("/") + ".revisions"
+
+
+def revision_dir(path: str, revision: str) -> str:
+    return os.path.join(revisions_dir(path), revision)
+
+
+def safe_name(name: str) -> str:
+    """A manifest entry must stay inside the revision directory."""
+    norm = os.path.normpath(name)
+    if norm.startswith(("/", "..")) or norm.startswith(".glm-") or norm in (".", ""):
+        raise StageError(f"refusing unsafe file name {name!r} in the manifest")
+    return norm
+
+
+def index_shards(root: str) -> set[str]:
+    """Shards named by model.safetensors.index.json (the weight_map values)."""
+    index = os.path.join(root, "model.safetensors.index.json")
+    if not os.path.exists(index):
+        return set()
+    return set(read_json(index).get("weight_map", {}).values())
+
+
+def check_files(root: str, manifest: dict, full: bool) -> list[str]:
+    """Names of files that are missing, of the wrong size or (full) of the wrong sha256."""
+    bad = []
+
+    def one(entry: dict) -> str | None:
+        p = os.path.join(root, entry["path"])
+        if not os.path.isfile(p) or os.path.getsize(p) != entry["size"]:
+            return entry["path"]
+        if full and sha256_file(p) != entry["sha256"]:
+            return entry["path"]
+        return None
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2)) as ex:
+        bad = [b for b in ex.map(one, manifest["files"]) if b]
+    unlisted = index_shards(root) - {e["path"] for e in manifest["files"]}
+    return sorted(bad) + sorted(f"{s} (in the index, not in the manifest)" for s in unlisted)
+
+
+# --- transfers -----------------------------------------------------------------------------------
+
+
+def fetch(url: str, dest: str, size: int | None, headers: dict[str, str] | None = None, tries: int = 5) -> None:
+    """Download url to dest, resuming dest.partial with a Range request."""
+    partial = dest + ".partial"
+    for attempt in range(1, tries + 1):
+        have = os.path.getsize(partial) if os.path.exists(partial) else 0
+        if size is not None and have > size:
+            os.remove(partial)
+            have = 0
+        req = urllib.request.Request(url, headers=dict(headers or {}))
+        if have:
+            req.add_header("Range", f"bytes={have}-")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                mode = "ab" if have and resp.status == 206 else "wb"
+                with open(partial, mode) as f:
+                    shutil.copyfileobj(resp, f, CHUNK)
+            if size is None or os.path.getsize(partial) == size:
+                os.replace(partial, dest)
+                return
+        except (urllib.error.URLError, OSError, TimeoutError) as e:
+            if isinstance(e, urllib.error.HTTPError) and e.code in (401, 403, 404):
+                raise StageError(f"{url}: HTTP {e.code}") from None
+            if attempt == tries:
+                raise StageError(f"{url}: {e}") from None
+        time.sleep(min(2 * attempt, 10))
+    raise StageError(f"{url}: incomplete after {tries} tries")
+
+
+def fetch_verified(url: str, root: str, entry: dict, headers: dict[str, str] | None = None) -> None:
+    dest = os.path.join(root, entry["path"])
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    for _ in range(2):
+        fetch(url, dest, entry["size"], headers)
+        if sha256_file(dest) == entry["sha256"]:
+            return
+        os.remove(dest)
+        log(f"{entry['path']}: sha256 mismatch after download, fetching again")
+    raise StageError(f"{entry['path']}: sha256 mismatch twice from {url}")
+
+
+# --- the seed ------------------------------------------------------------------------------------
+
+
+def source_manifest(args: argparse.Namespace, root: str) -> dict:
+    """Files of the checkpoint with sizes and sha256, from the source."""
+    if args.source == "mirror":
+        url = f"{args.url.rstrip('/')}/{args.revision}/manifest.json"
+        tmp = os.path.join(root, ".glm-source-manifest.json")
+        fetch(url, tmp, None)
+        m = read_json(tmp)
+        os.remove(tmp)
+    else:  # huggingface: the hub knows every file's size and LFS sha256
+        m = hf_manifest(args)
+    files = [{"path": safe_name(e["path"]), "size": int(e["size"]), "sha256": e["sha256"]} for e in m["files"]]
+    return {"revision": args.revision, "files": sorted(files, key=lambda e: e["path"])}
+
+
+def hf_manifest(args: argparse.Namespace) -> dict:
+    code = (
+        "import json,sys;from huggingface_hub import HfApi;"
+        "i=HfApi().model_info(sys.argv[1],revision=sys.argv[2],files_metadata=True);"
+        "print(json.dumps([{'path':s.rfilename,'size':s.size,'sha256':(s.lfs.sha256 if s.lfs else None)} for s in i.siblings]))"
+    )
+    out = subprocess.run([args.hf_python, "-c", code, args.repo, args.revision], capture_output=True, text=True,
+                         env=hf_env(args))
+    if out.returncode != 0:
+        raise StageError(f"cannot list {args.repo}@{args.revision}: {out.stderr.strip().splitlines()[-1:]}")
+    return {"files": [f for f in json.loads(out.stdout) if f["sha256"] or f["size"] is not None]}
+
+
+def hf_env(args: argparse.Namespace) -> dict[str, str]:
+    env = dict(os.environ)
+    if args.token_file and os.path.exists(args.token_file):
+        with open(args.token_file) as f:
+            for line in f:
+                k, _, v = line.strip().partition("=")
+                if k == "HF_TOKEN" and v:
+                    env["HF_TOKEN"] = v
+    return env
+
+
+def hf_download(args: argparse.Namespace, root: str, manifest: dict) -> None:
+    """`hf download` into the revision directory (it resumes by itself), then hash what arrived."""
+    hf = os.path.join(os.path.dirname(args.hf_python), "hf")
+    subprocess.run([hf, "download", args.repo, "--revision", args.revision, "--local-dir", root],
+                   check=True, env=hf_env(args), stdout=subprocess.DEVNULL)
+    for e in manifest["files"]:
+        if not e["sha256"]:  # small non-LFS files: take what the hub delivered
+            e["sha256"] = sha256_file(os.path.join(root, e["path"]))
+
+
+FANOUT_UNIT = "glm-weights-fanout"
+
+
+def cmd_fanout_start(args: argparse.Namespace) -> int:
+    """Serve the seed's verified files while the hosts stage (a transient unit, a day at most)."""
+    root = revision_dir(args.path, args.revision)
+    os.makedirs(root, exist_ok=True)
+    subprocess.run(["systemctl", "stop", FANOUT_UNIT], capture_output=True)
+    subprocess.run(["systemctl", "reset-failed", FANOUT_UNIT], capture_output=True)
+    subprocess.run(
+        ["systemd-run", "--quiet", f"--unit={FANOUT_UNIT}", "--property=Restart=on-failure",
+         "--property=RuntimeMaxSec=86400",
+         "--description=glm-infra weights fan-out (stopped once every host has the checkpoint)",
+         sys.executable, os.path.abspath(__file__), "serve", "--dir", root, "--bind", args.bind],
+        check=True,
+    )
+    log(f"serving verified files of {args.revision} to the other hosts on {args.bind}")
+    return 0
+
+
+def cmd_fanout_stop(args: argparse.Namespace) -> int:
+    subprocess.run(["systemctl", "stop", FANOUT_UNIT], capture_output=True)
+    subprocess.run(["systemctl", "reset-failed", FANOUT_UNIT], capture_output=True)
+    log("fan-out server stopped")
+    return 0
+
+
+def stage_seed(args: argparse.Namespace, root: str) -> None:
+    manifest = source_manifest(args, root)
+    write_json(os.path.join(root, MANIFEST), manifest)
+    need_disk(args, root, manifest)
+    published: list[str] = []
+    progress = os.path.join(root, PROGRESS)
+    write_json(progress, {"revision": args.revision, "files": manifest["files"], "published": [], "complete": False})
+    kept = fetched = 0
+    if args.source == "huggingface" and check_files(root, manifest, full=False):
+        hf_download(args, root, manifest)
+        write_json(os.path.join(root, MANIFEST), manifest)
+    for e in manifest["files"]:
+        p = os.path.join(root, e["path"])
+        ok = os.path.isfile(p) and os.path.getsize(p) == e["size"] and sha256_file(p) == e["sha256"]
+        if ok:
+            kept += 1
+        elif args.source == "mirror":
+            if os.path.exists(p):
+                log(f"{e['path']}: does not match the manifest, fetching it again")
+                os.remove(p)
+            fetch_verified(f"{args.url.rstrip('/')}/{args.revision}/{urllib.parse.quote(e['path'])}", root, e)
+            fetched += 1
+        else:
+            raise StageError(f"{e['path']}: missing or does not match its sha256 at {p}")
+        published.append(e["path"])
+        write_json(progress, {"revision": args.revision, "files": manifest["files"], "published": published,
+                              "complete": False})
+    write_json(progress, {"revision": args.revision, "files": manifest["files"], "published": published,
+                          "complete": True})
+    log(f"seed: {fetched} files from the {args.source} source, {kept} already here and verified")
+
+
+# --- a peer --------------------------------------------------------------------------------------
+
+
+def stage_peer(args: argparse.Namespace, root: str) -> None:
+    base = args.peer.rstrip("/")
+    deadline = time.monotonic() + args.timeout
+    have: set[str] = set()
+    kept = copied = 0
+    checked_disk = False
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/{PROGRESS}", timeout=30) as r:
+                progress = json.load(r)
+        except (urllib.error.URLError, OSError, ValueError):
+            if time.monotonic() > deadline:
+                raise StageError(f"the seed {base} did not answer within {args.timeout}s") from None
+            time.sleep(2)
+            continue
+        if progress.get("revision") != args.revision:
+            if time.monotonic() > deadline:
+                raise StageError(f"the seed {base} serves revision {progress.get('revision')}, not {args.revision}")
+            time.sleep(2)
+            continue
+        entries = {e["path"]: e for e in progress["files"]}
+        if not checked_disk:
+            write_json(os.path.join(root, MANIFEST), {"revision": args.revision, "files": progress["files"]})
+            need_disk(args, root, {"files": progress["files"]})
+            checked_disk = True
+        for name in progress["published"]:
+            if name in have:
+                continue
+            e = entries[name]
+            p = os.path.join(root, name)
+            if os.path.isfile(p) and os.path.getsize(p) == e["size"] and sha256_file(p) == e["sha256"]:
+                kept += 1
+            else:
+                if os.path.exists(p):
+                    log(f"{name}: does not match the seed's sha256, copying it again")
+                    os.remove(p)
+                fetch_verified(f"{base}/{urllib.parse.quote(name)}", root, e)
+                copied += 1
+            have.add(name)
+        if progress["complete"] and have >= set(entries):
+            break
+        if time.monotonic() > deadline:
+            raise StageError(f"timed out after {args.timeout}s with {len(have)}/{len(entries)} files")
+        time.sleep(1)
+    log(f"peer: {copied} files copied from {base}, {kept} already here and verified")
+
+
+# --- shared steps --------------------------------------------------------------------------------
+
+
+def need_disk(args: argparse.Namespace, root: str, manifest: dict) -> None:
+    missing = 0
+    for e in manifest["files"]:
+        p = os.path.join(root, e["path"])
+        have = os.path.getsize(p) if os.path.isfile(p) else 0
+        partial = p + ".partial"
+        have += os.path.getsize(partial) if os.path.isfile(partial) else 0
+        missing += max(e["size"] - have, 0)
+    st = os.statvfs(root)
+    free = st.f_bavail * st.f_frsize
+    margin = args.margin_gb * 1e9
+    if free < missing + margin:
+        raise StageError(
+            f"{free / 1e9:.1f} GB free at {root}, the checkpoint needs {missing / 1e9:.1f} GB more "
+            f"+ {args.margin_gb:g} GB margin"
+        )
+
+
+def switch(path: str, revision: str) -> None:
+    """Point P at the revision atomically (rename of a new symlink over the old one)."""
+    target = os.path.relpath(revision_dir(path, revision), os.path.dirname(path))
+    if os.path.islink(path) and os.readlink(path) == target:
+        return
+    if os.path.exists(path) and not os.path.islink(path):
+        raise StageError(f"{path} exists and is not a glm-infra symlink; move it away first")
+    tmp = f"{path}.tmp-link"
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(tmp)
+    os.symlink(target, tmp)
+    os.replace(tmp, path)
+    log(f"{path} -> {target}")
+
+
+@contextlib.contextmanager
+def locked(path: str):
+    os.makedirs(revisions_dir(path), exist_ok=True)
+    with open(os.path.join(revisions_dir(path), ".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # a second staging waits for the first (interrupted runs resume)
+        yield
+
+
+def verify_in_place(path: str) -> int:
+    """Source local: the checkpoint is already at P on every host; check it, change nothing."""
+    if not os.path.isdir(path):
+        raise StageError(f"{path} is not a directory (model.source local: the checkpoint must be there)")
+    manifest_path = os.path.join(path, MANIFEST)
+    if os.path.exists(manifest_path):
+        bad = check_files(path, read_json(manifest_path), full=True)
+    else:
+        bad = sorted(s for s in index_shards(path) if not os.path.isfile(os.path.join(path, s)))
+        if not os.path.exists(os.path.join(path, "model.safetensors.index.json")):
+            bad.append("model.safetensors.index.json")
+    if bad:
+        raise StageError(f"{path}: missing or corrupt: {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}")
+    log(f"{path}: checkpoint present and verified in place")
+    return 0
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    if args.source == "local":
+        return verify_in_place(args.path)
+    with locked(args.path):
+        root = revision_dir(args.path, args.revision)
+        os.makedirs(root, exist_ok=True)
+        complete = os.path.join(root, COMPLETE)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(complete)
+        if args.role == "seed":
+            stage_seed(args, root)
+        else:
+            stage_peer(args, root)
+        manifest = read_json(os.path.join(root, MANIFEST))
+        bad = check_files(root, manifest, full=False)
+        if bad:
+            raise StageError(f"after staging, not in place: {', '.join(bad[:5])}")
+        with open(complete, "w") as f:
+            f.write(f"{len(manifest['files'])} files, {sum(e['size'] for e in manifest['files'])} bytes\n")
+        switch(args.path, args.revision)
+    total = sum(e["size"] for e in manifest["files"])
+    log(f"{args.revision}: {len(manifest['files'])} files, {total / 1e9:.2f} GB verified at {args.path}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    root = revision_dir(args.path, args.revision)
+    try:
+        manifest = read_json(os.path.join(root, MANIFEST))
+    except OSError:
+        print(f"{HOST}: weights: {args.revision} is not staged at {args.path}", file=sys.stderr)
+        return 1
+    bad = check_files(root, manifest, full=True)
+    for b in bad:
+        print(f"{HOST}: weights: {b}: missing or corrupt", file=sys.stderr)
+    if not bad:
+        log(f"{args.revision}: all {len(manifest['files'])} files match their sha256")
+    return 1 if bad else 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    top = revisions_dir(args.path)
+    if not os.path.isdir(top):
+        return 0
+    for name in sorted(os.listdir(top)):
+        if name not in (args.revision, ".lock") and os.path.isdir(os.path.join(top, name)):
+            shutil.rmtree(os.path.join(top, name))
+            log(f"removed the old revision {name}")
+    return 0
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    if os.path.islink(args.path):
+        os.remove(args.path)
+    shutil.rmtree(revisions_dir(args.path), ignore_errors=True)
+    log(f"removed {args.path} and its revisions")
+    return 0
+
+
+class _Files(http.server.SimpleHTTPRequestHandler):
+    """Static files with single-range requests (resumed transfers) and no directory listings.
+    With ``published_only`` it serves just the progress file and the files the seed verified."""
+
+    published_only = True
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server API)
+        name = urllib.parse.unquote(urllib.parse.urlparse(self.path).path).lstrip("/")
+        if self.published_only and name != PROGRESS:
+            try:
+                published = set(read_json(os.path.join(self.directory, PROGRESS))["published"])
+            except (OSError, ValueError, KeyError):
+                published = set()
+            if name not in published:
+                self.send_error(404, "not published")
+                return
+        path = self.translate_path(self.path)
+        if not os.path.isfile(path):
+            self.send_error(404)
+            return
+        size = os.path.getsize(path)
+        start = 0
+        rng = self.headers.get("Range", "")
+        if rng.startswith("bytes=") and rng.endswith("-") and rng[6:-1].isdigit():
+            start = int(rng[6:-1])
+            if start >= size:
+                self.send_error(416)
+                return
+        with open(path, "rb") as f:
+            self.send_response(206 if start else 200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(size - start))
+            if start:
+                self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+            self.end_headers()
+            f.seek(start)
+            shutil.copyfileobj(f, self.wfile, CHUNK)
+
+    def log_message(self, fmt: str, *a) -> None:
+        if not self.published_only:  # the mirror stand-in logs what it served
+            super().log_message(fmt, *a)
+
+
+class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    host, _, port = args.bind.rpartition(":")
+    handler_class = type("Handler", (_Files,), {"published_only": not args.all})
+    handler = lambda *a, **kw: handler_class(*a, directory=args.dir, **kw)  # noqa: E731
+    with _Server((host.strip("[]"), int(port)), handler) as httpd:
+        httpd.serve_forever()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="weights.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("stage")
+    s.add_argument("--role", choices=["seed", "peer"], default="seed")
+    s.add_argument("--source", choices=["huggingface", "mirror", "local"], default="mirror")
+    s.add_argument("--url", help="mirror base URL (files under URL/REVISION/)")
+    s.add_argument("--repo", help="Hugging Face repository")
+    s.add_argument("--hf-python", default="/opt/glm-infra/hf/bin/python", help="python of the venv with the hf CLI")
+    s.add_argument("--token-file", help="EnvironmentFile with HF_TOKEN=")
+    s.add_argument("--peer", help="the seed's fan-out URL (role peer)")
+    s.add_argument("--revision", default="")
+    s.add_argument("--path", required=True)
+    s.add_argument("--margin-gb", type=float, default=10)
+    s.add_argument("--timeout", type=int, default=86400, help="seconds a peer waits for the seed")
+    for name in ("verify", "prune"):
+        p = sub.add_parser(name)
+        p.add_argument("--revision", required=True)
+        p.add_argument("--path", required=True)
+    r = sub.add_parser("remove")
+    r.add_argument("--path", required=True)
+    f = sub.add_parser("fanout-start")
+    f.add_argument("--revision", required=True)
+    f.add_argument("--path", required=True)
+    f.add_argument("--bind", required=True)
+    sub.add_parser("fanout-stop")
+    v = sub.add_parser("serve")
+    v.add_argument("--dir", required=True)
+    v.add_argument("--bind", required=True)
+    v.add_argument("--all", action="store_true", help="serve every file (a mirror), not only published ones")
+    args = ap.parse_args(argv)
+    handlers = {"stage": cmd_stage, "verify": cmd_verify, "prune": cmd_prune, "remove": cmd_remove,
+                "fanout-start": cmd_fanout_start, "fanout-stop": cmd_fanout_stop, "serve": cmd_serve}
+    try:
+        return handlers[args.cmd](args)
+    except StageError as e:
+        print(f"{HOST}: weights: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
