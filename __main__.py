@@ -19,4 +19,6 @@ cluster = Cluster(
 pulumi.export("hosts", {h.name: h.address for h in deployment.plan.hosts})
 pulumi.export("instances", {i.name: {"host": i.host, "url": i.url, "gpus": i.cuda_visible_devices} for i in deployment.plan.instances})
 pulumi.export("routerUrl", cluster.router_url)
+if "router_api_key" in deployment.secrets:
+    pulumi.export("routerApiKey", deployment.secrets["router_api_key"])  # a secret output
 pulumi.export("hostFacts", cluster.facts)

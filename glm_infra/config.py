@@ -300,9 +300,14 @@ class ColocatedConfig(PoolConfig):
 
 
 class RouterConfig(StrictModel):
+    """vllm-router in P/D mode behind an nginx front on the public port: the front checks the API
+    key and retries a request the router failed before answering (a prefill restarting)."""
+
     host: str
-    port: Port = 8000
+    port: Port = Field(8000, description="Public port (the nginx front).")
+    internal_port: Port = Field(8001, description="vllm-router's own port, on loopback behind the front.")
     metrics_port: Port = Field(29000, description="Prometheus exporter of the router (--prometheus-port).")
+    retries: int = Field(3, ge=1, le=10, description="Attempts the front makes per request.")
     policy: Literal[
         "random", "round_robin", "cache_aware", "kv_aware", "power_of_two", "consistent_hash", "sticky_least_loaded"
     ] = "round_robin"
@@ -356,6 +361,7 @@ class DriversConfig(StrictModel):
     fabric_manager: bool = Field(True, description="Run nvidia-fabricmanager (NVLink 5 / NVSwitch systems).")
     dcgm_diag_level: int = Field(0, ge=0, le=3, description="Run `dcgmi diag -r N` in the health gate (0: skip).")
     reboot_timeout: int = Field(1800, ge=60, le=7200, description="Seconds to wait for a host to come back.")
+    fabric_timeout: int = Field(600, ge=0, le=3600, description="Seconds the health gate waits for the fabric.")
     remove_on_destroy: bool = Field(False, description="Unhold and purge the driver on pulumi destroy.")
 
     @property

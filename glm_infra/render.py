@@ -27,6 +27,8 @@ UNIT_DIR = "/etc/systemd/system"
 VLLM_SECRETS = f"{SECRETS_DIR}/vllm.env"
 ROUTER_SECRETS = f"{SECRETS_DIR}/router.env"
 HF_SECRETS = f"{SECRETS_DIR}/hf.env"
+FRONT_CONF = "/etc/nginx/conf.d/glm-infra-router.conf"
+FRONT_KEYS = f"{SECRETS_DIR}/router-front-keys.conf"
 UCX_ENV = f"{ETC}/ucx.env"
 PACKAGE_DIR = Path(__file__).resolve().parent
 HOSTCHECK = f"{LIBEXEC}/hostcheck.py"
@@ -34,7 +36,6 @@ WEIGHTS = f"{LIBEXEC}/weights.py"
 # How long a (re)started instance may take to answer /health: loading ~465 GB and compiling graphs.
 SERVICE_START_TIMEOUT_S = 3600
 ROUTER_START_TIMEOUT_S = 300
-FABRIC_TIMEOUT_S = 600
 
 
 
@@ -200,7 +201,8 @@ def router_args(stack: StackConfig, plan: Plan) -> list[str]:
     else:
         a += ["--worker-urls", *r.worker_urls]
     a += ["--policy", stack.router.policy]
-    a += ["--host", r.address, "--port", str(r.port)]
+    # Loopback only: the nginx front owns the public port.
+    a += ["--host", "127.0.0.1", "--port", str(stack.router.internal_port)]
     a += ["--prometheus-host", r.address, "--prometheus-port", str(stack.router.metrics_port)]
     a += ["--health-check-interval-secs", str(stack.router.health_check_interval)]
     return a
@@ -269,7 +271,7 @@ def health_script(stack: StackConfig, host: str) -> str:
         driver=stack.drivers.version,
         fabric=stack.drivers.fabric_manager,
         dcgm_level=stack.drivers.dcgm_diag_level,
-        timeout_s=FABRIC_TIMEOUT_S,
+        timeout_s=stack.drivers.fabric_timeout,
     )
 
 
@@ -294,12 +296,33 @@ def vllm_service_script(stack: StackConfig, inst: Instance) -> str:
     )
 
 
-def router_service_script(plan: Plan) -> str:
-    assert plan.router is not None
+def router_service_script(stack: StackConfig, plan: Plan) -> str:
+    assert plan.router is not None and stack.router is not None
     r = plan.router
     return render_template(
-        "service.sh.j2", host=r.host, unit=r.unit, health_url=f"{r.url}/health",
+        "service.sh.j2", host=r.host, unit=r.unit, health_url=f"http://127.0.0.1:{stack.router.internal_port}/health",
         timeout_s=ROUTER_START_TIMEOUT_S, drain_s=0,
+    )
+
+
+def router_front_conf(stack: StackConfig, plan: Plan) -> str:
+    assert plan.router is not None and stack.router is not None
+    address = plan.router.address
+    return render_template(
+        "router-front.conf.j2", host=plan.router.host, r=stack.router, keys_path=FRONT_KEYS,
+        api_key=stack.router.api_key is not None, listen=f"[{address}]" if ":" in address else address,
+    )
+
+
+def router_front_keys(secrets: Mapping[str, str]) -> str:
+    return render_template("router-front-keys.conf.j2", secrets=secrets)
+
+
+def router_front_script(plan: Plan) -> str:
+    assert plan.router is not None
+    return render_template(
+        "router-front.sh.j2", host=plan.router.host, public_url=plan.router.url, conf_path=FRONT_CONF,
+        keys_path=FRONT_KEYS,
     )
 
 
@@ -338,7 +361,10 @@ def host_files(
         assert plan.router is not None
         files.append(RenderedFile(ROUTER_SECRETS, router_secrets_env(secrets), mode=0o600, secret=True))
         files.append(RenderedFile(f"{UNIT_DIR}/{plan.router.unit}", router_unit(stack, plan)))
-        files.append(RenderedFile(script_path(unit_stem(plan.router.unit)), router_service_script(plan), mode=0o755))
+        files.append(RenderedFile(script_path(unit_stem(plan.router.unit)), router_service_script(stack, plan), mode=0o755))
+        files.append(RenderedFile(FRONT_CONF, router_front_conf(stack, plan)))
+        files.append(RenderedFile(FRONT_KEYS, router_front_keys(secrets), mode=0o600, secret=True))
+        files.append(RenderedFile(script_path("router-front"), router_front_script(plan), mode=0o755))
     return {f.path: f for f in files}
 
 

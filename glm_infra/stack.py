@@ -174,6 +174,8 @@ def _build(raw: dict[str, Any], source: str, problems: list[Problem], lines: dic
 
 def _warnings(stack: StackConfig) -> list[str]:
     out = []
+    if stack.router is not None and stack.router.api_key is None:
+        out.append(f"{NAMESPACE}:router.apiKey is not set: the router's public port accepts any client")
     rev = stack.model.revision
     if not (len(rev) == 40 and all(c in "0123456789abcdef" for c in rev)):
         out.append(

@@ -81,4 +81,6 @@ def file_step(name: str, path: str, content: str, mode: int = 0o644, secret: boo
         f"else mv -f \"$tmp\" {q}; echo wrote {q}; fi"
     )
     delete = f"rm -f {q}"
+    if path.startswith("/etc/glm-infra/"):  # glm-infra's own folders go with their last file
+        delete += f"; rmdir --ignore-fail-on-non-empty {d} /etc/glm-infra 2>/dev/null || true"
     return Step(name, create, delete, content, (), secret)

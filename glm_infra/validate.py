@@ -138,6 +138,7 @@ def _port_collisions(stack: StackConfig) -> list[Problem]:
     if stack.router is not None:
         claim(stack.router.host, stack.router.port, "router http", _key("router", ".port"))
         claim(stack.router.host, stack.router.metrics_port, "router metrics", _key("router", ".metricsPort"))
+        claim(stack.router.host, stack.router.internal_port, "router internal", _key("router", ".internalPort"))
     for (path, host, prev, owner), ports in clashes.items():
         span = str(ports[0]) if len(ports) == 1 else f"{ports[0]}-{ports[-1]}"
         word = "port" if len(ports) == 1 else "ports"

@@ -58,6 +58,10 @@ class StageError(Exception):
     pass
 
 
+class NotThere(StageError):
+    """The server has no such file (yet): a seed that is re-verifying withdraws what it re-checks."""
+
+
 # --- files ---------------------------------------------------------------------------------------
 
 
@@ -148,7 +152,9 @@ def fetch(url: str, dest: str, size: int | None, headers: dict[str, str] | None 
                 os.replace(partial, dest)
                 return
         except (urllib.error.URLError, OSError, TimeoutError) as e:
-            if isinstance(e, urllib.error.HTTPError) and e.code in (401, 403, 404):
+            if isinstance(e, urllib.error.HTTPError) and e.code == 404:
+                raise NotThere(f"{url}: HTTP 404") from None
+            if isinstance(e, urllib.error.HTTPError) and e.code in (401, 403):
                 raise StageError(f"{url}: HTTP {e.code}") from None
             if attempt == tries:
                 raise StageError(f"{url}: {e}") from None
@@ -317,7 +323,10 @@ def stage_peer(args: argparse.Namespace, root: str) -> None:
                 if os.path.exists(p):
                     log(f"{name}: does not match the seed's sha256, copying it again")
                     os.remove(p)
-                fetch_verified(f"{base}/{urllib.parse.quote(name)}", root, e)
+                try:
+                    fetch_verified(f"{base}/{urllib.parse.quote(name)}", root, e)
+                except NotThere:
+                    continue  # listed in a progress file the seed has since rewritten: next round
                 copied += 1
             have.add(name)
         if progress["complete"] and have >= set(entries):

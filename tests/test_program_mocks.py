@@ -27,8 +27,8 @@ def _expected_commands(stack: str) -> int:
     per_serving_host = 9
     router_only = sum(1 for h in p.hosts if h.runs_router and not h.instances) * 2  # preflight, runtime
     bare = sum(1 for h in p.hosts if not h.runs_router and not h.instances)  # preflight only
-    per_instance = 2  # unit file, service
-    router = 3 if p.router else 0  # secrets file, unit file, service
+    per_instance = 3  # unit file, service, stopper
+    router = 6 if p.router else 0  # secrets file, unit file, service, front conf, front keys, front
     # Weights (huggingface source in the committed stacks): the seed's token file and fan-out start and
     # stop; a staging step and, after the services, a prune step per serving host.
     weights = 3 + 2 * len(p.serving_hosts)
@@ -73,6 +73,20 @@ def test_prefill_restarts_one_at_a_time_and_router_comes_last(key_file):
         assert run.urn(f"glm-{name}-service") in router.dependencies
     # A service starts after its unit file is written.
     assert run.urn("glm-decode-0-unit") in run.get("glm-decode-0-service").dependencies
+
+
+def test_destroy_stops_router_then_decode_then_prefill(key_file):
+    """Pulumi deletes dependents first: the router depends on every stopper, decode's stopper on the
+    prefill stoppers — while the decode service itself does not wait for the prefill services."""
+    run = run_program(stack_file("prod-b300"), key_file)
+    prefill_stops = [run.urn(f"glm-prefill-{i}-stop") for i in range(4)]
+    decode_stop = run.get("glm-decode-0-stop")
+    assert all(u in decode_stop.dependencies for u in prefill_stops)
+    assert run.urn("glm-decode-0-service") in decode_stop.dependencies
+    assert not any("prefill" in d for d in run.get("glm-decode-0-service").dependencies)
+    router = run.get("glm-router-service")
+    assert all(u in router.dependencies for u in [*prefill_stops, decode_stop.urn])
+    assert "remove" in decode_stop.inputs["delete"] and decode_stop.inputs["create"].startswith("echo")
 
 
 def test_host_chain_order(key_file):

@@ -146,7 +146,22 @@ def test_router_unit(prod):
     prefills = [words[i + 1] for i, w in enumerate(words) if w == "--prefill"]
     decodes = [words[i + 1] for i, w in enumerate(words) if w == "--decode"]
     assert prefills == list(p.router.prefill_urls) and decodes == list(p.router.decode_urls)
-    assert words[words.index("--port") + 1] == "8000"
+    # The router listens on loopback; the nginx front owns the public port.
+    assert (words[words.index("--host") + 1], words[words.index("--port") + 1]) == ("127.0.0.1", "8001")
+    front = render.router_front_conf(cfg, p)
+    assert "listen 10.0.0.13:8000;" in front
+    assert front.count("server 127.0.0.1:8001 max_fails=0;") == 3  # one attempt per entry
+    assert "proxy_next_upstream error timeout http_500 http_502 http_503 non_idempotent;" in front
+    assert "default 1;" in front, "no apiKey in prod-b300: the front lets every client in (validate warns)"
+
+
+def test_front_requires_the_api_key_when_set(write_stack, prod_config):
+    prod_config["glm-infra:router"]["apiKey"] = {"secure": "v1:x"}
+    cfg = load_file(write_stack(prod_config)).config
+    front = render.router_front_conf(cfg, plan(cfg))
+    assert "default 0;" in front and "include /etc/glm-infra/secrets/router-front-keys.conf;" in front
+    keys = render.router_front_keys({"router_api_key": "sk-1"})
+    assert '"Bearer sk-1" 1;' in keys
 
 
 def test_quotes_only_wrap_whole_words():

@@ -103,7 +103,7 @@ class Cluster(pulumi.ComponentResource):
                     FabricArgs(
                         connection=host.connection,
                         script=render.health_script(stack, h.name),
-                        timeout_s=render.FABRIC_TIMEOUT_S,
+                        timeout_s=stack.drivers.fabric_timeout,
                         triggers=[drivers.ready.stdout],
                     ),
                     pulumi.ResourceOptions(parent=self, depends_on=[drivers]),
@@ -148,6 +148,7 @@ class Cluster(pulumi.ComponentResource):
         # Instances of one pool start and restart one at a time, each gated on /health.
         self.services = {}
         last_of_pool: dict[str, VllmService] = {}
+        prefill_stoppers: list[pulumi.Resource] = []
         for inst in plan.instances:
             deps = list(ready[inst.host])
             if inst.role in last_of_pool:
@@ -168,9 +169,12 @@ class Cluster(pulumi.ComponentResource):
                         runtime_digest,
                         stack.model.revision,
                     ],
+                    stop_after=prefill_stoppers if inst.role == "decode" else [],
                 ),
                 pulumi.ResourceOptions(parent=self, depends_on=deps),
             )
+            if inst.role == "prefill":
+                prefill_stoppers.append(svc.stopper)
             self.services[inst.name] = svc
             last_of_pool[inst.role] = svc
 
@@ -188,16 +192,19 @@ class Cluster(pulumi.ComponentResource):
             self.router = Router(
                 f"{name}-router",
                 RouterArgs(
-                    host=r.host,
                     connection=self.hosts[r.host].connection,
                     unit_name=r.unit,
                     unit=render.router_unit(stack, plan),
-                    script=render.router_service_script(plan),
+                    script=render.router_service_script(stack, plan),
                     url=r.url,
                     secrets_env=secret_values.apply(render.router_secrets_env),
                     secrets_path=render.ROUTER_SECRETS,
+                    front_conf=render.router_front_conf(stack, plan),
+                    front_keys=secret_values.apply(render.router_front_keys),
+                    front_script=render.router_front_script(plan),
                     restart_triggers=[runtime_digest],
                 ),
+                # After every instance (and its stopper): the router starts last and stops first.
                 pulumi.ResourceOptions(parent=self, depends_on=[*self.services.values(), *ready[r.host]]),
             )
 

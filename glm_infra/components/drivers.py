@@ -10,7 +10,7 @@ import pulumi_command.local as local
 import pulumi_command.remote as remote
 
 from ..steps import ScriptStep, Step
-from .remote_step import inherited, run_step
+from .remote_step import inherited, run_step, with_triggers
 
 
 @dataclass
@@ -46,13 +46,13 @@ class Drivers(pulumi.ComponentResource):
             depends_on=[install],
         )
         timeout = f"{args.reboot_timeout + 180}s"
+        wait_cmd = with_triggers("bash -s", [reboot.stdout])
         wait = local.Command(
             f"{name}-wait",
-            create="bash -s",
-            update="bash -s",
+            create=wait_cmd,
+            update=wait_cmd,
             stdin=args.wait_script,
             environment={"REBOOT_STATUS": reboot.stdout},
-            triggers=[reboot.stdout],
             add_previous_output_in_env=False,
             opts=pulumi.ResourceOptions(
                 parent=self,
@@ -67,7 +67,6 @@ class Drivers(pulumi.ComponentResource):
             connection=args.connection,
             create=back_cmd,
             update=back_cmd,
-            triggers=[wait.stdout],
             add_previous_output_in_env=False,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[wait]),
         )

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pulumi
 import pulumi_command.remote as remote
 
-from ..steps import Step
+from ..steps import Step, digest
 
 
 def inherited(opts: pulumi.ResourceOptions | None) -> list[pulumi.Resource]:
@@ -15,6 +15,18 @@ def inherited(opts: pulumi.ResourceOptions | None) -> list[pulumi.Resource]:
     resources by the dependencies each registration names."""
     deps = (opts.depends_on if opts else None) or []
     return list(deps) if isinstance(deps, (list, tuple)) else [deps]
+
+
+def with_triggers(command: str, triggers: Sequence[pulumi.Input[str]]) -> pulumi.Input[str]:
+    """``command`` prefixed by a digest of the trigger values, so a changed value changes the command.
+
+    pulumi-command replaces a resource whose ``triggers`` change (create the new, then run the old
+    one's delete — which would undo the new). A changed command is an in-place update instead.
+    The digest reveals nothing of a secret it was computed from, so it is not kept secret."""
+    if not triggers:
+        return command
+    joined = pulumi.Output.all(*triggers).apply(lambda vs: f": glm-infra-triggers={digest(*(str(v) for v in vs))}; {command}")
+    return pulumi.Output.unsecret(joined)
 
 
 def run_step(
@@ -33,15 +45,14 @@ def run_step(
     data = stdin if stdin is not None else step.stdin
     if step.secret and data is not None:
         data = pulumi.Output.secret(data)
-    all_triggers = [*step.triggers, *triggers]
+    command = with_triggers(step.create, [*step.triggers, *triggers])
     return remote.Command(
         name,
         connection=connection,
-        create=step.create,
-        update=step.create,
+        create=command,
+        update=command,
         delete=step.delete,
         stdin=data,
-        triggers=all_triggers or None,
         add_previous_output_in_env=False,
         logging=remote.Logging.NONE if step.secret else remote.Logging.STDOUT_AND_STDERR,
         opts=pulumi.ResourceOptions(

@@ -9,7 +9,7 @@ import pulumi
 import pulumi_command.remote as remote
 
 from ..render import unit_stem
-from ..steps import ScriptStep, digest, file_step
+from ..steps import LIBEXEC, ScriptStep, digest, file_step
 from .remote_step import inherited, run_step
 
 
@@ -31,6 +31,8 @@ class VllmServiceArgs:
     """How long the script waits for /health (the step's timeout adds a margin)."""
     restart_triggers: Sequence[pulumi.Input[str]] = field(default_factory=list)
     """Values whose change restarts the instance (env files, weights revision, runtime pins)."""
+    stop_after: Sequence[pulumi.Resource] = field(default_factory=list)
+    """On destroy, stop this instance before these (their ``stopper``): decode before prefill."""
 
 
 class VllmService(pulumi.ComponentResource):
@@ -49,6 +51,16 @@ class VllmService(pulumi.ComponentResource):
             triggers=[digest(args.unit), *args.restart_triggers],
             depends_on=[unit_file, *inherited(opts)],
             timeout=f"{args.start_timeout_s + 120}s",
+        )
+        # Stopping is its own resource, so destroy can order it (router, then decode, then prefill)
+        # without making the instances start one after another.
+        self.stopper = remote.Command(
+            f"{name}-stop",
+            connection=args.connection,
+            create=f"echo {svc.name} stops on destroy",
+            delete=f"if [ -x {LIBEXEC}/{svc.name}.sh ]; then {LIBEXEC}/{svc.name}.sh remove; fi",
+            add_previous_output_in_env=False,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[self.service, *args.stop_after]),
         )
         self.unit_file = unit_file
         self.health_url = pulumi.Output.from_input(args.health_url)

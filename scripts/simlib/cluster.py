@@ -133,7 +133,8 @@ def build_standins(stack: str) -> None:
     """The stand-in apt repository, wheels and model checkpoint the hosts install from (rebuilt
     only when changed)."""
     www = SIM / "www"
-    run([str(REPO / "scripts/standins/build-apt-repo"), str(www / "apt")])
+    run([str(REPO / "scripts/standins/fetch-debian-debs"), str(SIM / "debian-debs")])
+    run([str(REPO / "scripts/standins/build-apt-repo"), str(www / "apt"), str(SIM / "debian-debs")])
     run([str(REPO / "scripts/standins/build-wheels"), str(www / "wheels")])
     model = model_of(stack)
     if model.get("source") == "mirror":
@@ -323,6 +324,7 @@ def cmd_down(args: argparse.Namespace) -> int:
                 os.kill(int((RUN / f"{name}.pid").read_text()), signal.SIGTERM)
             (RUN / f"{name}.pid").unlink(missing_ok=True)
         run(["ip", "link", "del", BRIDGE], check=False, stderr=subprocess.DEVNULL)
+        shutil.rmtree(RUN, ignore_errors=True)  # server logs too: each cluster starts with empty ones
     say(f"{len(hosts)} simulated hosts down")
     return 0
 

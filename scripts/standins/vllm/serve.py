@@ -2,9 +2,12 @@
 
 First the checks a real vLLM fails on (GPU count, staged weights, NIXL side channel, ports), then
 llm-d-inference-sim as a child on a free port behind a small threaded reverse proxy on --host:--port.
-The proxy owns what the simulator does not model: the weight-loading delay (/health is 503 until
-loaded), draining on SIGTERM within --shutdown-timeout, VLLM_API_KEY, and one log line per request
-naming the P/D role, so the journal shows a request going through prefill, then decode.
+The proxy owns what the simulator does not model, the way vLLM's API server behaves: the port is
+reserved but refuses connections until the weights are "loaded"; SIGTERM closes the listening
+socket and idle keep-alive connections at once (new connections are refused, so a router sends them
+elsewhere) while requests already accepted run to completion within --shutdown-timeout;
+VLLM_API_KEY; and one log line per request naming the P/D role, so the journal shows a request going
+through prefill, then decode.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ HOP_BY_HOP = {
     "upgrade",
 }
 PR_SET_PDEATHSIG = 1
+# After SIGTERM, keep-alive connections are still served this long (with Connection: close).
+KEEPALIVE_GRACE_S = 3.0
 
 
 class ServeError(Exception):
@@ -206,13 +211,10 @@ class Instance:
         self._lock = threading.Lock()
         self._in_flight = 0
 
-    def admit(self) -> bool:
-        """Count a request in flight, unless draining (then it gets 503)."""
+    def admit(self) -> None:
+        """Count a request in flight (also while draining: it was accepted before the socket closed)."""
         with self._lock:
-            if self.draining:
-                return False
             self._in_flight += 1
-            return True
 
     def release(self) -> None:
         with self._lock:
@@ -225,11 +227,13 @@ class Instance:
     def healthy(self) -> bool:
         return self.ready and not self.draining
 
-    def wait_until_loaded(self) -> None:
-        """Ready once the simulator answers /health and the simulated load time has passed."""
+    def wait_until_loaded(self, server: ProxyServer) -> None:
+        """Listen once the simulator answers /health and the simulated load time has passed."""
         while not self.draining:
             if time.monotonic() >= self.loaded_at and self._simulator_healthy():
+                server.server_activate()
                 self.ready = True
+                threading.Thread(target=server.serve_forever, daemon=True).start()
                 log(f"glm-sim {self.role}: ready")
                 return
             time.sleep(0.1)
@@ -248,6 +252,33 @@ class Instance:
 class ProxyServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128  # listen backlog; the default 5 drops connections under a burst
+
+    def __init__(self, address: tuple[str, int]) -> None:
+        # Bound now (the port is reserved, a collision fails at once), listening only when loaded.
+        super().__init__(address, ProxyHandler, bind_and_activate=False)
+        try:
+            self.server_bind()
+        except OSError:
+            self.server_close()
+            raise
+        self.idle: set[socket.socket] = set()
+        self.idle_lock = threading.Lock()
+
+    def stop_accepting(self) -> None:
+        """Close the listening socket: new connections are refused. Keep-alive connections stay
+        open a little longer (a request arriving on one is answered with Connection: close), so a
+        client never sends into a connection this side just closed."""
+        if self.instance.ready:
+            self.shutdown()
+        self.socket.close()
+
+    def close_idle(self) -> None:
+        with self.idle_lock:
+            for conn in self.idle:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
     instance: Instance
 
 
@@ -270,8 +301,21 @@ class ProxyHandler(BaseHTTPRequestHandler):
 
     do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
 
+    def handle_one_request(self) -> None:
+        with self.server.idle_lock:
+            self.server.idle.add(self.connection)
+        try:
+            super().handle_one_request()
+        finally:
+            with self.server.idle_lock:
+                self.server.idle.discard(self.connection)
+
     def handle_request(self) -> None:
+        with self.server.idle_lock:
+            self.server.idle.discard(self.connection)
         instance = self.server.instance
+        if instance.draining:
+            self.close_connection = True  # answer this one, then let the client reconnect elsewhere
         path = self.path.split("?", 1)[0]
         if path == "/health":
             self.reply(200 if instance.healthy() else 503)
@@ -288,12 +332,8 @@ class ProxyHandler(BaseHTTPRequestHandler):
             self.close_connection = True  # the unread body would be taken for the next request
             return self.reply(411, {"error": "send Content-Length"}), ""
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if not instance.admit():
-            self.close_connection = True  # so a keep-alive client (the router) reconnects elsewhere
-            return self.reply(503, {"error": "server is shutting down"}), " (draining)"
+        instance.admit()
         try:
-            if not instance.ready:
-                return self.reply(503, {"error": "model is still loading"}), " (loading)"
             if instance.api_key and path not in OPEN_PATHS and not self.authorized(instance.api_key):
                 return self.reply(401, {"error": "Unauthorized"}), " (no valid API key)"
             note = kv_flags(body) if path in GENERATION_PATHS else ""
@@ -385,7 +425,7 @@ def serve(args: argparse.Namespace) -> int:
         reserved.append(listen("127.0.0.1", args.data_parallel_rpc_port, "the data-parallel RPC port"))
     host = args.host or "0.0.0.0"
     try:
-        server = ProxyServer((host, args.port), ProxyHandler)
+        server = ProxyServer((host, args.port))
     except OSError as e:
         raise ServeError(f"cannot bind the API server on {host}:{args.port}: {e.strerror or e}") from None
 
@@ -401,8 +441,7 @@ def serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, begin_drain)
     signal.signal(signal.SIGINT, begin_drain)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    threading.Thread(target=instance.wait_until_loaded, daemon=True).start()
+    threading.Thread(target=instance.wait_until_loaded, args=(server,), daemon=True).start()
     names = ", ".join(args.served_model_name or [args.model])
     log(f"glm-sim {role}: serving {names} on http://{host}:{args.port} "
         f"(llm-d-inference-sim on port {upstream_port}, pid {simulator.pid})")
@@ -414,9 +453,14 @@ def serve(args: argparse.Namespace) -> int:
                 return 1
             time.sleep(0.1)
         log(f"glm-sim {role}: {instance.drain_signal}, draining (up to {instance.shutdown_timeout}s)")
-        deadline = time.monotonic() + instance.shutdown_timeout
-        while instance.in_flight() and time.monotonic() < deadline and simulator.poll() is None:
+        server.stop_accepting()
+        start = time.monotonic()
+        deadline = start + instance.shutdown_timeout
+        grace = start + min(KEEPALIVE_GRACE_S, instance.shutdown_timeout)
+        while (instance.in_flight() or time.monotonic() < grace) and time.monotonic() < deadline \
+                and simulator.poll() is None:
             time.sleep(0.05)
+        server.close_idle()
         if simulator.poll() is not None:
             log(f"glm-sim {role}: llm-d-inference-sim exited with code {simulator.returncode} while draining")
             return 1
@@ -425,7 +469,6 @@ def serve(args: argparse.Namespace) -> int:
         return 0
     finally:
         stop(simulator)
-        server.shutdown()
         server.server_close()
         for sock in reserved:
             sock.close()

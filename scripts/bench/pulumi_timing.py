@@ -1,0 +1,110 @@
+"""Pulumi timings on the simulated cluster, medians over runs:
+
+  * first `pulumi up` on 1 host vs 3 hosts (same per-host work; the ratio shows whether hosts are
+    provisioned in parallel — goal ≤ 1.25),
+  * a no-op `pulumi up` right after (goal: 0 changes and ≤ 15% of the first up),
+  * `pulumi preview` of prod-b300 and of a generated 96-host stack (no host is contacted).
+
+    venv/bin/python scripts/bench/pulumi_timing.py [--runs 3] [--skip-up]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import subprocess
+import sys
+
+import yaml
+
+from benchlib import ROOT, Project, median, sim, sim_config
+
+
+def first_and_noop_up(n_hosts: int, runs: int) -> tuple[list[float], list[float], list[int]]:
+    firsts, noops, changes = [], [], []
+    for run in range(runs):
+        project = Project()
+        try:
+            stack = f"bench-{n_hosts}h"
+            path = project.write_stack(stack, sim_config(n_hosts))
+            sim("down", path)  # fresh hosts: overlays are thrown away
+            sim("up", path)
+            project.init(stack)
+            t_first, _ = project.pulumi(f"up -s {stack} --yes --skip-preview --non-interactive")
+            t_noop, p = project.pulumi(f"up -s {stack} --yes --skip-preview --non-interactive --json")
+            summary = json.loads(p.stdout)["summary"] if p.stdout.strip().startswith("{") else {}
+            changed = sum(v for k, v in summary.items() if k != "same")
+            firsts.append(t_first)
+            noops.append(t_noop)
+            changes.append(changed)
+            print(f"  {n_hosts} host(s), run {run + 1}: first up {t_first:.1f}s, no-op up {t_noop:.1f}s "
+                  f"({changed} changes)", flush=True)
+            project.pulumi(f"destroy -s {stack} --yes --skip-preview --non-interactive")
+        finally:
+            sim("down", path)
+            project.cleanup()
+    return firsts, noops, changes
+
+
+def hosts_96() -> dict:
+    """prod-b300's settings on 96 hosts: 64 prefill hosts (2 × TP1 DP4 EP each), 32 decode hosts."""
+    cfg = copy.deepcopy(yaml.safe_load((ROOT / "stacks/Pulumi.prod-b300.yaml").read_text())["config"])
+    nics = cfg["glm-infra:hosts"][0]["computeNics"]
+    cfg["glm-infra:hosts"] = [
+        {"name": f"b300-{i:03d}", "address": f"10.0.{i // 200}.{i % 200 + 10}", "computeNics": nics} for i in range(96)
+    ]
+    cfg["glm-infra:prefill"]["hosts"] = [f"b300-{i:03d}" for i in range(64)]
+    cfg["glm-infra:decode"]["hosts"] = [f"b300-{i:03d}" for i in range(64, 96)]
+    cfg["glm-infra:router"]["host"] = "b300-064"
+    return cfg
+
+
+def preview_times(runs: int) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    project = Project()
+    try:
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(project.home / ".ssh/glm-infra_ed25519")],
+                       check=True)
+        prod = yaml.safe_load((ROOT / "stacks/Pulumi.prod-b300.yaml").read_text())["config"]
+        for stack, cfg in (("prod-b300", prod), ("b300-96hosts", hosts_96())):
+            project.write_stack(stack, cfg)
+            project.init(stack)
+            times = []
+            for _ in range(runs):
+                t, p = project.pulumi(f"preview -s {stack} --non-interactive")
+                times.append(t)
+            creates = p.stdout.split("Resources:")[-1].strip().splitlines()[0].strip()
+            print(f"  preview {stack}: {', '.join(f'{t:.1f}s' for t in times)} ({creates})", flush=True)
+            out[stack] = times
+    finally:
+        project.cleanup()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--skip-up", action="store_true", help="only the preview timings (no simulated hosts)")
+    args = ap.parse_args()
+    rows = []
+    if not args.skip_up:
+        f1, n1, c1 = first_and_noop_up(1, args.runs)
+        f3, n3, c3 = first_and_noop_up(3, args.runs)
+        rows += [
+            ("first pulumi up, 1 host", f"{median(f1):.1f} s", ""),
+            ("first pulumi up, 3 hosts", f"{median(f3):.1f} s", f"ratio 3/1 = {median(f3) / median(f1):.2f} (goal ≤ 1.25)"),
+            ("no-op pulumi up, 3 hosts", f"{median(n3):.1f} s",
+             f"{median(n3) / median(f3):.0%} of the first up (goal ≤ 15%); changes: {max(c1 + c3)}"),
+        ]
+    previews = preview_times(args.runs)
+    rows += [(f"pulumi preview {k}", f"{median(v):.1f} s", "") for k, v in previews.items()]
+    print(f"\nmedians over {args.runs} runs")
+    print("| measurement | median | note |\n| --- | --- | --- |")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""pulumi up / preview / destroy of the sim stack through the real engine and command provider.
+
+The tests run in file order against one stack: up, traffic, no-op, targeted changes, faults,
+destroy. Each asserts what reached the hosts, read back over SSH.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from conftest import ROOT, on_host, sh
+
+HOSTS = ("sim-1", "sim-2", "sim-3")
+PREFILL_UNITS = {"sim-1": ["glm-vllm-prefill-0", "glm-vllm-prefill-1"], "sim-2": ["glm-vllm-prefill-2", "glm-vllm-prefill-3"]}
+DECODE = ("sim-3", "glm-vllm-decode-0")
+ROUTER = "http://10.88.0.13:8000"
+MODEL_LOG = "/run/glm-infra-sim/models.log"
+API_KEY: list[str] = []  # read from the stack's secret output once it is up
+
+
+def chat(text: str = "hello", timeout: int = 60, key: str | None = None) -> dict:
+    req = urllib.request.Request(
+        f"{ROUTER}/v1/chat/completions",
+        data=json.dumps({"model": "glm-5.2", "messages": [{"role": "user", "content": text}]}).encode(),
+        headers={"content-type": "application/json", "authorization": f"Bearer {key or API_KEY[0]}"},
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.load(r)
+
+
+def started_at(host: str, unit: str) -> int:
+    """Monotonic µs of the unit's last start (changes exactly when it restarts)."""
+    out = on_host(host, f"systemctl show -p ActiveEnterTimestampMonotonic --value {unit}")
+    return int(out.strip())
+
+
+def all_starts() -> dict[str, int]:
+    units = {u: h for h, us in PREFILL_UNITS.items() for u in us}
+    units[DECODE[1]] = DECODE[0]
+    return {u: started_at(h, u) for u, h in units.items()}
+
+
+def changed_resources(preview: dict) -> set[str]:
+    return {s["urn"].split("::")[-1] for s in preview.get("steps", []) if s.get("op") not in ("same", "read")}
+
+
+def test_up_provisions_every_host(stack):
+    stack.up()
+    out = stack.outputs()
+    assert set(out["hostFacts"]) == set(HOSTS)
+    for h in HOSTS:
+        facts = out["hostFacts"][h]
+        assert facts["os"] == "debian 12" and facts["container"] == "systemd-nspawn"
+        assert facts["disk"]["free_bytes"] > 0
+    assert out["routerUrl"] == ROUTER
+    API_KEY.append(out["routerApiKey"])
+    assert json.loads(sh("pulumi stack output -s sim --json").stdout)["routerApiKey"] == "[secret]"
+    for h in HOSTS:
+        health = on_host(h, "/usr/local/libexec/glm-infra/health-gate.sh check")
+        assert f"{h}: healthy (8 × B300, fabric Completed, NVLink up)" in health
+        held = on_host(h, "apt-mark showhold").split()
+        assert {"nvidia-driver-580-open", "nvidia-fabricmanager", "libnvidia-nscq-580"} <= set(held)
+        assert "580.159.04" in on_host(h, "nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+        assert "vllm==0.33.0+glmsim" in on_host(h, "/usr/local/libexec/glm-infra/runtime.sh check")
+
+
+def test_chat_completion_goes_through_prefill_then_decode(stack):
+    answer = chat("Which pool served me?")
+    assert answer["choices"][0]["message"]["content"]
+    decode = on_host(DECODE[0], f"journalctl -u {DECODE[1]} --no-pager -o cat | grep 'POST /v1/chat/completions 200'")
+    last = decode.strip().splitlines()[-1]
+    assert "do_remote_prefill=true" in last
+    request_id = re.search(r"request_id=(\S+)", last).group(1)
+    prefill_lines = "".join(
+        on_host(h, f"journalctl -u 'glm-vllm-prefill-*' --no-pager -o cat | grep -F {request_id} || true")
+        for h in PREFILL_UNITS
+    )
+    assert "do_remote_decode=true" in prefill_lines, "the same request went through a prefill instance first"
+
+
+def test_public_port_wants_the_api_key(stack):
+    with pytest.raises(urllib.error.HTTPError) as e:
+        chat("no key", key="wrong")
+    assert e.value.code == 401
+    # The key never reaches a unit, a process argument or a non-root-readable file.
+    assert API_KEY[0] not in on_host("sim-3", "cat /etc/systemd/system/glm-vllm-*.service")
+    assert API_KEY[0] not in on_host("sim-3", "ps -eo args")
+    assert on_host("sim-3", "stat -c '%a %U' /etc/glm-infra/secrets/*").split("\n")[0] == "600 root"
+    assert API_KEY[0] not in sh("pulumi stack export -s sim").stdout, "state holds it encrypted only"
+
+
+def test_second_up_changes_nothing(stack):
+    sh("pulumi preview -s sim --expect-no-changes --non-interactive")
+    before = all_starts()
+    out = stack.up()
+    assert re.search(r"\d+ unchanged", out.stdout) and " created" not in out.stdout and " updated" not in out.stdout
+    assert all_starts() == before
+
+
+def test_weights_were_downloaded_once_and_match_everywhere(stack):
+    log = open(MODEL_LOG).read()
+    shard_gets = re.findall(r'"GET /GLM-5.2-NVFP4/\w+/(model-\d+-of-\d+\.safetensors) HTTP', log)
+    assert shard_gets and len(shard_gets) == len(set(shard_gets)), "each shard left the source once"
+    sums = {h: on_host(h, "cd /mnt/model/glm/GLM-5.2-NVFP4/ && sha256sum model-*.safetensors") for h in HOSTS}
+    assert sums["sim-1"] == sums["sim-2"] == sums["sim-3"]
+
+
+def test_decode_change_touches_only_decode(stack):
+    before = all_starts()
+    stack.config_set("glm-infra:decode.gpuMemoryUtilization", "0.88")
+    changed = changed_resources(stack.preview_json())
+    assert changed == {"glm-decode-0-unit", "glm-decode-0-service"}, changed
+    stack.up()
+    after = all_starts()
+    assert after[DECODE[1]] != before[DECODE[1]], "decode restarted"
+    assert {u: t for u, t in after.items() if u != DECODE[1]} == {u: t for u, t in before.items() if u != DECODE[1]}
+    assert "--gpu-memory-utilization 0.88" in on_host(DECODE[0], f"systemctl cat {DECODE[1]}")
+
+
+def test_rolling_prefill_restart_loses_no_request(stack):
+    failures: list[str] = []
+    done = threading.Event()
+    sent = [0]
+
+    def load() -> None:  # ~2 requests/s through the router while prefill restarts
+        while not done.is_set():
+            t0 = time.monotonic()
+            sent[0] += 1
+            try:
+                chat(f"request {sent[0]}")
+            except (urllib.error.URLError, OSError, ValueError) as e:
+                failures.append(f"request {sent[0]}: {e}")
+            time.sleep(max(0.0, 0.5 - (time.monotonic() - t0)))
+
+    before = all_starts()
+    stack.config_set("glm-infra:prefill.gpuMemoryUtilization", "0.91")
+    changed = changed_resources(stack.preview_json())
+    assert changed == {f"glm-prefill-{i}-{k}" for i in range(4) for k in ("unit", "service")}, changed
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    try:
+        stack.up()
+        time.sleep(2)
+    finally:
+        done.set()
+        worker.join(timeout=120)
+    after = all_starts()
+    prefill = [u for us in PREFILL_UNITS.values() for u in us]
+    assert all(after[u] != before[u] for u in prefill)
+    assert after[DECODE[1]] == before[DECODE[1]]
+    order = sorted(prefill, key=lambda u: after[u])
+    assert order == prefill, f"one at a time, in order: {order}"
+    assert sent[0] >= 10 and not failures, failures
+
+
+def test_broken_stand_in_fails_naming_host_and_check(stack):
+    """Faults in the stand-in hardware of one host; a changed gate setting re-runs every gate."""
+    before = all_starts()
+    on_host("sim-2", "echo 'FABRIC_STATE=\"In Progress\"' > /etc/glm-sim/hardware.conf.d/50-test.conf")
+    try:
+        stack.config_set("glm-infra:drivers.fabricTimeout", "5")
+        out = stack.up(check=False)
+        assert out.returncode != 0
+        assert "sim-2: fabric: GPU 0 (00000000:1A:00.0) fabric state is 'In Progress'" in out.stdout, out.stdout[-3000:]
+        on_host("sim-2", "echo 'GPU_COUNT=7' > /etc/glm-sim/hardware.conf.d/50-test.conf")
+        stack.config_set("glm-infra:drivers.fabricTimeout", "6")
+        out = stack.up(check=False)
+        assert out.returncode != 0 and "sim-2: gpus: 7 GPUs visible, stack expects 8" in out.stdout
+    finally:
+        on_host("sim-2", "rm -f /etc/glm-sim/hardware.conf.d/50-test.conf")
+    stack.config_set("glm-infra:drivers.fabricTimeout", "600")
+    stack.up()
+    assert all_starts() == before, "a failed gate restarts no service"
+
+
+def test_corrupted_shard_is_repaired_from_the_seed(stack):
+    gets_before = len(open(MODEL_LOG).read().splitlines())
+    on_host("sim-2", "f=/mnt/model/glm/GLM-5.2-NVFP4/model-00003-of-00008.safetensors; "
+                     "printf 'XXXX' | dd of=$f bs=1 seek=4096 conv=notrunc status=none")
+    stack.config_set("glm-infra:model.verify", "after-corruption")
+    before = all_starts()
+    out = stack.up()
+    assert "model-00003-of-00008.safetensors: does not match the seed's sha256, copying it again" in out.stdout
+    assert all_starts() == before, "re-verifying the weights restarts no service"
+    source_gets = [l for l in open(MODEL_LOG).read().splitlines()[gets_before:] if "safetensors" in l]
+    assert source_gets == [], "the repair came from the seed, not the source"
+    sums = {h: on_host(h, "sha256sum /mnt/model/glm/GLM-5.2-NVFP4/model-00003-of-00008.safetensors").split()[0] for h in HOSTS}
+    assert len(set(sums.values())) == 1
+
+
+def test_destroy_leaves_hosts_as_they_were(stack):
+    out = sh("pulumi destroy -s sim --yes --skip-preview --non-interactive")
+    assert "kept the driver 580.159.04" in out.stdout
+    stops = [l for l in out.stdout.splitlines() if "stopped and disabled" in l]
+    order = [re.search(r"glm-vllm-(\S+)\.service", l).group(1) for l in stops]
+    assert order.index("router") < order.index("decode-0") < min(order.index(f"prefill-{i}") for i in range(4)), order
+    for h in HOSTS:
+        assert on_host(h, "systemctl list-units 'glm-*' --all --no-legend").strip() == ""
+        assert on_host(h, "pgrep -f 'vllm|llm-d-inference-sim|weights.py serve' || true").strip() == ""
+        assert on_host(h, "ls /etc/systemd/system/ | grep glm || true").strip() == ""
+        assert on_host(h, "id vllm 2>&1 || true").strip().endswith("no such user")
+        assert on_host(h, "test -e /opt/glm-infra && echo present || echo absent").strip() == "absent"
+        assert on_host(h, "test -e /etc/glm-infra && echo present || echo absent").strip() == "absent"
+        # Kept on purpose, and said so: the held driver and the weights.
+        assert "nvidia-driver-580-open" in on_host(h, "apt-mark showhold")
+        assert on_host(h, "test -L /mnt/model/glm/GLM-5.2-NVFP4 && echo kept").strip() == "kept"
+
+
+def test_prod_preview_through_the_engine(toolchain, tmp_path):
+    """pulumi preview of prod-b300 with the real engine: every resource planned, no host contacted."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("Pulumi.yaml", "__main__.py", "glm_infra", "stacks"):
+        sh(f"cp -r {name} {project}/")
+    sh(f"ln -s {ROOT}/venv {project}/venv")
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    sh(f"ssh-keygen -q -t ed25519 -N '' -f {home}/.ssh/glm-infra_ed25519")
+    state = tmp_path / "state"
+    state.mkdir()
+    env = {"HOME": str(home), "PULUMI_BACKEND_URL": f"file://{state}"}
+    sh(f"cd {project} && pulumi stack init prod-b300 --secrets-provider passphrase", env=env)
+    out = sh(f"cd {project} && pulumi preview -s prod-b300 --json --non-interactive", env=env)
+    steps = json.loads(out.stdout)["steps"]
+    creates = [s for s in steps if s["op"] == "create"]
+    types = [s["urn"].split("::")[-2].split("$")[-1] for s in creates]
+    assert types.count("glm-infra:index:VllmService") == 5 and types.count("glm-infra:index:Router") == 1
+    assert types.count("command:remote:Command") > 50
