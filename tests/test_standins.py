@@ -140,8 +140,13 @@ def test_every_package_is_built_with_its_version(repo):
         assert "Architecture: all\n" in fields
         assert "Maintainer: glm-infra simulated cluster" in fields
         assert f"built {package} {version}" in repo["stdout"]
+    upgrades = {p: v.replace("580.159.04", "580.172.08") for p, v in EXPECTED_VERSIONS.items() if "580.159.04" in v}
+    for package, version in upgrades.items():  # the second driver build, for upgrade tests
+        assert f"built {package} {version}" in repo["stdout"]
+        fields = run(["dpkg-deb", "-f", repo["dir"] / f"{package}_{version}_all.deb", "Version"]).stdout
+        assert fields.strip() == version
     assert sorted(p.name for p in repo["dir"].glob("*.deb")) == sorted(
-        deb(repo, p).name for p in EXPECTED_VERSIONS
+        [deb(repo, p).name for p in EXPECTED_VERSIONS] + [f"{p}_{v}_all.deb" for p, v in upgrades.items()]
     )
 
 

@@ -7,6 +7,7 @@ destroy. Each asserts what reached the hosts, read back over SSH.
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -203,7 +204,8 @@ def test_destroy_leaves_hosts_as_they_were(stack):
     assert order.index("router") < order.index("decode-0") < min(order.index(f"prefill-{i}") for i in range(4)), order
     for h in HOSTS:
         assert on_host(h, "systemctl list-units 'glm-*' --all --no-legend").strip() == ""
-        assert on_host(h, "pgrep -f 'vllm|llm-d-inference-sim|weights.py serve' || true").strip() == ""
+        # Bracketed first letters: the pattern must not match the shell that runs pgrep.
+        assert on_host(h, "pgrep -af '[v]llm|[l]lm-d-inference-sim|[w]eights.py serve|[n]ginx' || true").strip() == ""
         assert on_host(h, "ls /etc/systemd/system/ | grep glm || true").strip() == ""
         assert on_host(h, "id vllm 2>&1 || true").strip().endswith("no such user")
         assert on_host(h, "test -e /opt/glm-infra && echo present || echo absent").strip() == "absent"
@@ -225,7 +227,10 @@ def test_prod_preview_through_the_engine(toolchain, tmp_path):
     sh(f"ssh-keygen -q -t ed25519 -N '' -f {home}/.ssh/glm-infra_ed25519")
     state = tmp_path / "state"
     state.mkdir()
-    env = {"HOME": str(home), "PULUMI_BACKEND_URL": f"file://{state}"}
+    # The key path in prod-b300 is ~/.ssh/...: a HOME of the test's; the toolchain stays where it is.
+    cache = os.environ.get("GLM_INFRA_CACHE", os.path.expanduser("~/.cache/glm-infra"))
+    env = {"HOME": str(home), "PULUMI_BACKEND_URL": f"file://{state}", "GLM_INFRA_CACHE": cache,
+           "PULUMI_HOME": f"{cache}/pulumi-home"}
     sh(f"cd {project} && pulumi stack init prod-b300 --secrets-provider passphrase", env=env)
     out = sh(f"cd {project} && pulumi preview -s prod-b300 --json --non-interactive", env=env)
     steps = json.loads(out.stdout)["steps"]

@@ -1,0 +1,262 @@
+"""Host scripts against a stub PATH, in a private mount namespace whose system folders are bind
+mounts of temporary ones: the scripts write their real paths, this machine stays untouched. Each
+case checks the commands issued, that a second run changes nothing, and the failure messages.
+Needs root (unshare, mount), as CI runs."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import STACKS, stack_file
+from glm_infra import render
+from glm_infra.stack import load_file
+from glm_infra.topology import plan
+from stubs import Result, StubPath, shellcheck
+
+PROD = load_file(stack_file("prod-b300")).config
+HOST = "b300-1"
+
+# System folders the scripts write, each replaced by a temporary folder of the test.
+DRIVER_DIRS = ["/etc/apt/sources.list.d", "/etc/apt/preferences.d", "/etc/apt/apt.conf.d", "/usr/share/keyrings",
+               "/etc/modules-load.d", "/run/glm-infra"]
+RDMA_DIRS = ["/etc/modprobe.d", "/etc/modules-load.d", "/etc/security/limits.d", "/var/lib/glm-infra",
+             "/usr/local/libexec/glm-infra"]
+RUNTIME_DIRS = ["/opt", "/var/lib/glm-infra"]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_rendered_host_script_is_shellcheck_clean(stack, tmp_path):
+    cfg = load_file(stack_file(stack)).config
+    for host, files in render.render_all(cfg, plan(cfg)).items():
+        for path, f in files.items():
+            if path.endswith(".sh"):
+                r = shellcheck(f.content, tmp_path)
+                assert r.returncode == 0, f"{host}:{path}\n{r.stdout}"
+
+
+def isolated(stubs: StubPath, script: str, args: list[str], dirs: list[str], tmp: Path) -> Result:
+    """Run script in a mount namespace where each of dirs is a persistent temporary folder."""
+    binds = []
+    for d in dirs:
+        src = tmp / "root" / d.lstrip("/")
+        src.mkdir(parents=True, exist_ok=True)
+        binds.append(f"mkdir -p {shlex.quote(d)} && mount --bind {shlex.quote(str(src))} {shlex.quote(d)}")
+    (tmp / "script.sh").write_text(script)
+    inner = " && ".join(binds + [f"exec bash {tmp / 'script.sh'} {' '.join(shlex.quote(a) for a in args)}"])
+    return stubs.run(f"unshare --mount --propagation private bash -c {shlex.quote(inner)}\n",
+                     env={"PATH": f"{stubs.bin}:/usr/sbin:/usr/bin:/sbin:/bin"})
+
+
+def in_root(tmp: Path, path: str) -> Path:
+    return tmp / "root" / path.lstrip("/")
+
+
+@pytest.fixture(autouse=True)
+def _needs_root():
+    if os.geteuid() != 0:
+        pytest.fail("host-script tests need root (unshare --mount), as CI runs them", pytrace=False)
+
+
+# --- drivers.sh ----------------------------------------------------------------------------------
+
+REPO_VERSIONS = {
+    "nvidia-driver-pinning-580": "580.159.04-1", "nvidia-driver-580-open": "580.159.04-0ubuntu1",
+    "libnvidia-nscq-580": "580.159.04-1", "nvidia-fabricmanager": "580.159.04-1", "libnvsdm": "580.159.04-1",
+    "datacenter-gpu-manager-4-cuda13": "1:4.4.1-1", "nvlsm": "2025.06.5-1", "infiniband-diags": "2507mlnx56-1",
+}
+
+
+@pytest.fixture
+def apt_stubs(tmp_path):
+    s = StubPath(tmp_path / "stubs")
+    for pkg, ver in REPO_VERSIONS.items():
+        (s.state / "repo").mkdir(exist_ok=True)
+        (s.state / "repo" / pkg).write_text(ver)
+    for d in ("installed", "held", "enabled"):
+        (s.state / d).mkdir()
+    s.add("dpkg-query", 'v=$(cat "$STATE/installed/${!#}" 2>/dev/null) && echo "installed $v" || exit 1')
+    s.add("apt-cache", 'p=${!#}; [ -e "$STATE/repo/$p" ] && echo " $p | $(cat "$STATE/repo/$p") | http://repo ./ Packages"; exit 0')
+    s.add("apt-get", '''[ "$1" = install ] || exit 0
+for a in "$@"; do case "$a" in -*|install) ;; *=*) echo "${a#*=}" > "$STATE/installed/${a%%=*}" ;;
+  *) cat "$STATE/repo/$a" > "$STATE/installed/$a" ;; esac; done''')
+    s.add("apt-mark", '''case "$1" in showhold) ls "$STATE/held" ;; hold) shift; for p; do touch "$STATE/held/$p"; done ;;
+  unhold) shift; for p; do rm -f "$STATE/held/$p"; done ;; esac''')
+    s.add("curl", 'while [ $# -gt 1 ]; do [ "$1" = -o ] && { echo "PUBLIC KEY" > "$2"; exit 0; }; shift; done')
+    s.add("gpg", "cat")
+    s.add("nvidia-smi", '[ -e "$STATE/mismatch" ] && { echo "Failed to initialize NVML: Driver/library version mismatch"; exit 18; }; '
+                        'cat "$STATE/loaded" 2>/dev/null || echo 580.159.04')
+    s.add("systemctl", '''case "$1" in list-unit-files) exit 0 ;; is-enabled|is-active) [ -e "$STATE/enabled/${!#}" ] ;;
+  enable) for u; do case "$u" in -*|enable) ;; *) touch "$STATE/enabled/$u" ;; esac; done ;; esac''')
+    s.add("modprobe", "exit 1")
+    s.add("systemd-detect-virt", 'for a; do [ "$a" = --quiet ] && exit 0; done; echo systemd-nspawn')
+    return s
+
+
+def drivers(stack=PROD) -> str:
+    return render.drivers_script(stack, HOST)
+
+
+def test_drivers_install_pins_holds_and_enables(apt_stubs, tmp_path):
+    r = isolated(apt_stubs, drivers(), ["apply"], DRIVER_DIRS, tmp_path)
+    assert r.returncode == 0, r.stderr
+    install = next(c for c in r.calls if c.startswith("apt-get install"))
+    for pkg in ("nvidia-driver-580-open=580.159.04-0ubuntu1", "nvidia-fabricmanager=580.159.04-1",
+                "libnvidia-nscq-580=580.159.04-1", "nvidia-driver-pinning-580=580.159.04-1", "nvlsm"):
+        assert pkg in install.split(), pkg
+    assert sorted(p.name for p in (apt_stubs.state / "held").iterdir()) == sorted(REPO_VERSIONS)
+    assert {"nvidia-persistenced", "nvidia-fabricmanager", "nvlsm"} <= {p.name for p in (apt_stubs.state / "enabled").iterdir()}
+    prefs = in_root(tmp_path, "/etc/apt/preferences.d/glm-infra-nvidia").read_text()
+    assert "Package: nvidia-fabricmanager\nPin: version 580.159.04*\nPin-Priority: 1001" in prefs
+    sources = in_root(tmp_path, "/etc/apt/sources.list.d/glm-infra-nvidia.list").read_text()
+    assert sources.startswith("deb [signed-by=/usr/share/keyrings/glm-infra-nvidia.gpg] https://developer.download.nvidia.com/")
+    assert '"nvidia-fabricmanager";' in in_root(tmp_path, "/etc/apt/apt.conf.d/51glm-infra-nvidia-hold").read_text()
+    assert "ib_umad" in in_root(tmp_path, "/etc/modules-load.d/glm-infra-nvlink.conf").read_text()
+    assert "not loadable in a container" in r.stdout  # modprobe fails, tolerated in a container
+
+    again = isolated(apt_stubs, drivers(), ["apply"], DRIVER_DIRS, tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert not again.called("apt-get install") and not again.called("apt-mark hold")
+    assert not again.called("apt-get update") and not again.called("systemctl enable")
+    assert "wrote" not in again.stdout and "packages already at 580.159.04" in again.stdout
+
+
+def test_drivers_version_missing_from_the_repository(apt_stubs, tmp_path):
+    (apt_stubs.state / "repo" / "nvidia-fabricmanager").write_text("580.172.08-1")
+    r = isolated(apt_stubs, drivers(), ["apply"], DRIVER_DIRS, tmp_path)
+    assert r.returncode == 1
+    assert f"{HOST}: drivers: nvidia-fabricmanager 580.159.04 is not in https://developer.download.nvidia.com" in r.stderr
+    assert not r.called("apt-get install")
+
+
+def test_drivers_changed_module_asks_for_a_reboot(apt_stubs, tmp_path):
+    (apt_stubs.state / "mismatch").touch()  # new userspace, old kernel module
+    r = isolated(apt_stubs, drivers(), ["apply"], DRIVER_DIRS, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert in_root(tmp_path, "/run/glm-infra/reboot-required").exists()
+    assert "reboot required" in r.stdout
+    # Services start with the new module after the reboot: enabled, not started now.
+    assert any(c.startswith("systemctl enable --quiet") for c in r.calls)
+    assert not any("--now" in c for c in r.calls if c.startswith("systemctl enable"))
+
+
+def test_drivers_verify_mode_changes_nothing_and_names_the_mismatch(apt_stubs, tmp_path):
+    stack = PROD.model_copy(update={"drivers": PROD.drivers.model_copy(update={"mode": "verify"})})
+    for pkg, ver in REPO_VERSIONS.items():
+        (apt_stubs.state / "installed" / pkg).write_text(ver)
+    (apt_stubs.state / "installed" / "nvidia-driver-580-open").write_text("580.126.09-0ubuntu1")
+    r = isolated(apt_stubs, drivers(stack), ["apply"], DRIVER_DIRS, tmp_path)
+    assert r.returncode == 1
+    assert "mode verify: nvidia-driver-580-open is 580.126.09-0ubuntu1, stack pins 580.159.04" in r.stderr
+    assert not any(c.startswith(("apt-get", "apt-mark hold", "systemctl enable")) for c in r.calls)
+    assert not any(any(in_root(tmp_path, d).iterdir()) for d in DRIVER_DIRS[:4])
+
+
+def test_drivers_remove_keeps_the_held_driver_by_default(apt_stubs, tmp_path):
+    r = isolated(apt_stubs, drivers(), ["remove"], DRIVER_DIRS, tmp_path)
+    assert r.returncode == 0
+    assert "kept the driver 580.159.04" in r.stdout and not r.called("apt-get purge")
+    stack = PROD.model_copy(update={"drivers": PROD.drivers.model_copy(update={"remove_on_destroy": True})})
+    r = isolated(apt_stubs, drivers(stack), ["remove"], DRIVER_DIRS, tmp_path)
+    assert r.called("apt-get purge") and r.called("apt-mark unhold")
+
+
+# --- rdma.sh -------------------------------------------------------------------------------------
+
+DEVINFO_PORT = """hca_id:\t{dev}
+\ttransport:\t\t\tInfiniBand (0)
+\tphys_port_cnt:\t\t\t1
+\t\tport:\t1
+\t\t\tstate:\t\t\t{state} (4)
+\t\t\tmax_mtu:\t\t4096 (5)
+\t\t\tactive_mtu:\t\t4096 (5)
+\t\t\tlink_layer:\t\tEthernet
+"""
+
+
+@pytest.fixture
+def rdma_stubs(tmp_path):
+    s = StubPath(tmp_path / "stubs")
+    (s.state / "installed").mkdir()
+    s.add("dpkg-query", '[ -e "$STATE/installed/${!#}" ] && echo installed || exit 1')
+    s.add("apt-get", '[ "$1" = install ] && for a; do case "$a" in -*|install) ;; *) touch "$STATE/installed/$a" ;; esac; done; exit 0')
+    devinfo = "".join(DEVINFO_PORT.format(dev=f"mlx5_{i}", state="PORT_ACTIVE") for i in range(8))
+    (s.state / "devinfo").write_text(devinfo)
+    s.add("ibv_devinfo", 'cat "$STATE/devinfo"')
+    gids = "".join(f"mlx5_{i}\t1\t3\t0000:0000:0000:0000:0000:ffff:0a64:000b\t10.100.0.11  \tv2\tens{i}np0\n" for i in range(8))
+    (s.state / "gids").write_text("DEV\tPORT\tINDEX\tGID\t\t\t\t\tIPv4  \t\tVER\tDEV\n" + gids)
+    s.add("show_gids", 'cat "$STATE/gids"')
+    s.add("ibdev2netdev", 'for i in 0 1 2 3 4 5 6 7; do echo "mlx5_$i port 1 ==> ens${i}np0 (Up)"; done')
+    s.add("modprobe", "exit 1")
+    s.add("systemd-detect-virt", "exit 0")
+    return s
+
+
+def rdma_script() -> str:
+    return render.rdma_script(PROD, HOST)
+
+
+def test_rdma_installs_configures_and_checks(rdma_stubs, tmp_path):
+    hostcheck = in_root(tmp_path, render.HOSTCHECK)
+    hostcheck.parent.mkdir(parents=True, exist_ok=True)
+    hostcheck.write_text(render.hostcheck_source())
+    r = isolated(rdma_stubs, rdma_script(), ["apply"], RDMA_DIRS, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.called("apt-get install -y -q doca-ofed")
+    assert "blacklist nvidia-peermem" in in_root(tmp_path, "/etc/modprobe.d/glm-infra-gpudirect.conf").read_text()
+    assert "memlock    unlimited" in in_root(tmp_path, "/etc/security/limits.d/90-glm-infra-memlock.conf").read_text()
+    assert f"{HOST}: healthy (RDMA mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 Ethernet active_mtu 4096)" in r.stdout
+    again = isolated(rdma_stubs, rdma_script(), ["apply"], RDMA_DIRS, tmp_path)
+    assert again.returncode == 0 and not again.called("apt-get") and "wrote" not in again.stdout
+
+
+def test_rdma_names_the_nic_that_is_down(rdma_stubs, tmp_path):
+    hostcheck = in_root(tmp_path, render.HOSTCHECK)
+    hostcheck.parent.mkdir(parents=True, exist_ok=True)
+    hostcheck.write_text(render.hostcheck_source())
+    text = (rdma_stubs.state / "devinfo").read_text()
+    (rdma_stubs.state / "devinfo").write_text(text.replace("PORT_ACTIVE", "PORT_DOWN", 4).replace("PORT_DOWN", "PORT_ACTIVE", 3))
+    r = isolated(rdma_stubs, rdma_script(), ["check"], RDMA_DIRS, tmp_path)
+    assert r.returncode == 1
+    assert f"{HOST}: rdma: mlx5_3 port 1 is PORT_DOWN, expected PORT_ACTIVE" in r.stderr
+
+
+# --- runtime.sh ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def runtime_stubs(tmp_path):
+    s = StubPath(tmp_path / "stubs")
+    s.add("id", '[ -e "$STATE/user" ]')
+    s.add("useradd", 'touch "$STATE/user"')
+    s.add("userdel", 'rm -f "$STATE/user"')
+    s.add("install", 'exit 0')  # ownership of the service home needs the real user
+    return s
+
+
+def test_runtime_reinstalls_only_when_a_pin_changes(runtime_stubs, tmp_path):
+    rt = PROD.runtime
+    uv = in_root(tmp_path, f"/opt/glm-infra/uv-{rt.uv_version}/uv")
+    uv.parent.mkdir(parents=True)
+    # A uv that "creates" the venv: a python reporting the versions uv "installed" last.
+    uv.write_text('#!/bin/bash\necho "uv $*" >> "$STUB_LOG"\nif [ "$1" = venv ]; then mkdir -p "${!#}/bin"\n'
+                  'printf \'#!/bin/bash\\nshift\\nfor p; do echo "${p%%%%==*}==$(cat $STATE/pin-${p%%%%==*} 2>/dev/null || echo missing)"; done\\n\' > "${!#}/bin/python"\n'
+                  'chmod +x "${!#}/bin/python"; fi\nif [ "$1" = pip ]; then for p; do case "$p" in *==*) echo "${p#*==}" > "$STATE/pin-${p%%==*}" ;; esac; done; fi\n')
+    uv.chmod(0o755)
+    script = render.runtime_script(PROD, HOST)
+    r = isolated(runtime_stubs, script, ["apply"], RUNTIME_DIRS, tmp_path)
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert r.called("useradd") and r.called("uv venv") and r.called("uv pip install")
+    assert f"vllm=={rt.vllm_version}" in next(c for c in r.calls if c.startswith("uv pip install"))
+    again = isolated(runtime_stubs, script, ["apply"], RUNTIME_DIRS, tmp_path)
+    assert again.returncode == 0 and not again.called("uv pip") and not again.called("useradd")
+    assert "venv already has" in again.stdout
+    bumped = PROD.model_copy(update={"runtime": rt.model_copy(update={"vllm_version": "0.33.1"})})
+    r = isolated(runtime_stubs, render.runtime_script(bumped, HOST), ["apply"], RUNTIME_DIRS, tmp_path)
+    assert r.returncode == 0 and "vllm==0.33.1" in next(c for c in r.calls if c.startswith("uv pip install"))
+    r = isolated(runtime_stubs, script, ["remove"], RUNTIME_DIRS, tmp_path)
+    assert r.returncode == 0 and r.called("userdel") and not in_root(tmp_path, rt.venv).exists()
