@@ -9,6 +9,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -16,7 +20,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ROOT, on_host, sh
+from conftest import PASSPHRASE, ROOT, on_host, sh
 
 HOSTS = ("sim-1", "sim-2", "sim-3")
 PREFILL_UNITS = {"sim-1": ["glm-vllm-prefill-0", "glm-vllm-prefill-1"], "sim-2": ["glm-vllm-prefill-2", "glm-vllm-prefill-3"]}
@@ -194,6 +198,102 @@ def test_corrupted_shard_is_repaired_from_the_seed(stack):
     assert source_gets == [], "the repair came from the seed, not the source"
     sums = {h: on_host(h, "sha256sum /mnt/model/glm/GLM-5.2-NVFP4/model-00003-of-00008.safetensors").split()[0] for h in HOSTS}
     assert len(set(sums.values())) == 1
+
+
+def boot_ids() -> dict[str, str]:
+    return {h: on_host(h, "cat /proc/sys/kernel/random/boot_id").strip() for h in HOSTS}
+
+
+def loaded_driver(host: str) -> str:
+    return on_host(host, "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u").strip()
+
+
+def test_driver_change_reboots_only_when_the_module_changes(stack):
+    boots = boot_ids()
+    stack.config_set("glm-infra:drivers.version", "580.172.08")
+    out = stack.up()
+    assert out.stdout.count("the loaded kernel module is not 580.172.08: reboot required") >= 3
+    after = boot_ids()
+    assert all(after[h] != boots[h] for h in HOSTS), "every host rebooted once"
+    for h in HOSTS:
+        assert loaded_driver(h) == "580.172.08"
+        assert f"{h}: healthy (8 × B300, fabric Completed, NVLink up)" in on_host(
+            h, "/usr/local/libexec/glm-infra/health-gate.sh check")
+        assert "580.172.08" in on_host(h, "dpkg-query -W -f='${Version}' nvidia-fabricmanager")
+    deadline = time.monotonic() + 120  # the instances came back with the hosts (enabled units)
+    while True:
+        try:
+            chat("after the upgrade")
+            break
+        except (urllib.error.URLError, OSError):
+            assert time.monotonic() < deadline, "the router answers again after the reboots"
+            time.sleep(2)
+    # Nothing changed since: no reboot.
+    stack.up()
+    assert boot_ids() == after
+    # And back (a downgrade is a module change too).
+    stack.config_set("glm-infra:drivers.version", "580.159.04")
+    stack.up()
+    assert all(boot_ids()[h] != after[h] for h in HOSTS)
+    assert {loaded_driver(h) for h in HOSTS} == {"580.159.04"}
+
+
+def throttle_model_source(mbit: int | None) -> None:
+    """Shape what the machine's model mirror (port 8089) sends onto the bridge."""
+    subprocess.run(["tc", "qdisc", "del", "dev", "br-glmsim", "root"], capture_output=True)
+    if mbit is None:
+        return
+    for cmd in ("qdisc add dev br-glmsim root handle 1: htb default 10",
+                "class add dev br-glmsim parent 1: classid 1:10 htb rate 100gbit",
+                f"class add dev br-glmsim parent 1: classid 1:20 htb rate {mbit}mbit ceil {mbit}mbit",
+                "filter add dev br-glmsim protocol ip parent 1: prio 1 u32 match ip sport 8089 0xffff flowid 1:20"):
+        subprocess.run(["tc", *cmd.split()], check=True)
+
+
+def test_new_revision_interrupted_then_resumed_and_switched(stack):
+    rev2 = "0000000000000000000000000000000000000002"
+    subprocess.run([sys.executable, str(ROOT / "scripts/standins/make-checkpoint"),
+                    os.path.expanduser("~/.cache/glm-infra/sim/models/GLM-5.2-NVFP4"), "--revision", rev2,
+                    "--shards", "8", "--shard-mb", "16"], check=True, capture_output=True)
+    log_start = len(open(MODEL_LOG).read().splitlines())
+    before = all_starts()
+    stack.config_set("glm-infra:model.revision", rev2)
+    throttle_model_source(40)  # ~27 s for the 134 MB checkpoint: time to interrupt it
+    try:
+        up = subprocess.Popen(["bash", "-c", ". scripts/lib/pulumi-env.sh; exec pulumi up -s sim --yes --skip-preview "
+                               "--non-interactive"], cwd=ROOT, env=dict(os.environ, PULUMI_CONFIG_PASSPHRASE=PASSPHRASE),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        progress = f"/mnt/model/glm/GLM-5.2-NVFP4.revisions/{rev2}/.glm-progress.json"
+        deadline = time.monotonic() + 120
+        while '"published": [' not in on_host("sim-1", f"cat {progress} 2>/dev/null || true").replace("\n", "") or \
+                len(json.loads(on_host("sim-1", f"cat {progress}"))["published"]) < 3:
+            assert time.monotonic() < deadline and up.poll() is None, "staging of the new revision started"
+            time.sleep(0.5)
+        # The interruption: pulumi and the staging on every host die mid-transfer.
+        os.killpg(up.pid, signal.SIGKILL)
+        up.wait()
+        for h in HOSTS:
+            on_host(h, "pkill -9 -f '[w]eights.py stage' || true")
+        # A killed pulumi leaves the file backend's lock behind; the stack is ours alone here.
+        shutil.rmtree(ROOT / ".pulumi-state/.pulumi/locks", ignore_errors=True)
+        out = stack.up()
+    finally:
+        throttle_model_source(None)
+    seed_line = next(l for l in out.stdout.splitlines() if "sim-1: weights: seed:" in l)
+    kept = int(re.search(r"(\d+) already here and verified", seed_line).group(1))
+    assert kept >= 3, f"finished shards are not fetched again: {seed_line}"
+    fetched = [l for l in open(MODEL_LOG).read().splitlines()[log_start:] if f"/{rev2}/model-" in l]
+    names = [re.search(r"(model-\d+-of-\d+\.safetensors)", l).group(1) for l in fetched]
+    complete = [n for n in set(names) if names.count(n) == 1]
+    assert len(complete) >= 3 and all(names.count(n) <= 2 for n in names), "each shard crossed the uplink at most twice"
+    for h in HOSTS:
+        assert on_host(h, "readlink /mnt/model/glm/GLM-5.2-NVFP4").strip().endswith(rev2)
+        assert on_host(h, "ls /mnt/model/glm/GLM-5.2-NVFP4.revisions/").split() == [rev2], "the old revision is gone"
+    after = all_starts()
+    assert all(after[u] != before[u] for u in after), "every instance restarted on the new weights"
+    prefill = [u for us in PREFILL_UNITS.values() for u in us]
+    assert sorted(prefill, key=lambda u: after[u]) == prefill, "one at a time"
+    chat("on the new revision")
 
 
 def test_destroy_leaves_hosts_as_they_were(stack):

@@ -1,0 +1,62 @@
+"""The real Pulumi engine and Python language host, built by scripts/toolchain from the Go module
+proxy (the command provider is not needed here: a bad stack stops before any resource)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, stack_file
+
+PASSPHRASE = "glm-infra-test"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    p = subprocess.run([str(ROOT / "scripts/toolchain"), "--engine-only"], capture_output=True, text=True)
+    assert p.returncode == 0, f"scripts/toolchain --engine-only failed:\n{p.stderr[-3000:]}"
+
+
+def pulumi(project: Path, args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PULUMI_CONFIG_PASSPHRASE=PASSPHRASE, PULUMI_BACKEND_URL=f"file://{project / 'state'}")
+    return subprocess.run(["bash", "-c", f". {ROOT}/scripts/lib/pulumi-env.sh; cd {project}; pulumi {args}"],
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A copy of the project: the engine's stack init and config writes never touch the repository."""
+    for name in ("Pulumi.yaml", "__main__.py", "glm_infra"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name)
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "state").mkdir()
+    (tmp_path / "venv").symlink_to(ROOT / "venv")
+    return tmp_path
+
+
+def test_toolchain_versions(engine, project):
+    assert pulumi(project, "version").stdout.strip() == "v3.274.1"
+    about = pulumi(project, "plugin ls")
+    assert about.returncode == 0
+
+
+def test_a_bad_stack_creates_no_resource_through_the_engine(engine, project):
+    cfg = yaml.safe_load(stack_file("prod-b300").read_text())
+    cfg["config"]["glm-infra:decode"]["tp"] = 0
+    (project / "stacks/Pulumi.bad.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert pulumi(project, "stack init bad --secrets-provider passphrase").returncode == 0
+    out = pulumi(project, "preview -s bad --non-interactive")
+    assert out.returncode != 0
+    assert "glm-infra:decode.tp: Input should be greater than or equal to 1" in out.stdout
+    assert "Traceback" not in out.stdout + out.stderr
+    up = pulumi(project, "up -s bad --yes --skip-preview --non-interactive")
+    assert up.returncode != 0
+    state = pulumi(project, "stack export -s bad")
+    resources = yaml.safe_load(state.stdout)["deployment"].get("resources") or []
+    assert [r["type"] for r in resources if r["type"] != "pulumi:pulumi:Stack"] == [], "nothing was created"

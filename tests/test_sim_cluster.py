@@ -1,0 +1,134 @@
+"""The simulated hosts themselves, and the product's host scripts run on them over SSH exactly as
+the command provider runs them (the step's create command, the script on stdin), in chain order.
+The same scripts go through the real engine in tests/e2e; this needs no command provider.
+Needs root (mounts, bridge, containers), as CI runs."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, stack_file
+from glm_infra import render
+from glm_infra.config import StackConfig
+from glm_infra.steps import ScriptStep, Step
+
+SIM = ROOT / "scripts" / "sim"
+KEY = Path.home() / ".cache/glm-infra/sim/ssh/id_ed25519"
+HOSTS = {"simt-1": "10.88.0.21", "simt-2": "10.88.0.22"}
+
+
+def sim(stack: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run([str(SIM), "--stack", str(stack), *args], capture_output=True, text=True, timeout=1800)
+    assert not check or p.returncode == 0, p.stderr[-3000:]
+    return p
+
+
+def ssh(host: str, cmd: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["ssh", "-i", str(KEY), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+                           "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"root@{HOSTS[host]}", cmd],
+                          input=stdin, capture_output=True, text=True, timeout=900)
+
+
+def run_step(host: str, step: Step) -> subprocess.CompletedProcess:
+    return ssh(host, step.create, step.stdin)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Two simulated hosts of their own (names and addresses apart from the sim stack's)."""
+    cfg = copy.deepcopy(yaml.safe_load(stack_file("sim").read_text())["config"])
+    cfg["glm-infra:hosts"] = [{**cfg["glm-infra:hosts"][0], "name": n, "address": a} for n, a in HOSTS.items()]
+    cfg["glm-infra:prefill"]["hosts"] = ["simt-1"]
+    cfg["glm-infra:decode"]["hosts"] = ["simt-2"]
+    cfg["glm-infra:router"] = {"host": "simt-2"}
+    path = tmp_path_factory.mktemp("stack") / "Pulumi.simt.yaml"
+    path.write_text(yaml.safe_dump({"config": cfg}))
+    try:
+        sim(path, "up")
+        yield path, StackConfig.model_validate({k.split(":", 1)[1]: v for k, v in cfg.items()})
+    finally:
+        sim(path, "down", check=False)
+
+
+def test_hosts_boot_with_systemd_and_sshd_on_their_addresses(cluster):
+    path, _ = cluster
+    status = sim(path, "status").stdout
+    assert all(f"{n:12} {a:15} running" in status for n, a in HOSTS.items())
+    for host, address in HOSTS.items():
+        state = ssh(host, "systemctl is-system-running").stdout.strip()
+        assert state in ("running", "degraded"), state
+        assert f"inet {address}/24" in ssh(host, "ip -4 -o addr show dev host0").stdout
+    other = HOSTS["simt-2"]
+    assert ssh("simt-1", f"ping -c1 -W2 {other} >/dev/null && echo reached").stdout.strip() == "reached"
+    # The machine's signed repository, reachable from the hosts; nothing beyond the bridge.
+    assert ssh("simt-1", "curl -fsS -o /dev/null -w '%{http_code}' http://10.88.0.1:8088/apt/InRelease").stdout == "200"
+
+
+def test_host_chain_on_a_real_host(cluster):
+    """preflight → drivers → health gate → RDMA → runtime, as the components chain them."""
+    _, stack = cluster
+    host = "simt-1"
+    pre = run_step(host, Step("preflight", f"install -D -m 0755 /dev/stdin {render.HOSTCHECK} && "
+                              f"{render.HOSTCHECK} preflight --host {host} --allowed-os 'debian 12' --gpus 8 "
+                              "--gpu-model B300", None, render.hostcheck_source()))
+    assert pre.returncode == 0, pre.stderr
+    assert '"os": "debian 12"' in pre.stdout and '"container": "systemd-nspawn"' in pre.stdout
+
+    drivers = ScriptStep("drivers", render.drivers_script(stack, host)).step()
+    first = run_step(host, drivers)
+    assert first.returncode == 0, first.stderr
+    assert f"{host}: drivers: installing nvidia-driver-pinning-580=580.159.04-1" in first.stdout
+    second = run_step(host, drivers)
+    assert second.returncode == 0 and "packages already at 580.159.04" in second.stdout
+    assert "wrote" not in second.stdout and "installing" not in second.stdout
+
+    gate = ScriptStep("health-gate", render.health_script(stack, host), removable=False).step()
+    health = run_step(host, gate)
+    assert health.returncode == 0, health.stderr
+    assert f"{host}: healthy (8 × B300, fabric Completed, NVLink up)" in health.stdout
+
+    rdma = run_step(host, ScriptStep("rdma", render.rdma_script(stack, host)).step())
+    assert rdma.returncode == 0, rdma.stderr
+    assert "RDMA mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 Ethernet active_mtu 4096" in rdma.stdout
+
+    runtime = ScriptStep("runtime", render.runtime_script(stack, host)).step()
+    r = run_step(host, runtime)
+    assert r.returncode == 0, r.stderr
+    assert ssh(host, "/opt/glm-infra/venv/bin/vllm --version").stdout.strip() == stack.runtime.vllm_version
+    again = run_step(host, runtime)
+    assert "venv already has" in again.stdout
+
+
+def test_stand_in_faults_fail_the_gate_naming_host_and_check(cluster):
+    _, stack = cluster
+    host = "simt-1"
+    gate = render.script_path("health-gate")
+    try:
+        ssh(host, "echo GPU_COUNT=7 > /etc/glm-sim/hardware.conf.d/50-test.conf")
+        r = ssh(host, f"{gate} check")
+        assert r.returncode == 1 and f"{host}: gpus: 7 GPUs visible, stack expects 8" in r.stderr
+        ssh(host, "echo 'REMAPPED_PENDING=2' > /etc/glm-sim/hardware.conf.d/50-test.conf")
+        r = ssh(host, f"{gate} check")
+        assert r.returncode == 1 and "GPU 2 (00000000:62:00.0) has a pending row remap" in r.stderr
+    finally:
+        ssh(host, "rm -f /etc/glm-sim/hardware.conf.d/50-test.conf")
+    assert ssh(host, f"{gate} check").returncode == 0
+
+
+def test_a_host_reboots_like_a_server(cluster):
+    before = ssh("simt-2", "cat /proc/sys/kernel/random/boot_id; touch /run/before-reboot").stdout.strip()
+    ssh("simt-2", "systemctl reboot")
+    deadline = time.monotonic() + 120
+    while True:
+        r = ssh("simt-2", "cat /proc/sys/kernel/random/boot_id; test -e /run/before-reboot && echo stale || true")
+        if r.returncode == 0 and r.stdout.split() and r.stdout.split()[0] != before:
+            break
+        assert time.monotonic() < deadline, "the host came back"
+        time.sleep(1)
+    assert "stale" not in r.stdout, "/run is empty after a reboot"
