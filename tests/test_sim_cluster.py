@@ -6,6 +6,7 @@ Needs root (mounts, bridge, containers), as CI runs."""
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from glm_infra.config import StackConfig
 from glm_infra.steps import ScriptStep, Step
 
 SIM = ROOT / "scripts" / "sim"
-KEY = Path.home() / ".cache/glm-infra/sim/ssh/id_ed25519"
+KEY = Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache/glm-infra")) / "sim/ssh/id_ed25519"
 HOSTS = {"simt-1": "10.88.0.21", "simt-2": "10.88.0.22"}
 
 

@@ -7,6 +7,7 @@ change, what `pulumi preview` says it touches and which services `pulumi up` res
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import yaml
 
 from benchlib import ROOT, SIM_STACK, Project, sim
 
-CACHE = Path.home() / ".cache/glm-infra/sim"
+CACHE = Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache/glm-infra")) / "sim"
 UNITS = {
     "sim-1": ["glm-vllm-prefill-0", "glm-vllm-prefill-1"],
     "sim-2": ["glm-vllm-prefill-2", "glm-vllm-prefill-3"],
@@ -50,7 +51,7 @@ def publish_alt_vllm() -> None:
     tmp = Path(tempfile.mkdtemp())
     try:
         subprocess.run([str(ROOT / "scripts/standins/build-wheels"), str(tmp)], check=True, capture_output=True,
-                       env={**__import__("os").environ, "VLLM_STANDIN_VERSION": ALT_VLLM})
+                       env={**os.environ, "VLLM_STANDIN_VERSION": ALT_VLLM})
         for whl in tmp.glob("vllm-*.whl"):
             shutil.copy(whl, CACHE / "www/wheels" / whl.name)
         subprocess.run([sys.executable, str(ROOT / "scripts/standins/wheels.py"), "index", str(CACHE / "www/wheels")],

@@ -9,6 +9,7 @@ naive per-host download (every host from the source) is measured beside it.
 from __future__ import annotations
 
 import argparse
+import os
 import concurrent.futures
 import re
 import subprocess
@@ -25,7 +26,7 @@ from glm_infra.components.weights import ModelWeightsArgs, WeightsHost, stage_co
 from glm_infra.config import ModelConfig, RuntimeConfig  # noqa: E402
 from glm_infra.render import WEIGHTS, weights_source  # noqa: E402
 
-CACHE = Path.home() / ".cache/glm-infra/sim"
+CACHE = Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache/glm-infra")) / "sim"
 BRIDGE = "br-glmsim"
 HOSTS = [("sim-1", "10.88.0.11"), ("sim-2", "10.88.0.12"), ("sim-3", "10.88.0.13")]
 REVISION = "bench0000000000000000000000000000000000"
