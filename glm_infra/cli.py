@@ -19,6 +19,10 @@ def _load(stack: str) -> LoadedStack:
     return load_file(resolve_stack_file(stack))
 
 
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     status = EXIT_OK
     for name in args.stacks:
@@ -30,8 +34,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             continue
         p = topology.plan(loaded.config)
         print(
-            f"{loaded.source}: ok ({len(p.hosts)} hosts, {len(p.instances)} vLLM instances, "
-            f"{sum(h.gpus_used for h in p.hosts)} GPUs{', router' if p.router else ''})"
+            f"{loaded.source}: ok ({_n(len(p.hosts), 'host')}, {_n(len(p.instances), 'vLLM instance')}, "
+            f"{_n(sum(h.gpus_used for h in p.hosts), 'GPU')}{', router' if p.router else ''})"
         )
         for w in loaded.warnings:
             print(f"  warning: {w}", file=sys.stderr)

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 STANDINS = ROOT / "scripts" / "standins"
 DEBS = STANDINS / "debs"
 HW_LIB = DEBS / "glm-sim-hardware" / "usr" / "lib" / "glm-sim"
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "nvidia-smi" / "h200x2"
+FIXTURES = ROOT / "tests" / "fixtures" / "h200x2-nvidia-smi"  # copied from shared/fixtures/nvidia-smi/h200x2
 SHELLCHECK = ROOT / "venv" / "bin" / "shellcheck"
 DRIVER = "580.159.04"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -72,7 +73,8 @@ def main() -> int:
         project.init("blast")
         project.pulumi("up -s blast --yes --skip-preview --non-interactive")
         for label, key, value in CHANGES:
-            original = json.loads(project.pulumi(f"config get -s blast --path {key} --json")[1].stdout)
+            got = project.pulumi(f"config get -s blast --path {key} --json", check=False)[1]
+            original = json.loads(got.stdout)["value"] if got.returncode == 0 else None  # None: the default
             before = starts()
             project.pulumi(f"config set -s blast --path {key} {value}")
             steps = json.loads(project.pulumi("preview -s blast --json --non-interactive")[1].stdout)["steps"]
@@ -83,7 +85,10 @@ def main() -> int:
             restarted = sorted(u.removeprefix("glm-vllm-") for u in after if after[u] != before[u])
             rows.append((label, dict(ops), names, restarted))
             print(f"{label}: {dict(ops)} {names} restarted={restarted}", flush=True)
-            project.pulumi(f"config set -s blast --path {key} {json.dumps(original) if isinstance(original, str) else original}")
+            if original is None:
+                project.pulumi(f"config rm -s blast --path {key}")
+            else:
+                project.pulumi(f"config set -s blast --path {key} {shlex.quote(str(original))}")
             project.pulumi("up -s blast --yes --skip-preview --non-interactive")
         project.pulumi("destroy -s blast --yes --skip-preview --non-interactive")
     finally:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
+import re
 import subprocess
 import sys
 
@@ -32,9 +32,9 @@ def first_and_noop_up(n_hosts: int, runs: int) -> tuple[list[float], list[float]
             sim("up", path)
             project.init(stack)
             t_first, _ = project.pulumi(f"up -s {stack} --yes --skip-preview --non-interactive")
-            t_noop, p = project.pulumi(f"up -s {stack} --yes --skip-preview --non-interactive --json")
-            summary = json.loads(p.stdout)["summary"] if p.stdout.strip().startswith("{") else {}
-            changed = sum(v for k, v in summary.items() if k != "same")
+            t_noop, p = project.pulumi(f"up -s {stack} --yes --skip-preview --non-interactive")
+            summary = p.stdout.split("Resources:")[-1]
+            changed = sum(int(n) for n in re.findall(r"(\d+) (?:created|updated|replaced|deleted)", summary))
             firsts.append(t_first)
             noops.append(t_noop)
             changes.append(changed)
