@@ -27,8 +27,9 @@ def digest(*parts: str) -> str:
 class Step:
     """One named remote operation.
 
-    ``create`` runs on create and on every input change; it reads ``stdin``. ``delete`` runs on
-    destroy (it receives no stdin). ``triggers`` are extra values whose change re-runs ``create``.
+    ``create`` runs on create; ``update`` (default: ``create`` again) on every input change; both
+    read ``stdin``. ``delete`` runs on destroy (it receives no stdin). ``triggers`` are extra values
+    whose change runs ``update``.
     """
 
     name: str
@@ -37,9 +38,7 @@ class Step:
     stdin: str | None = None
     triggers: tuple[str, ...] = ()
     secret: bool = False  # stdin holds a secret: keep it encrypted in state, never log it
-
-    def with_triggers(self, *values: str) -> Step:
-        return Step(self.name, self.create, self.delete, self.stdin, self.triggers + tuple(values), self.secret)
+    update: str | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +55,7 @@ class ScriptStep:
     args: tuple[str, ...] = ()
     removable: bool = True
     triggers: tuple[str, ...] = field(default=())
+    action: str = "apply"
 
     @property
     def path(self) -> str:
@@ -63,7 +63,7 @@ class ScriptStep:
 
     def step(self) -> Step:
         args = "".join(" " + shlex.quote(a) for a in self.args)
-        create = f"install -D -m 0755 /dev/stdin {self.path} && {self.path} apply{args}"
+        create = f"install -D -m 0755 /dev/stdin {self.path} && {self.path} {self.action}{args}"
         if self.removable:
             delete = f"if [ -x {self.path} ]; then {self.path} remove{args}; fi && rm -f {self.path}"
         else:

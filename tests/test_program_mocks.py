@@ -27,7 +27,7 @@ def _expected_commands(stack: str) -> int:
     per_serving_host = 9
     router_only = sum(1 for h in p.hosts if h.runs_router and not h.instances) * 2  # preflight, runtime
     bare = sum(1 for h in p.hosts if not h.runs_router and not h.instances)  # preflight only
-    per_instance = 3  # unit file, service, stopper
+    per_instance = 4  # unit file, service (start), rollout (restart), stopper
     router = 6 if p.router else 0  # secrets file, unit file, service, front conf, front keys, front
     # Weights (huggingface source in the committed stacks): the seed's token file and fan-out start and
     # stop; a staging step and, after the services, a prune step per serving host.
@@ -65,12 +65,21 @@ def test_resource_tree(stack, key_file):
 def test_prefill_restarts_one_at_a_time_and_router_comes_last(key_file):
     run = run_program(stack_file("prod-b300"), key_file)
     for a, b in [("prefill-0", "prefill-1"), ("prefill-1", "prefill-2"), ("prefill-2", "prefill-3")]:
-        # Depending on a component is depending on its children: b waits for a's health-gated service.
-        assert run.urn(f"glm-{a}-service") in run.get(f"glm-{b}").dependencies, f"{b} waits for {a}"
+        # A change restarts b only after a has restarted and answered /health ...
+        assert run.urn(f"glm-{a}-rollout") in run.get(f"glm-{b}-rollout").dependencies, f"{b} waits for {a}"
+        # ... while a first deploy starts them together.
+        assert not any("prefill" in d for d in run.get(f"glm-{b}-service").dependencies if "-unit" not in d)
     assert run.urn("glm-prefill-0-service") not in run.get("glm-decode-0").dependencies  # pools roll independently
-    router = run.get("glm-router")
+    assert not any("prefill" in d for d in run.get("glm-decode-0-rollout").dependencies)
+    rollout = run.get("glm-prefill-1-rollout")
+    assert rollout.inputs["create"].split("; ", 1)[1].startswith("echo glm-vllm-prefill-1 started by")
+    assert rollout.inputs["update"].endswith("/usr/local/libexec/glm-infra/glm-vllm-prefill-1.sh apply")
+    assert run.get("glm-prefill-1-service").inputs["create"].endswith("glm-vllm-prefill-1.sh start")
+    router = run.get("glm-router-service")
     for name in ["prefill-0", "prefill-1", "prefill-2", "prefill-3", "decode-0"]:
         assert run.urn(f"glm-{name}-service") in router.dependencies
+    # The router's files do not wait for the instances; only its start does.
+    assert not any("prefill" in d for d in run.get("glm-router-unit").dependencies)
     # A service starts after its unit file is written.
     assert run.urn("glm-decode-0-unit") in run.get("glm-decode-0-service").dependencies
 
@@ -128,7 +137,7 @@ def test_weights_download_once_and_fan_out(key_file):
     assert all(s.urn in stop.dependencies for s in stage.values())
     assert stage["b300-2"].urn in run.get("glm-prefill-2-service").dependencies
     prune = run.get("glm-b300-2-prune-weights")
-    assert all(run.urn(f"glm-{i}-service") in prune.dependencies for i in ("prefill-0", "prefill-3", "decode-0"))
+    assert sorted(d.rsplit("::", 1)[1] for d in prune.dependencies) == ["glm-prefill-2-rollout", "glm-prefill-3-rollout"]
 
 
 def test_secrets_are_secret(key_file, tmp_path):

@@ -58,6 +58,15 @@ def test_first_apply_starts_and_waits_for_health(stubs):
     assert "b300-1: glm-vllm-prefill-0.service healthy" in r.stdout
 
 
+def test_start_leaves_a_running_unit_alone(stubs):
+    (stubs.state / "active").touch()
+    (stubs.state / "healthy").touch()
+    r = stubs.run(script(), "start")
+    assert r.returncode == 0
+    assert not r.called("systemctl restart") and not r.called("systemctl start")
+    assert "healthy" in r.stdout
+
+
 def test_apply_on_a_running_unit_restarts_it(stubs):
     (stubs.state / "active").touch()
     (stubs.state / "healthy").touch()

@@ -145,14 +145,12 @@ class Cluster(pulumi.ComponentResource):
             for h in plan.serving_hosts:
                 ready[h.name] = [*ready[h.name], self.weights.staged[h.name]]
 
-        # Instances of one pool start and restart one at a time, each gated on /health.
+        # Instances start together on a first deploy; a change restarts each pool one instance at a
+        # time, each gated on /health.
         self.services = {}
         last_of_pool: dict[str, VllmService] = {}
         prefill_stoppers: list[pulumi.Resource] = []
         for inst in plan.instances:
-            deps = list(ready[inst.host])
-            if inst.role in last_of_pool:
-                deps.append(last_of_pool[inst.role])
             svc = VllmService(
                 f"{name}-{inst.name}",
                 VllmServiceArgs(
@@ -170,21 +168,23 @@ class Cluster(pulumi.ComponentResource):
                         stack.model.revision,
                     ],
                     stop_after=prefill_stoppers if inst.role == "decode" else [],
+                    rollout_after=[last_of_pool[inst.role].rollout] if inst.role in last_of_pool else [],
                 ),
-                pulumi.ResourceOptions(parent=self, depends_on=deps),
+                pulumi.ResourceOptions(parent=self, depends_on=list(ready[inst.host])),
             )
             if inst.role == "prefill":
                 prefill_stoppers.append(svc.stopper)
             self.services[inst.name] = svc
             last_of_pool[inst.role] = svc
 
-        # Old revisions go only once every instance serves the new one.
+        # A host's old revision goes once every instance on that host serves the new one.
         if self.weights is not None and stack.model.source != "local":
             for h in plan.serving_hosts:
                 cmd = [render.WEIGHTS, "prune", "--revision", stack.model.revision, "--path", stack.model.path]
                 prune = Step("prune", " ".join(shlex.quote(c) for c in cmd))
                 run_step(f"{name}-{h.name}-prune-weights", prune, self.hosts[h.name].connection, self,
-                         triggers=[stack.model.revision], depends_on=list(self.services.values()))
+                         triggers=[stack.model.revision],
+                         depends_on=[self.services[i.name].rollout for i in h.instances])
 
         self.router = None
         if plan.router is not None:
@@ -203,9 +203,11 @@ class Cluster(pulumi.ComponentResource):
                     front_keys=secret_values.apply(render.router_front_keys),
                     front_script=render.router_front_script(plan),
                     restart_triggers=[runtime_digest],
+                    # After every instance's health-gated start, before every stopper: the router
+                    # starts last and stops first.
+                    after=[x for s in self.services.values() for x in (s.service, s.stopper)],
                 ),
-                # After every instance (and its stopper): the router starts last and stops first.
-                pulumi.ResourceOptions(parent=self, depends_on=[*self.services.values(), *ready[r.host]]),
+                pulumi.ResourceOptions(parent=self, depends_on=list(ready[r.host])),
             )
 
         self.router_url = pulumi.Output.from_input(plan.router.url if plan.router else "")

@@ -45,12 +45,13 @@ def run_step(
     data = stdin if stdin is not None else step.stdin
     if step.secret and data is not None:
         data = pulumi.Output.secret(data)
-    command = with_triggers(step.create, [*step.triggers, *triggers])
+    all_triggers = [*step.triggers, *triggers]
+    command = with_triggers(step.create, all_triggers)
     return remote.Command(
         name,
         connection=connection,
         create=command,
-        update=command,
+        update=with_triggers(step.update, all_triggers) if step.update else command,
         delete=step.delete,
         stdin=data,
         add_previous_output_in_env=False,

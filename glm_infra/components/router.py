@@ -38,6 +38,8 @@ class RouterArgs:
     """Rendered router-front.sh: install nginx if missing, load the front, wait for it."""
     restart_triggers: Sequence[pulumi.Input[str]] = field(default_factory=list)
     """Values whose change restarts the router."""
+    after: Sequence[pulumi.Resource] = field(default_factory=list)
+    """What the router starts after and stops before: every instance's start and stopper."""
 
 
 class Router(pulumi.ComponentResource):
@@ -59,7 +61,7 @@ class Router(pulumi.ComponentResource):
             args.connection,
             self,
             triggers=[digest(args.unit), secrets_digest, *args.restart_triggers],
-            depends_on=[unit_file, secrets, *deps],
+            depends_on=[unit_file, secrets, *deps, *args.after],
         )
         # The front goes up after the router and comes down before it.
         conf = run_step(f"{name}-front-conf", file_step("front-conf", FRONT_CONF, args.front_conf), args.connection,

@@ -45,10 +45,12 @@ class Project:
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         return path
 
-    def pulumi(self, args: str, check: bool = True, timeout: int = 3600) -> tuple[float, subprocess.CompletedProcess]:
+    def pulumi(self, args: str, check: bool = True, timeout: int = 3600,
+               env_prefix: str = "") -> tuple[float, subprocess.CompletedProcess]:
         env = dict(os.environ, PULUMI_CONFIG_PASSPHRASE=PASSPHRASE, PULUMI_BACKEND_URL=f"file://{self.dir / 'state'}")
         t0 = time.monotonic()
-        p = subprocess.run(["bash", "-c", f". {ROOT}/scripts/lib/pulumi-env.sh; cd {self.dir}; HOME={self.home} pulumi {args}"],
+        cmd = f". {ROOT}/scripts/lib/pulumi-env.sh; cd {self.dir}; HOME={self.home} {env_prefix}pulumi {args}"
+        p = subprocess.run(["bash", "-c", cmd],
                            env=env, text=True, capture_output=True, timeout=timeout)
         elapsed = time.monotonic() - t0
         if check and p.returncode != 0:

@@ -121,7 +121,7 @@ def test_decode_change_touches_only_decode(stack):
     before = all_starts()
     stack.config_set("glm-infra:decode.gpuMemoryUtilization", "0.88")
     changed = changed_resources(stack.preview_json())
-    assert changed == {"glm-decode-0-unit", "glm-decode-0-service"}, changed
+    assert changed == {"glm-decode-0-unit", "glm-decode-0-rollout"}, changed
     stack.up()
     after = all_starts()
     assert after[DECODE[1]] != before[DECODE[1]], "decode restarted"
@@ -147,7 +147,7 @@ def test_rolling_prefill_restart_loses_no_request(stack):
     before = all_starts()
     stack.config_set("glm-infra:prefill.gpuMemoryUtilization", "0.91")
     changed = changed_resources(stack.preview_json())
-    assert changed == {f"glm-prefill-{i}-{k}" for i in range(4) for k in ("unit", "service")}, changed
+    assert changed == {f"glm-prefill-{i}-{k}" for i in range(4) for k in ("unit", "rollout")}, changed
     worker = threading.Thread(target=load, daemon=True)
     worker.start()
     try:
