@@ -260,3 +260,25 @@ def test_runtime_reinstalls_only_when_a_pin_changes(runtime_stubs, tmp_path):
     assert r.returncode == 0 and "vllm==0.33.1" in next(c for c in r.calls if c.startswith("uv pip install"))
     r = isolated(runtime_stubs, script, ["remove"], RUNTIME_DIRS, tmp_path)
     assert r.returncode == 0 and r.called("userdel") and not in_root(tmp_path, rt.venv).exists()
+
+
+# --- health gate ---------------------------------------------------------------------------------
+
+
+def test_health_gate_waits_for_the_driver_after_a_boot_but_not_for_a_missing_gpu(tmp_path):
+    s = StubPath(tmp_path / "stubs")
+    # hostcheck stand-in: the driver answers from the third look on.
+    s.add("python3", '''n=$(cat "$STATE/n" 2>/dev/null || echo 0); echo $((n + 1)) > "$STATE/n"
+if [ -e "$STATE/missing-gpu" ]; then echo "b300-1: gpus: 7 GPUs visible, stack expects 8" >&2; exit 1; fi
+if [ "$n" -lt 2 ]; then echo "b300-1: driver: nvidia-smi failed (exit 9): NVIDIA-SMI has failed" >&2; exit 1; fi
+echo "b300-1: healthy (8 × B300, fabric Completed, NVLink up)"''')
+    s.add("sleep", "exit 0")
+    script = render.health_script(PROD, HOST)
+    r = s.run(script, "apply")
+    assert r.returncode == 0 and "healthy" in r.stdout
+    assert sum(c.startswith("python3") for c in r.calls) == 3
+    (s.state / "n").write_text("5")
+    (s.state / "missing-gpu").touch()
+    r = s.run(script, "apply")
+    assert r.returncode == 1 and "7 GPUs visible, stack expects 8" in r.stderr
+    assert sum(c.startswith("python3") for c in r.calls) == 1, "a missing GPU fails at once"
