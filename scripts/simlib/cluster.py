@@ -199,6 +199,14 @@ def _alive(pidfile: Path) -> bool:
 LAUNCHER = r"""#!/bin/bash
 # Keep one simulated host running: nspawn exits with 133 when the host reboots; boot it again.
 dir=$1; shift
+# A cgroup of its own for each host: without a systemd on the machine, nspawn nests the host's
+# systemd under the launcher's cgroup, and hosts sharing one would share every unit's cgroup
+# (a unit stopped on one host would kill its namesake on another).
+for root in /sys/fs/cgroup/systemd /sys/fs/cgroup/unified /sys/fs/cgroup; do
+  [ -e "$root/cgroup.procs" ] || continue
+  [ "$root" = /sys/fs/cgroup ] && [ -d /sys/fs/cgroup/systemd ] && continue
+  mkdir -p "$root/glm-sim/$(basename "$dir")" && echo $$ > "$root/glm-sim/$(basename "$dir")/cgroup.procs"
+done
 trap 'touch "$dir/stop"; kill -TERM "$(cat "$dir/nspawn.pid")" 2>/dev/null' TERM INT
 while :; do
   systemd-nspawn "$@" &
@@ -282,6 +290,11 @@ def stop(h: SimHost) -> None:
             time.sleep(0.5)
         if _alive(d / "launcher.pid"):
             os.killpg(int((d / "launcher.pid").read_text()), signal.SIGKILL)
+        for root in ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
+            cg = Path(root) / "glm-sim" / h.name
+            if cg.is_dir():  # empty now: remove the host's cgroups, deepest first
+                run(["find", str(cg), "-depth", "-type", "d", "-exec", "rmdir", "{}", ";"], check=False,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         merged = d / "merged"
         if os.path.ismount(merged):
             run(["umount", str(merged)], check=False)
