@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -83,7 +84,9 @@ def sim():
 def stack(toolchain, sim):
     """The sim stack through the real engine; destroyed and removed at the end, whatever happened."""
     original = SIM_STACK.read_text()
-    # A fresh stack on fresh hosts: state left by an earlier run describes hosts that are gone.
+    # A fresh stack on fresh hosts: state left by an earlier run describes hosts that are gone, and
+    # a run killed midway leaves the file backend's lock behind.
+    shutil.rmtree(ROOT / ".pulumi-state/.pulumi/locks", ignore_errors=True)
     sh("pulumi stack rm -s sim --yes --force --preserve-config", check=False)
     sh("pulumi stack init sim --secrets-provider passphrase")
     s = Stack()
