@@ -140,6 +140,30 @@ def test_weights_download_once_and_fan_out(key_file):
     assert sorted(d.rsplit("::", 1)[1] for d in prune.dependencies) == ["glm-prefill-2-rollout", "glm-prefill-3-rollout"]
 
 
+def _variant(tmp_path, name: str, **runtime: str):
+    cfg = yaml.safe_load(stack_file("prod-b300").read_text())
+    cfg["config"].setdefault("glm-infra:runtime", {}).update(runtime)
+    path = tmp_path / f"Pulumi.{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_pins_restart_only_what_runs_them(key_file, tmp_path):
+    """A vllm pin restarts the instances, not the router (its own wheel in the venv is untouched);
+    a vllm-router pin restarts the router, not the instances."""
+
+    def restarts(path):
+        run = run_program(path, key_file)
+        return {r.name: r.inputs["update"] for r in run.by_type(CMD)
+                if r.name.endswith("-rollout") or r.name == "glm-router-service"}
+
+    base = restarts(stack_file("prod-b300"))
+    vllm = restarts(_variant(tmp_path, "vllm-pin", vllmVersion="0.34.0"))
+    router = restarts(_variant(tmp_path, "router-pin", routerVersion="0.1.18"))
+    assert sorted(n for n in base if vllm[n] != base[n]) == sorted(n for n in base if n.endswith("-rollout"))
+    assert [n for n in base if router[n] != base[n]] == ["glm-router-service"]
+
+
 def test_secrets_are_secret(key_file, tmp_path):
     cfg = yaml.safe_load(stack_file("prod-b300").read_text())
     cfg["config"]["glm-infra:router"]["apiKey"] = {"secure": "v1:x"}

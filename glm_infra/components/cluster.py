@@ -53,7 +53,8 @@ class Cluster(pulumi.ComponentResource):
         )
         secrets_digest = secret_values.apply(lambda s: digest(render.vllm_secrets_env(s)))
         rt = stack.runtime
-        runtime_digest = digest(rt.vllm_version, rt.nixl_version, rt.router_version, rt.venv)
+        # What the vLLM processes load from the venv; the router's pin restarts only the router.
+        runtime_digest = digest(rt.vllm_version, rt.nixl_version, rt.venv)
         seed = seed_host(stack)
 
         self.hosts, self.runtimes = {}, {}
@@ -202,7 +203,9 @@ class Cluster(pulumi.ComponentResource):
                     front_conf=render.router_front_conf(stack, plan),
                     front_keys=secret_values.apply(render.router_front_keys),
                     front_script=render.router_front_script(plan),
-                    restart_triggers=[runtime_digest],
+                    # vllm-router is its own wheel in the shared venv: a new vllm pin updates the venv
+                    # in place and leaves the router's files alone, so only its own pin restarts it.
+                    restart_triggers=[digest(rt.router_version, rt.venv)],
                     # After every instance's health-gated start, before every stopper: the router
                     # starts last and stops first.
                     after=[x for s in self.services.values() for x in (s.service, s.stopper)],
