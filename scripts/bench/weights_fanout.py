@@ -110,6 +110,7 @@ def main() -> int:
     args = ap.parse_args()
     subprocess.run([sys.executable, str(ROOT / "scripts/standins/make-checkpoint"), str(CACHE / "models/GLM-5.2-NVFP4"),
                     "--revision", REVISION, "--shards", str(args.shards), "--shard-mb", str(args.shard_mb)], check=True)
+    sim("down", SIM_STACK)  # fresh hosts, and a model server whose log is this run's
     sim("up", SIM_STACK)
     path = "/mnt/model/bench/GLM-5.2-NVFP4"
     try:
@@ -128,8 +129,7 @@ def main() -> int:
         print(f"  naive (every host from the source): {naive:.1f}s", flush=True)
     finally:
         throttle(None)
-        for n, _ in HOSTS:
-            ssh(n, f"rm -rf {path} {path}.revisions /mnt/model/bench", check=False)
+        sim("down", SIM_STACK)  # leaves nothing running for the next user of the simulated cluster
     print(f"\nmedians over {args.runs} runs")
     print("| staging | median | ratio to 1 host |\n| --- | --- | --- |")
     print(f"| 1 host (seed from the source) | {median(one):.1f} s | 1.00 |")

@@ -74,6 +74,8 @@ def sim():
     if os.geteuid() != 0:
         pytest.fail("the simulated cluster needs root", pytrace=False)
     try:
+        # Fresh hosts and fresh server logs, even when a cluster was left running (demo, benchmark).
+        subprocess.run([str(ROOT / "scripts/sim"), "down"], check=True, timeout=600)
         subprocess.run([str(ROOT / "scripts/sim"), "up"], check=True, timeout=1800)
         yield
     finally:
