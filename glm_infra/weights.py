@@ -34,6 +34,7 @@ import hashlib
 import http.server
 import json
 import os
+import re
 import shutil
 import socketserver
 import subprocess
@@ -178,16 +179,22 @@ def fetch_verified(url: str, root: str, entry: dict, headers: dict[str, str] | N
 
 
 def source_manifest(args: argparse.Namespace, root: str) -> dict:
-    """Files of the checkpoint with sizes and sha256, from the source."""
+    """Files of the checkpoint with sizes and sha256, from the source. From the hub, a small file kept
+    in git (not LFS) has no sha256 yet, only its git blob id: the seed hashes it once downloaded."""
     if args.source == "mirror":
         url = f"{args.url.rstrip('/')}/{args.revision}/manifest.json"
         tmp = os.path.join(root, ".glm-source-manifest.json")
         fetch(url, tmp, None)
         m = read_json(tmp)
         os.remove(tmp)
-    else:  # huggingface: the hub knows every file's size and LFS sha256
+    else:  # huggingface: the hub knows every file's size and LFS sha256 (or git blob id)
         m = hf_manifest(args)
-    files = [{"path": safe_name(e["path"]), "size": int(e["size"]), "sha256": e["sha256"]} for e in m["files"]]
+    files = []
+    for e in m["files"]:
+        f = {"path": safe_name(e["path"]), "size": int(e["size"]), "sha256": e["sha256"]}
+        if not e["sha256"]:
+            f["git_blob"] = e["blob"]
+        files.append(f)
     return {"revision": args.revision, "files": sorted(files, key=lambda e: e["path"])}
 
 
@@ -195,13 +202,19 @@ def hf_manifest(args: argparse.Namespace) -> dict:
     code = (
         "import json,sys;from huggingface_hub import HfApi;"
         "i=HfApi().model_info(sys.argv[1],revision=sys.argv[2],files_metadata=True);"
-        "print(json.dumps([{'path':s.rfilename,'size':s.size,'sha256':(s.lfs.sha256 if s.lfs else None)} for s in i.siblings]))"
+        "print(json.dumps([{'path':s.rfilename,'size':s.size,'blob':s.blob_id,"
+        "'sha256':(s.lfs.sha256 if s.lfs else None)} for s in i.siblings]))"
     )
     out = subprocess.run([args.hf_python, "-c", code, args.repo, args.revision], capture_output=True, text=True,
                          env=hf_env(args))
     if out.returncode != 0:
-        raise StageError(f"cannot list {args.repo}@{args.revision}: {out.stderr.strip().splitlines()[-1:]}")
-    return {"files": [f for f in json.loads(out.stdout) if f["sha256"] or f["size"] is not None]}
+        lines = out.stderr.strip().splitlines() or ["(no output)"]
+        # The exception line ("GatedRepoError: 401 Client Error.") and the hub's own last words.
+        error = next((re.sub(r"^[\w.]*\.", "", l) for l in reversed(lines)
+                      if re.match(r"^[\w.]+(Error|Exception): ", l)), "")
+        said = lines[-1] if lines[-1] != error else ""
+        raise StageError(f"cannot list {args.repo}@{args.revision}: {' '.join(filter(None, [error, said]))}")
+    return {"files": [f for f in json.loads(out.stdout) if f["size"] is not None and (f["sha256"] or f["blob"])]}
 
 
 def hf_env(args: argparse.Namespace) -> dict[str, str]:
@@ -215,14 +228,44 @@ def hf_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
-def hf_download(args: argparse.Namespace, root: str, manifest: dict) -> None:
-    """`hf download` into the revision directory (it resumes by itself), then hash what arrived."""
+def git_blob_sha1(path: str) -> str:
+    h = hashlib.sha1(f"blob {os.path.getsize(path)}\0".encode())
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def hf_file_ok(root: str, e: dict) -> bool:
+    p = os.path.join(root, e["path"])
+    if not os.path.isfile(p) or os.path.getsize(p) != e["size"]:
+        return False
+    if e.get("git_blob"):
+        return git_blob_sha1(p) == e["git_blob"]
+    return sha256_file(p) == e["sha256"]
+
+
+HF_BATCH = 8  # files per `hf download`: its parallel workers, and how often the seed publishes
+
+
+def hf_download(args: argparse.Namespace, root: str, entries: list[dict]) -> None:
+    """`hf download` of these files into the revision directory (it resumes an interrupted file), then
+    check each. A file that failed its check is deleted with the hub client's record of it first:
+    otherwise the client trusts its record and keeps the bad bytes."""
+    for e in entries:
+        for stale in (os.path.join(root, e["path"]),
+                      os.path.join(root, ".cache", "huggingface", "download", e["path"] + ".metadata")):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(stale)
     hf = os.path.join(os.path.dirname(args.hf_python), "hf")
-    subprocess.run([hf, "download", args.repo, "--revision", args.revision, "--local-dir", root],
-                   check=True, env=hf_env(args), stdout=subprocess.DEVNULL)
-    for e in manifest["files"]:
-        if not e["sha256"]:  # small non-LFS files: take what the hub delivered
+    subprocess.run([hf, "download", args.repo, *[e["path"] for e in entries], "--revision", args.revision,
+                    "--local-dir", root], check=True, env=hf_env(args), stdout=subprocess.DEVNULL)
+    for e in entries:
+        if not hf_file_ok(root, e):
+            raise StageError(f"{e['path']}: the hub delivered bytes that do not match its sha256/size")
+        if e.get("git_blob"):  # from now on every host checks it like any other file
             e["sha256"] = sha256_file(os.path.join(root, e["path"]))
+            del e["git_blob"]
 
 
 FANOUT_UNIT = "glm-weights-fanout"
@@ -254,33 +297,63 @@ def cmd_fanout_stop(args: argparse.Namespace) -> int:
 
 def stage_seed(args: argparse.Namespace, root: str) -> None:
     manifest = source_manifest(args, root)
-    write_json(os.path.join(root, MANIFEST), manifest)
     need_disk(args, root, manifest)
+    if args.source == "huggingface":
+        # The small git-kept files first (config, tokenizer): then every file has a sha256 the peers
+        # can check before anything is published.
+        small = [e for e in manifest["files"] if e.get("git_blob")]
+        good = [e for e in small if hf_file_ok(root, e)]
+        for e in good:
+            e["sha256"] = sha256_file(os.path.join(root, e["path"]))
+            del e["git_blob"]
+        missing = [e for e in small if e.get("git_blob")]
+        if missing:
+            hf_download(args, root, missing)
+        fresh = {e["path"] for e in missing}
+    else:
+        fresh = set()
+    write_json(os.path.join(root, MANIFEST), manifest)
     published: list[str] = []
     progress = os.path.join(root, PROGRESS)
-    write_json(progress, {"revision": args.revision, "files": manifest["files"], "published": [], "complete": False})
+
+    def publish(name: str, complete: bool = False) -> None:
+        if name:
+            published.append(name)
+        write_json(progress, {"revision": args.revision, "files": manifest["files"], "published": published,
+                              "complete": complete})
+
+    publish("")
     kept = fetched = 0
-    if args.source == "huggingface" and check_files(root, manifest, full=False):
-        hf_download(args, root, manifest)
-        write_json(os.path.join(root, MANIFEST), manifest)
+    todo: list[dict] = []
     for e in manifest["files"]:
         p = os.path.join(root, e["path"])
-        ok = os.path.isfile(p) and os.path.getsize(p) == e["size"] and sha256_file(p) == e["sha256"]
-        if ok:
-            kept += 1
+        if os.path.isfile(p) and os.path.getsize(p) == e["size"] and sha256_file(p) == e["sha256"]:
+            if e["path"] in fresh:
+                fetched += 1
+            else:
+                kept += 1
+            publish(e["path"])
         elif args.source == "mirror":
             if os.path.exists(p):
                 log(f"{e['path']}: does not match the manifest, fetching it again")
                 os.remove(p)
             fetch_verified(f"{args.url.rstrip('/')}/{args.revision}/{urllib.parse.quote(e['path'])}", root, e)
             fetched += 1
+            publish(e["path"])
+        elif args.source == "huggingface":
+            if os.path.exists(p):
+                log(f"{e['path']}: does not match the hub's sha256, downloading it again")
+            todo.append(e)
         else:
             raise StageError(f"{e['path']}: missing or does not match its sha256 at {p}")
-        published.append(e["path"])
-        write_json(progress, {"revision": args.revision, "files": manifest["files"], "published": published,
-                              "complete": False})
-    write_json(progress, {"revision": args.revision, "files": manifest["files"], "published": published,
-                          "complete": True})
+    for i in range(0, len(todo), HF_BATCH):
+        batch = todo[i:i + HF_BATCH]
+        hf_download(args, root, batch)
+        fetched += len(batch)
+        for e in batch:
+            publish(e["path"])
+        log(f"{fetched}/{len(todo)} files downloaded from {args.repo}")
+    publish("", complete=True)
     log(f"seed: {fetched} files from the {args.source} source, {kept} already here and verified")
 
 

@@ -208,3 +208,105 @@ def test_peer_gives_up_when_the_seed_never_answers(tmp_path):
     r = stage("--role", "peer", "--peer", f"http://127.0.0.1:{free_port()}", "--revision", "rev1",
               "--path", str(tmp_path / "model"), "--timeout", "2")
     assert r.returncode == 1 and "did not answer within 2s" in r.stderr
+
+
+# --- the Hugging Face source: the real huggingface_hub and `hf` CLI against a loopback hub ----------
+
+COMMIT = "3f0c5a1e9b7d2c4a6e8f0b1d3c5e7a9b2d4f6a8c"
+REPO = "nvidia/GLM-5.2-NVFP4"
+HF_PYTHON = Path(sys.executable)
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    src = tmp_path / "hub"
+    subprocess.run([sys.executable, str(MAKE), str(src), "--revision", COMMIT, "--shards", "6", "--shard-mb", "1"],
+                   check=True, capture_output=True)
+    port = free_port()
+    log = tmp_path / "hub.log"
+    p = subprocess.Popen([sys.executable, str(ROOT / "tests" / "hub_standin.py"), "--dir", str(src), "--repo", REPO,
+                          "--bind", f"127.0.0.1:{port}", "--token", "hf_secret_123"],
+                         stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    for _ in range(100):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.05)
+    # The library reads its endpoint from the environment; its caches stay inside the test.
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    token = tmp_path / "hf.env"
+    token.write_text("HF_TOKEN=hf_secret_123\n")
+    yield src, log, token
+    p.terminate()
+    p.wait()
+
+
+def hf_stage(path: Path, token: Path, revision: str = COMMIT) -> subprocess.CompletedProcess:
+    return stage("--role", "seed", "--source", "huggingface", "--repo", REPO, "--revision", revision,
+                 "--hf-python", str(HF_PYTHON), "--token-file", str(token), "--path", str(path), "--margin-gb", "0")
+
+
+def hub_downloads(log: Path) -> list[str]:
+    return [l for l in log.read_text().splitlines() if l.startswith('"GET /nvidia/') and "/resolve/" in l]
+
+
+def test_huggingface_source_downloads_verifies_and_publishes(hub, tmp_path):
+    src, log, token = hub
+    path = tmp_path / "seed" / "model"
+    r = hf_stage(path, token)
+    assert r.returncode == 0, r.stderr
+    assert "seed: 9 files from the huggingface source, 0 already here" in r.stdout
+    assert os.readlink(path) == f"model.revisions/{COMMIT}"
+    for e in manifest(src, COMMIT)["files"]:
+        assert (path / e["path"]).read_bytes() == (src / COMMIT / e["path"]).read_bytes()
+    assert len(hub_downloads(log)) == 9
+    progress = json.loads((path / ".glm-progress.json").read_text())
+    assert progress["complete"] and len(progress["published"]) == 9, "every file is served to the peers"
+    # The token reached the hub from the file, never through the command line.
+    assert "hf_secret_123" not in " ".join(r.args)
+
+
+def test_huggingface_second_run_downloads_nothing(hub, tmp_path):
+    _, log, token = hub
+    path = tmp_path / "seed" / "model"
+    assert hf_stage(path, token).returncode == 0
+    before = len(hub_downloads(log))
+    r = hf_stage(path, token)
+    assert r.returncode == 0, r.stderr
+    assert "seed: 0 files from the huggingface source, 9 already here and verified" in r.stdout
+    assert len(hub_downloads(log)) == before
+
+
+def test_huggingface_corrupted_shard_is_downloaded_again(hub, tmp_path):
+    src, log, token = hub
+    path = tmp_path / "seed" / "model"
+    assert hf_stage(path, token).returncode == 0
+    shard = path / "model-00003-of-00006.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[4096] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    config = path / "config.json"  # kept in git on the hub: checked by its blob id
+    config.write_text(config.read_text().replace("glm_moe_dsa", "glm_moe_xxx"))
+    before = len(hub_downloads(log))
+    r = hf_stage(path, token)
+    assert r.returncode == 0, r.stderr
+    assert "seed: 2 files from the huggingface source, 7 already here" in r.stdout
+    for f in (shard, config):
+        assert f.read_bytes() == (src / COMMIT / f.name).read_bytes()
+    again = sorted(hub_downloads(log)[before:])
+    assert len(again) == 2 and "config.json" in again[0] and shard.name in again[1]
+
+
+def test_huggingface_branch_resolves_and_bad_token_is_named(hub, tmp_path):
+    _, _, token = hub
+    r = hf_stage(tmp_path / "a" / "model", token, revision="main")
+    assert r.returncode == 0, r.stderr
+    bad = tmp_path / "bad.env"
+    bad.write_text("HF_TOKEN=hf_wrong\n")
+    r = hf_stage(tmp_path / "b" / "model", bad)
+    assert r.returncode != 0
+    assert f"cannot list {REPO}@{COMMIT}: GatedRepoError: 401" in r.stderr, r.stderr
+    assert "is restricted" in r.stderr
+    assert not (tmp_path / "b" / "model").exists(), "nothing switched to a half-staged revision"
