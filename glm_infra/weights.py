@@ -112,17 +112,33 @@ def index_shards(root: str) -> set[str]:
     return set(read_json(index).get("weight_map", {}).values())
 
 
+def file_ok(root: str, e: dict, full: bool = True) -> bool:
+    """The file is there with its size and (full) its sha256 — or, for a hub file kept in git whose
+    sha256 is not known yet, its git blob id."""
+    p = os.path.join(root, e["path"])
+    if not os.path.isfile(p) or os.path.getsize(p) != e["size"]:
+        return False
+    if not full:
+        return True
+    if e.get("git_blob"):
+        return git_blob_sha1(p) == e["git_blob"]
+    return sha256_file(p) == e["sha256"]
+
+
+def git_blob_sha1(path: str) -> str:
+    h = hashlib.sha1(f"blob {os.path.getsize(path)}\0".encode())
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def check_files(root: str, manifest: dict, full: bool) -> list[str]:
     """Names of files that are missing, of the wrong size or (full) of the wrong sha256."""
     bad = []
 
     def one(entry: dict) -> str | None:
-        p = os.path.join(root, entry["path"])
-        if not os.path.isfile(p) or os.path.getsize(p) != entry["size"]:
-            return entry["path"]
-        if full and sha256_file(p) != entry["sha256"]:
-            return entry["path"]
-        return None
+        return None if file_ok(root, entry, full) else entry["path"]
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2)) as ex:
         bad = [b for b in ex.map(one, manifest["files"]) if b]
@@ -210,9 +226,9 @@ def hf_manifest(args: argparse.Namespace) -> dict:
     if out.returncode != 0:
         lines = out.stderr.strip().splitlines() or ["(no output)"]
         # The exception line ("GatedRepoError: 401 Client Error.") and the hub's own last words.
-        error = next((re.sub(r"^[\w.]*\.", "", l) for l in reversed(lines)
-                      if re.match(r"^[\w.]+(Error|Exception): ", l)), "")
-        said = lines[-1] if lines[-1] != error else ""
+        raised = [l for l in lines if re.match(r"^[\w.]+(Error|Exception): ", l)]
+        error = re.sub(r"^[\w.]*\.", "", raised[-1]) if raised else ""
+        said = "" if raised and lines[-1] == raised[-1] else lines[-1]
         raise StageError(f"cannot list {args.repo}@{args.revision}: {' '.join(filter(None, [error, said]))}")
     return {"files": [f for f in json.loads(out.stdout) if f["size"] is not None and (f["sha256"] or f["blob"])]}
 
@@ -226,23 +242,6 @@ def hf_env(args: argparse.Namespace) -> dict[str, str]:
                 if k == "HF_TOKEN" and v:
                     env["HF_TOKEN"] = v
     return env
-
-
-def git_blob_sha1(path: str) -> str:
-    h = hashlib.sha1(f"blob {os.path.getsize(path)}\0".encode())
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def hf_file_ok(root: str, e: dict) -> bool:
-    p = os.path.join(root, e["path"])
-    if not os.path.isfile(p) or os.path.getsize(p) != e["size"]:
-        return False
-    if e.get("git_blob"):
-        return git_blob_sha1(p) == e["git_blob"]
-    return sha256_file(p) == e["sha256"]
 
 
 HF_BATCH = 8  # files per `hf download`: its parallel workers, and how often the seed publishes
@@ -261,7 +260,7 @@ def hf_download(args: argparse.Namespace, root: str, entries: list[dict]) -> Non
     subprocess.run([hf, "download", args.repo, *[e["path"] for e in entries], "--revision", args.revision,
                     "--local-dir", root], check=True, env=hf_env(args), stdout=subprocess.DEVNULL)
     for e in entries:
-        if not hf_file_ok(root, e):
+        if not file_ok(root, e):
             raise StageError(f"{e['path']}: the hub delivered bytes that do not match its sha256/size")
         if e.get("git_blob"):  # from now on every host checks it like any other file
             e["sha256"] = sha256_file(os.path.join(root, e["path"]))
@@ -302,7 +301,7 @@ def stage_seed(args: argparse.Namespace, root: str) -> None:
         # The small git-kept files first (config, tokenizer): then every file has a sha256 the peers
         # can check before anything is published.
         small = [e for e in manifest["files"] if e.get("git_blob")]
-        good = [e for e in small if hf_file_ok(root, e)]
+        good = [e for e in small if file_ok(root, e)]
         for e in good:
             e["sha256"] = sha256_file(os.path.join(root, e["path"]))
             del e["git_blob"]
@@ -327,7 +326,7 @@ def stage_seed(args: argparse.Namespace, root: str) -> None:
     todo: list[dict] = []
     for e in manifest["files"]:
         p = os.path.join(root, e["path"])
-        if os.path.isfile(p) and os.path.getsize(p) == e["size"] and sha256_file(p) == e["sha256"]:
+        if file_ok(root, e):
             if e["path"] in fresh:
                 fetched += 1
             else:
@@ -390,7 +389,7 @@ def stage_peer(args: argparse.Namespace, root: str) -> None:
                 continue
             e = entries[name]
             p = os.path.join(root, name)
-            if os.path.isfile(p) and os.path.getsize(p) == e["size"] and sha256_file(p) == e["sha256"]:
+            if file_ok(root, e):
                 kept += 1
             else:
                 if os.path.exists(p):

@@ -54,9 +54,11 @@ class Hub(http.server.BaseHTTPRequestHandler):
 
     # --- responses -----------------------------------------------------------------------------
 
-    def reply_json(self, body: object, status: int = 200) -> None:
+    def reply_json(self, body: object, status: int = 200, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
         self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -64,15 +66,7 @@ class Hub(http.server.BaseHTTPRequestHandler):
             self.wfile.write(data)
 
     def error(self, status: int, code: str, message: str) -> None:
-        data = json.dumps({"error": message}).encode()
-        self.send_response(status)
-        self.send_header("X-Error-Code", code)
-        self.send_header("X-Error-Message", message)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
+        self.reply_json({"error": message}, status, {"X-Error-Code": code, "X-Error-Message": message})
 
     def authorized(self) -> bool:
         if self.token and self.headers.get("Authorization") != f"Bearer {self.token}":
