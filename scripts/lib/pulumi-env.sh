@@ -7,11 +7,12 @@
 . "$(dirname "${BASH_SOURCE[0]}")/versions.sh"
 
 TOOLCHAIN_BIN="$GLM_INFRA_CACHE/toolchain/pulumi-v$PULUMI_VERSION/bin"
-# The project venv first: the language host runs the program with the python it finds.
-export PATH="$REPO_ROOT/venv/bin:$TOOLCHAIN_BIN:$PATH"
+# The language host runs the program in Pulumi.yaml's `virtualenv` (venv/), so only the CLI goes on PATH.
+export PATH="$TOOLCHAIN_BIN:$PATH"
 export PULUMI_HOME="${PULUMI_HOME:-$GLM_INFRA_CACHE/pulumi-home}"
 export PULUMI_BACKEND_URL="${PULUMI_BACKEND_URL:-file://$REPO_ROOT/.pulumi-state}"
 export PULUMI_SKIP_UPDATE_CHECK=true
 export PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true
 export PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK=true
-mkdir -p "$PULUMI_HOME" "${PULUMI_BACKEND_URL#file://}"
+mkdir -p "$PULUMI_HOME"
+case "$PULUMI_BACKEND_URL" in file://*) mkdir -p "${PULUMI_BACKEND_URL#file://}" ;; esac

@@ -3,11 +3,10 @@
 
 # Pulumi CLI (module github.com/pulumi/pulumi/pkg/v3, main package cmd/pulumi).
 PULUMI_VERSION=3.274.1
-# Python language host. Since v3.80 it lives in its own module
-# (github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python/v3), which the Go module proxy
-# reachable here does not serve at any version; v3.79.0 is the last release where it is part of
-# github.com/pulumi/pulumi/sdk/v3, which is served. It runs the exec shim of PULUMI_VERSION.
-PULUMI_LANGHOST_VERSION=3.79.0
+# Python language host. Its module (github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python/v3) is
+# not served by the Go module proxy reachable here: scripts/toolchain builds it from the upstream source
+# (GLM_INFRA_PLUGIN_SOURCES). Hosts since v3.80 honour Pulumi.yaml's `virtualenv`.
+PULUMI_LANGHOST_VERSION=3.259.0
 # pulumi-resource-command, matching the pulumi-command Python SDK pinned in pyproject.toml.
 PULUMI_COMMAND_VERSION=1.2.1
 # llm-d-inference-sim, the vLLM stand-in of the simulated cluster.
