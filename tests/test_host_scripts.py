@@ -238,26 +238,78 @@ def runtime_stubs(tmp_path):
     return s
 
 
-def test_runtime_reinstalls_only_when_a_pin_changes(runtime_stubs, tmp_path):
-    rt = PROD.runtime
-    uv = in_root(tmp_path, f"/opt/glm-infra/uv-{rt.uv_version}/uv")
+def fake_uv(tmp_path: Path) -> None:
+    """A uv that "creates" the venv and "installs" pins. The venv's python answers runtime.sh's two
+    questions from $STATE: the installed pins (``python - PIN...``) and the kernel problems
+    (``python -``, no pins: the kernels match only after a download-kernels for the installed vllm);
+    its vllm's download-kernels installs kernels for the installed vllm unless $STATE/kernels-broken."""
+    uv = in_root(tmp_path, f"/opt/glm-infra/uv-{PROD.runtime.uv_version}/uv")
     uv.parent.mkdir(parents=True)
-    # A uv that "creates" the venv: a python reporting the versions uv "installed" last.
-    uv.write_text('#!/bin/bash\necho "uv $*" >> "$STUB_LOG"\nif [ "$1" = venv ]; then mkdir -p "${!#}/bin"\n'
-                  'printf \'#!/bin/bash\\nshift\\nfor p; do echo "${p%%%%==*}==$(cat $STATE/pin-${p%%%%==*} 2>/dev/null || echo missing)"; done\\n\' > "${!#}/bin/python"\n'
-                  'chmod +x "${!#}/bin/python"; fi\nif [ "$1" = pip ]; then for p; do case "$p" in *==*) echo "${p#*==}" > "$STATE/pin-${p%%==*}" ;; esac; done; fi\n')
+    python = r"""#!/bin/bash
+shift
+if [ $# -eq 0 ]; then
+  [ "$(cat $STATE/kernels 2>/dev/null)" = "$(cat $STATE/pin-vllm 2>/dev/null)" ] || echo "flashinfer-cubin is not installed"
+  exit 0
+fi
+for p; do echo "${p%%==*}==$(cat $STATE/pin-${p%%==*} 2>/dev/null || echo missing)"; done
+"""
+    vllm = r"""#!/bin/bash
+echo "vllm $* PATH=$PATH" >> "$STUB_LOG"
+[ -e "$STATE/kernels-broken" ] || cp "$STATE/pin-vllm" "$STATE/kernels"
+"""
+    uv.write_text(f"""#!/bin/bash
+echo "uv $*" >> "$STUB_LOG"
+if [ "$1" = venv ]; then
+  mkdir -p "${{!#}}/bin"
+  cat > "${{!#}}/bin/python" <<'PY'
+{python}PY
+  cat > "${{!#}}/bin/vllm" <<'VLLM'
+{vllm}VLLM
+  chmod +x "${{!#}}/bin/python" "${{!#}}/bin/vllm"
+fi
+if [ "$1" = pip ]; then for p; do case "$p" in *==*) echo "${{p#*==}}" > "$STATE/pin-${{p%%==*}}" ;; esac; done; fi
+""")
     uv.chmod(0o755)
+
+
+def test_runtime_reinstalls_only_when_a_pin_changes_and_downloads_kernels_after_each_install(runtime_stubs, tmp_path):
+    rt = PROD.runtime
+    fake_uv(tmp_path)
     script = render.runtime_script(PROD, HOST)
     r = isolated(runtime_stubs, script, ["apply"], RUNTIME_DIRS, tmp_path)
     assert r.returncode == 0, r.stderr + r.stdout
     assert r.called("useradd") and r.called("uv venv") and r.called("uv pip install")
     assert f"vllm=={rt.vllm_version}" in next(c for c in r.calls if c.startswith("uv pip install"))
+    kernels = [c for c in r.calls if c.startswith("vllm download-kernels")]
+    assert len(kernels) == 1 and f"PATH=/opt/glm-infra/uv-{rt.uv_version}:" in kernels[0], "FlashInfer finds the uv"
+    assert "FlashInfer kernels installed" in r.stdout
+    assert isolated(runtime_stubs, script, ["check"], RUNTIME_DIRS, tmp_path).returncode == 0
+
     again = isolated(runtime_stubs, script, ["apply"], RUNTIME_DIRS, tmp_path)
     assert again.returncode == 0 and not again.called("uv pip") and not again.called("useradd")
-    assert "venv already has" in again.stdout
+    assert not again.called("vllm download-kernels")
+    assert "venv already has" in again.stdout and "FlashInfer kernels match" in again.stdout
+
     bumped = PROD.model_copy(update={"runtime": rt.model_copy(update={"vllm_version": "0.33.1"})})
     r = isolated(runtime_stubs, render.runtime_script(bumped, HOST), ["apply"], RUNTIME_DIRS, tmp_path)
     assert r.returncode == 0 and "vllm==0.33.1" in next(c for c in r.calls if c.startswith("uv pip install"))
+    assert r.called("vllm download-kernels"), "a new vLLM gets its kernels again"
+
+    # Kernels gone behind glm-infra's back: check names them, apply downloads them without reinstalling.
+    (runtime_stubs.state / "kernels").unlink()
+    bumped_script = render.runtime_script(bumped, HOST)
+    c = isolated(runtime_stubs, bumped_script, ["check"], RUNTIME_DIRS, tmp_path)
+    assert c.returncode == 1 and "FlashInfer kernels: flashinfer-cubin is not installed" in c.stderr
+    r = isolated(runtime_stubs, bumped_script, ["apply"], RUNTIME_DIRS, tmp_path)
+    assert r.returncode == 0 and r.called("vllm download-kernels") and not r.called("uv pip")
+
+    # A download that does not fix them fails the step, naming what is still wrong.
+    (runtime_stubs.state / "kernels").unlink()
+    (runtime_stubs.state / "kernels-broken").touch()
+    r = isolated(runtime_stubs, bumped_script, ["apply"], RUNTIME_DIRS, tmp_path)
+    assert r.returncode == 1
+    assert f"{HOST}: runtime: after vllm download-kernels: flashinfer-cubin is not installed" in r.stderr
+
     r = isolated(runtime_stubs, script, ["remove"], RUNTIME_DIRS, tmp_path)
     assert r.returncode == 0 and r.called("userdel") and not in_root(tmp_path, rt.venv).exists()
 

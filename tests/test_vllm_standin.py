@@ -259,13 +259,33 @@ def test_uv_installs_from_the_find_links_page(wheels, tmp_path):
              "nixl==1.5.1+glmsim", "vllm-router==0.1.17"],
             check=True, env=clean_env(UV_CACHE_DIR=str(tmp_path / "uv-cache"), UV_NO_CONFIG="1"),
         )
+        version = subprocess.run([str(target / "bin" / "vllm"), "--version"], capture_output=True, text=True,
+                                 check=True)
+        assert version.stdout.strip() == VERSION
+        assert os.access(next(target.glob("lib/python3*/site-packages/vllm/_bin/llm-d-inference-sim")), os.X_OK)
+        subprocess.run([str(target / "bin" / "vllm-router"), "--help"], capture_output=True, check=True)
+        # What runtime.sh runs after installing vLLM: the kernels come from the same page, through the uv
+        # that made the venv (on PATH), and each run is recorded.
+        assert not has_dist(target, "flashinfer-cubin")
+        kernels = subprocess.run(
+            [str(target / "bin" / "vllm"), "download-kernels"], capture_output=True, text=True,
+            env=clean_env(PATH=f"{tools / 'bin'}:/usr/bin:/bin", UV_INDEX_URL=f"http://127.0.0.1:{port}/",
+                          UV_FIND_LINKS=f"http://127.0.0.1:{port}/", UV_CACHE_DIR=str(tmp_path / "uv-cache")))
+        assert kernels.returncode == 0, kernels.stdout + kernels.stderr
     finally:
         server.kill()
         server.wait()
-    version = subprocess.run([str(target / "bin" / "vllm"), "--version"], capture_output=True, text=True, check=True)
-    assert version.stdout.strip() == VERSION
-    assert os.access(next(target.glob("lib/python3*/site-packages/vllm/_bin/llm-d-inference-sim")), os.X_OK)
-    subprocess.run([str(target / "bin" / "vllm-router"), "--help"], capture_output=True, check=True)
+    assert has_dist(target, "flashinfer-cubin") == has_dist(target, "flashinfer-python") == "0.7.2.post1+glmsim"
+    (record,) = [json.loads(l) for l in (target / "glm-sim-download-kernels.log").read_text().splitlines()]
+    assert record["exit"] == 0 and record["command"][-1] == "flashinfer-cubin==0.7.2.post1"
+    assert record["command"][0] == str(tools / "bin" / "uv")
+
+
+def has_dist(venv: Path, name: str) -> str | None:
+    """The version of distribution name installed in venv, or None."""
+    p = subprocess.run([str(venv / "bin" / "python"), "-c", f"import importlib.metadata as m; print(m.version({name!r}))"],
+                       capture_output=True, text=True)
+    return p.stdout.strip() if p.returncode == 0 else None
 
 
 def test_versions(vllm_bin):

@@ -1,7 +1,7 @@
 """Build a wheel from a package directory, and write a find-links index; stdlib only.
 
     wheels.py build --name N --version V --tag T --package DIR --out OUT [--summary S]
-                    [--console-script NAME=MODULE:FUNC] [--executable DEST=SOURCE]
+                    [--console-script NAME=MODULE:FUNC] [--executable DEST=SOURCE] [--requires REQ]
     wheels.py index OUT_DIR
 
 Wheels are reproducible (sorted entries, fixed timestamps), so an unchanged source gives the same file.
@@ -13,6 +13,7 @@ import argparse
 import base64
 import hashlib
 import html
+import re
 import urllib.parse
 import zipfile
 from pathlib import Path
@@ -42,7 +43,9 @@ def build(args: argparse.Namespace) -> Path:
         dest, _, source = spec.partition("=")
         files[dest] = (Path(source), EXECUTABLE_FILE)
 
-    dist_info = f"{args.name}-{args.version}.dist-info"
+    # File names carry the normalised name (flashinfer-python -> flashinfer_python), METADATA the real one.
+    stem = re.sub(r"[-_.]+", "_", args.name).lower()
+    dist_info = f"{stem}-{args.version}.dist-info"
     metadata = [
         "Metadata-Version: 2.1",
         f"Name: {args.name}",
@@ -50,6 +53,7 @@ def build(args: argparse.Namespace) -> Path:
         f"Summary: {args.summary}",
         "Requires-Python: >=3.10",
     ]
+    metadata += [f"Requires-Dist: {r}" for r in args.requires]
     wheel = [
         "Wheel-Version: 1.0",
         "Generator: glm-infra scripts/standins/wheels.py",
@@ -64,7 +68,7 @@ def build(args: argparse.Namespace) -> Path:
         scripts = [f"{name} = {target}" for name, _, target in (s.partition("=") for s in args.console_script)]
         generated[f"{dist_info}/entry_points.txt"] = "[console_scripts]\n" + "\n".join(scripts) + "\n"
 
-    out = Path(args.out) / f"{args.name}-{args.version.replace('-', '_')}-{args.tag}.whl"
+    out = Path(args.out) / f"{stem}-{args.version.replace('-', '_')}-{args.tag}.whl"
     partial = out.with_suffix(".partial")
     record = []
 
@@ -113,6 +117,7 @@ def main() -> None:
     b.add_argument("--summary", default="")
     b.add_argument("--console-script", action="append", default=[], metavar="NAME=MODULE:FUNC")
     b.add_argument("--executable", action="append", default=[], metavar="DEST=SOURCE")
+    b.add_argument("--requires", action="append", default=[], metavar="REQUIREMENT", help="a Requires-Dist line")
     i = commands.add_parser("index")
     i.add_argument("out_dir")
     args = parser.parse_args()

@@ -1,14 +1,22 @@
-"""The ``vllm`` command: ``vllm --version`` and ``vllm serve MODEL [flags]``.
+"""The ``vllm`` command: ``vllm --version``, ``vllm serve MODEL [flags]`` and ``vllm download-kernels``.
 
 ``serve`` accepts exactly the flags glm-infra renders, so a misspelt or unsupported flag fails on
-the simulated cluster (exit 2, argparse style) instead of being ignored.
+the simulated cluster (exit 2, argparse style) instead of being ignored. ``download-kernels`` does
+what vLLM 0.33's does: install the FlashInfer kernels wheel matching the installed FlashInfer, with
+the uv found on PATH (or pip), and records each run in ``<venv>/glm-sim-download-kernels.log``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
 import json
+import shutil
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 from . import __version__
 from .serve import ServeError, serve
@@ -89,11 +97,36 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve_parser = commands.add_parser("serve", help="serve MODEL over the OpenAI-compatible API", allow_abbrev=False)
     add_serve_arguments(serve_parser)
+    kernels = commands.add_parser("download-kernels", help="Install precompiled kernels for faster startup.",
+                                  allow_abbrev=False)
+    kernels.add_argument("--dry-run", action="store_true", help="Print the install commands without running them.")
     return parser
+
+
+KERNELS_RECORD = "glm-sim-download-kernels.log"
+
+
+def download_kernels(dry_run: bool) -> int:
+    if importlib.util.find_spec("flashinfer") is None:
+        print("FlashInfer is not installed; skipping its kernels.", flush=True)
+        return 0
+    flashinfer = importlib.metadata.version("flashinfer-python").split("+", 1)[0]
+    uv = shutil.which("uv")
+    installer = [uv, "pip", "install", "--python", sys.executable] if uv else [sys.executable, "-m", "pip", "install"]
+    cmd = [*installer, "--upgrade", "--no-deps", f"flashinfer-cubin=={flashinfer}"]
+    print("Command: " + " ".join(cmd), flush=True)
+    rc = 0 if dry_run else subprocess.run(cmd, check=False).returncode
+    entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "vllm": __version__,
+             "flashinfer": flashinfer, "dry_run": dry_run, "command": cmd, "exit": rc}
+    with (Path(sys.prefix) / KERNELS_RECORD).open("a") as record:
+        record.write(json.dumps(entry) + "\n")
+    return rc
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "download-kernels":
+        return download_kernels(args.dry_run)
     try:
         return serve(args)
     except ServeError as e:
