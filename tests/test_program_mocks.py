@@ -23,15 +23,16 @@ def key_file(tmp_path):
 
 def _expected_commands(stack: str) -> int:
     p = plan(load_file(stack_file(stack)).config)
-    # Serving host: preflight, secrets env, driver install/reboot/back, health gate, RDMA, UCX env, runtime.
-    per_serving_host = 9
+    # Serving host: preflight, secrets env, driver install/reboot/back, health gate, RDMA, UCX env, facts
+    # after them, runtime.
+    per_serving_host = 10
     router_only = sum(1 for h in p.hosts if h.runs_router and not h.instances) * 2  # preflight, runtime
     bare = sum(1 for h in p.hosts if not h.runs_router and not h.instances)  # preflight only
     per_instance = 4  # unit file, service (start), rollout (restart), stopper
     router = 6 if p.router else 0  # secrets file, unit file, service, front conf, front keys, front
-    # Weights (huggingface source in the committed stacks): the seed's token file and fan-out start and
-    # stop; a staging step and, after the services, a prune step per serving host.
-    weights = 3 + 2 * len(p.serving_hosts)
+    # Weights (huggingface source in the committed stacks): the seed's token file, hf CLI and fan-out
+    # start and stop; a staging step and, after the services, a prune step per serving host.
+    weights = 4 + 2 * len(p.serving_hosts)
     return (len(p.serving_hosts) * per_serving_host + router_only + bare + len(p.instances) * per_instance + router
             + weights)
 
@@ -136,6 +137,12 @@ def test_weights_download_once_and_fan_out(key_file):
     stop = run.get("glm-weights-b300-1-fanout-stop")
     assert all(s.urn in stop.dependencies for s in stage.values())
     assert stage["b300-2"].urn in run.get("glm-prefill-2-service").dependencies
+    # The hf CLI lives on the seed only, before its staging, and goes on destroy.
+    hf_cli = run.get("glm-weights-b300-1-hf-cli")
+    assert hf_cli.urn in stage["b300-1"].dependencies
+    assert "huggingface_hub[hf_xet]==2.4.0" in hf_cli.inputs["create"]
+    assert hf_cli.inputs["delete"].startswith("rm -rf /opt/glm-infra/hf &&") and not hf_cli.retain_on_delete
+    assert not [r for r in run.resources if r.name.endswith("-hf-cli") and r is not hf_cli]
     prune = run.get("glm-b300-2-prune-weights")
     assert sorted(d.rsplit("::", 1)[1] for d in prune.dependencies) == ["glm-prefill-2-rollout", "glm-prefill-3-rollout"]
 
@@ -198,3 +205,13 @@ def test_bad_stack_registers_nothing(key_file, tmp_path):
 def test_missing_key_file_is_named(tmp_path):
     with pytest.raises(pulumi.RunError, match=r"glm-infra:ssh.privateKeyPath: cannot read .*nope"):
         run_program(stack_file("prod-b300"), tmp_path / "nope")
+
+
+def test_host_facts_are_read_after_the_host_is_provisioned(key_file):
+    run = run_program(stack_file("prod-b300"), key_file)
+    for h in ("b300-1", "b300-2", "b300-3"):
+        facts = run.get(f"glm-{h}-facts")
+        assert facts.parent == run.urn(f"glm-{h}")
+        assert facts.inputs["create"].endswith("/usr/local/libexec/glm-infra/hostcheck.py facts --model-path /mnt/model/glm/GLM-5.2-NVFP4")
+        assert run.urn(f"glm-{h}-nixl-ucx-env") in facts.dependencies
+        assert run.urn(f"glm-{h}-rdma-setup") in facts.dependencies

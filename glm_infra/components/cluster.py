@@ -59,6 +59,7 @@ class Cluster(pulumi.ComponentResource):
 
         self.hosts, self.runtimes = {}, {}
         ready: dict[str, list[pulumi.Resource]] = {}
+        facts: dict[str, pulumi.Output[dict]] = {}
         for h in plan.hosts:
             hc = stack.host(h.name)
             files: dict[str, tuple[pulumi.Input[str], int, bool]] = {}
@@ -118,6 +119,11 @@ class Cluster(pulumi.ComponentResource):
                     f"{name}-{h.name}-nixl",
                     NixlArgs(host.connection, render.ucx_env(stack, h.name)),
                     pulumi.ResourceOptions(parent=self, depends_on=[rdma]),
+                )
+                # The host as provisioned (driver answering, RDMA up): read again whenever the
+                # driver, the gate or the RDMA step ran again.
+                facts[h.name] = host.read_facts(
+                    [drivers.ready.stdout, fabric.gate.stdout, rdma.setup.stdout], depends_on=[previous]
                 )
             if h.instances or h.runs_router:
                 runtime = Runtime(
@@ -214,5 +220,5 @@ class Cluster(pulumi.ComponentResource):
             )
 
         self.router_url = pulumi.Output.from_input(plan.router.url if plan.router else "")
-        self.facts = pulumi.Output.all(**{n: h.facts for n, h in self.hosts.items()})
+        self.facts = pulumi.Output.all(**{n: facts.get(n, h.facts) for n, h in self.hosts.items()})
         self.register_outputs({"routerUrl": self.router_url, "facts": self.facts})

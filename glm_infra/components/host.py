@@ -64,6 +64,7 @@ class Host(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: HostArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("glm-infra:index:Host", name, None, opts)
+        self._name = name
         self.connection = remote.ConnectionArgs(
             host=args.address,
             port=args.ssh_port,
@@ -82,7 +83,16 @@ class Host(pulumi.ComponentResource):
                 run_step(f"{name}-{slug}", step, self.connection, self, stdin=content, depends_on=[self.preflight])
             )
         self.address = pulumi.Output.from_input(args.address)
+        self._model_path = args.model_path
         self.register_outputs({"address": self.address, "facts": self.facts})
+
+    def read_facts(self, triggers: list[pulumi.Input[str]], depends_on: list[pulumi.Resource]) -> pulumi.Output[dict]:
+        """The host's facts read again once ``depends_on`` ran (preflight's are from before the
+        driver was installed); re-read whenever a ``triggers`` value changes."""
+        cmd = [HOSTCHECK, "facts"] + (["--model-path", self._model_path] if self._model_path else [])
+        step = Step("facts", " ".join(shlex.quote(c) for c in cmd))
+        read = run_step(f"{self._name}-facts", step, self.connection, self, triggers=triggers, depends_on=depends_on)
+        return read.stdout.apply(_last_json)
 
 
 def _last_json(stdout: str | None) -> dict:

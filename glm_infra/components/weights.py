@@ -64,16 +64,31 @@ def stage_commands(a: ModelWeightsArgs) -> Mapping[str, str]:
                 cmd += ["--repo", m.repo, "--token-file", HF_SECRETS]
         else:
             cmd = base + ["--role", "peer", "--peer", f"http://{_url_host(seed.address)}:{m.fanout_port}"]
-        prep = ""
-        if m.source == "huggingface" and h.name == a.seed:
-            uv = f"/opt/glm-infra/uv-{a.runtime.uv_version}/uv"
-            index = f"--find-links {shlex.quote(a.runtime.find_links)} --no-index" if a.runtime.find_links else \
-                f"--index-url {shlex.quote(a.runtime.index_url)}"
-            prep = (f"[ -x /opt/glm-infra/hf/bin/hf ] || {{ {uv} venv --quiet --python /usr/bin/python3 /opt/glm-infra/hf && "
-                    f"{uv} pip install --quiet --python /opt/glm-infra/hf/bin/python {index} "
-                    f"{shlex.quote('huggingface_hub[hf_xet]==' + m.hf_hub_version)}; }} && ")
-        out[h.name] = f"{install} && {prep}{_q(cmd)}"
+        out[h.name] = f"{install} && {_q(cmd)}"
     return out
+
+
+HF_ENV = "/opt/glm-infra/hf"
+
+
+def hf_cli_step(model: ModelConfig, runtime: RuntimeConfig) -> Step:
+    """The ``hf`` CLI the seed downloads with (huggingface source): a venv with the pinned
+    huggingface_hub, installed with the runtime's uv, reinstalled when the pin changes, removed on destroy."""
+    uv = f"/opt/glm-infra/uv-{runtime.uv_version}/uv"
+    index = (f"--find-links {shlex.quote(runtime.find_links)} --no-index" if runtime.find_links
+             else f"--index-url {shlex.quote(runtime.index_url)}")
+    pin = shlex.quote(model.hf_hub_version)
+    have = (f"{HF_ENV}/bin/python -c 'import importlib.metadata as m; print(m.version(\"huggingface_hub\"))' "
+            "2>/dev/null || true")
+    create = (
+        f"have=$({have}); if [ \"$have\" = {pin} ]; then echo \"hf CLI: huggingface_hub $have\"; else "
+        f"{{ [ -x {HF_ENV}/bin/python ] || {uv} venv --quiet --python /usr/bin/python3 {HF_ENV}; }} && "
+        f"{uv} pip install --quiet --python {HF_ENV}/bin/python {index} "
+        f"{shlex.quote('huggingface_hub[hf_xet]==' + model.hf_hub_version)} && "
+        f"echo \"hf CLI: installed huggingface_hub {model.hf_hub_version} into {HF_ENV}\"; fi"
+    )
+    delete = f"rm -rf {HF_ENV} && {{ rmdir /opt/glm-infra 2>/dev/null || true; }}"
+    return Step("hf-cli", create, delete)
 
 
 def _url_host(address: str) -> str:
@@ -104,6 +119,10 @@ class ModelWeights(pulumi.ComponentResource):
             )
             fanout = [run_step(f"{name}-{seed.name}-fanout", start, seed.connection, self, triggers=triggers,
                                depends_on=list(seed.after))]
+        hf_cli: list[pulumi.Resource] = []
+        if m.source == "huggingface":
+            hf_cli = [run_step(f"{name}-{seed.name}-hf-cli", hf_cli_step(m, args.runtime), seed.connection, self,
+                               depends_on=list(seed.after))]
         remove = None if not m.remove_on_destroy else _q([WEIGHTS, "remove", "--path", m.path])
         self.staged = {}
         for host, cmd in stage_commands(args).items():
@@ -111,7 +130,8 @@ class ModelWeights(pulumi.ComponentResource):
             step = Step("stage", cmd, remove, source, (digest(source),))
             self.staged[host] = run_step(
                 f"{name}-{host}-stage", step, h.connection, self, triggers=triggers,
-                depends_on=[*h.after, *fanout], timeout="24h", retain_on_delete=not m.remove_on_destroy,
+                depends_on=[*h.after, *fanout, *(hf_cli if host == seed.name else [])], timeout="24h",
+                retain_on_delete=not m.remove_on_destroy,
             )
         if fanout:
             stop = Step("fanout-stop", _q([WEIGHTS, "fanout-stop"]), None, None)
