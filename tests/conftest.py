@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import copy
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import proctree  # noqa: E402
 
 STACKS = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in (ROOT / "stacks").glob("Pulumi.*.yaml"))
 PROD_STACKS = [s for s in STACKS if s != "sim"]
@@ -38,3 +43,41 @@ def write_stack(tmp_path):
         return p
 
     return write
+
+
+# --- the whole suite: end-to-end tests last, and nothing it started outlives it -------------------
+
+
+def pytest_collection_modifyitems(config, items):
+    """The end-to-end suite (minutes, the real engine) runs after everything fast has passed."""
+    items.sort(key=lambda item: "/tests/e2e/" in str(item.path).replace(os.sep, "/"))
+
+
+_SESSION = {"id": proctree.new_session_id(), "since": 0.0}
+
+
+def pytest_sessionstart(session):
+    # Every process the suite starts inherits this; the check below finds them by it.
+    os.environ[proctree.SESSION_VAR] = _SESSION["id"]
+    _SESSION["since"] = time.time()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    keep = proctree.ancestors(os.getpid())
+    deadline = time.monotonic() + 15  # hosts halting and servers closing get a moment
+    left = proctree.leftovers(_SESSION["id"], _SESSION["since"], keep)
+    while left and time.monotonic() < deadline:
+        time.sleep(1)
+        left = proctree.leftovers(_SESSION["id"], _SESSION["since"], keep)
+    if not left:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = [f"{len(left)} process(es) the test suite started outlived it (killed now):"]
+    lines += [f"  {p}" for p in left]
+    if reporter is not None:
+        reporter.write_line("\n".join(lines), red=True, bold=True)
+    else:
+        print("\n".join(lines), file=sys.stderr)
+    for p in left:
+        proctree.kill_tree(p.pid)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Debian packages the simulated cluster needs on this machine (installed when missing, as root).
+# Debian packages the simulated cluster and the team-state tests need on this machine (installed when
+# missing, as root).
 
 ensure_host_deps() {
   local need=() pkg
@@ -8,6 +9,8 @@ ensure_host_deps() {
     command -v "${pkg%%:*}" >/dev/null 2>&1 || need+=("${pkg#*:}")
   done
   python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+  command -v psql >/dev/null 2>&1 || need+=(postgresql-client)
+  compgen -G '/usr/lib/postgresql/*/bin/pg_ctl' >/dev/null || need+=(postgresql)
   [ "${#need[@]}" -eq 0 ] && return 0
   [ "$(id -u)" -eq 0 ] || { echo "error: need root to apt-get install ${need[*]}" >&2; return 1; }
   echo "== apt-get install ${need[*]}" >&2

@@ -214,7 +214,7 @@ while :; do
   wait $!; rc=$?
   while kill -0 "$(cat "$dir/nspawn.pid")" 2>/dev/null; do wait "$(cat "$dir/nspawn.pid")"; rc=$?; done
   [ -e "$dir/stop" ] && exit 0
-  [ "$rc" -eq 133 ] || exit "$rc"
+  [ "$rc" -eq 133 ] || { echo "launcher: $(date -u +%FT%TZ) systemd-nspawn exited $rc" >&2; exit "$rc"; }
   echo "launcher: $(date -u +%FT%TZ) host rebooted" >&2
 done
 """
@@ -258,9 +258,12 @@ def ssh_cmd(h: SimHost, key: Path, *cmd: str) -> list[str]:
     return ["ssh", "-i", str(key), *SSH_OPTS, f"root@{h.address}", *cmd]
 
 
-def wait_ready(hosts: list[SimHost], key: Path, timeout: float = 120) -> None:
+def wait_ready(hosts: list[SimHost], key: Path, reboot, timeout: float = 120) -> None:
+    """Wait until every host's systemd runs. A container that exits while booting is booted once
+    more (seen rarely right after another cluster went down); a second exit is an error."""
     deadline = time.monotonic() + timeout
     pending = list(hosts)
+    retried: set[str] = set()
     while pending:
         h = pending[0]
         r = run(ssh_cmd(h, key, "systemctl", "is-system-running", "--wait"), check=False, capture_output=True)
@@ -269,7 +272,12 @@ def wait_ready(hosts: list[SimHost], key: Path, timeout: float = 120) -> None:
             continue
         if not _alive(h.dir / "launcher.pid"):
             tail = (h.dir / "console.log").read_text(errors="replace")[-2000:]
-            raise SimError(f"{h.name}: the container exited while booting:\n{tail}")
+            if h.name not in retried:
+                retried.add(h.name)
+                say(f"{h.name}: the container exited while booting; booting it again\n{tail}")
+                reboot(h)
+                continue
+            raise SimError(f"{h.name}: the container exited while booting, twice:\n{tail}")
         if time.monotonic() > deadline:
             raise SimError(f"{h.name} ({h.address}): no SSH after {timeout:.0f}s; see {h.dir / 'console.log'}")
         time.sleep(1)
@@ -320,7 +328,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     for h in hosts:
         boot(h, image, hosts, key)
-    wait_ready(hosts, key)
+    wait_ready(hosts, key, lambda h: boot(h, image, hosts, key))
     say(f"{len(hosts)} simulated hosts up in {time.monotonic() - t0:.0f}s "
         f"(repository http://{gateway.ip}:{HTTP_PORT}/, key {key})")
     return cmd_status(args)

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -20,7 +18,8 @@ import urllib.request
 
 import pytest
 
-from conftest import PASSPHRASE, ROOT, on_host, sh
+import proctree
+from e2e.harness import PASSPHRASE, ROOT, on_host, sh
 
 HOSTS = ("sim-1", "sim-2", "sim-3")
 PREFILL_UNITS = {"sim-1": ["glm-vllm-prefill-0", "glm-vllm-prefill-1"], "sim-2": ["glm-vllm-prefill-2", "glm-vllm-prefill-3"]}
@@ -64,6 +63,10 @@ def test_up_provisions_every_host(stack):
         facts = out["hostFacts"][h]
         assert facts["os"] == "debian 12" and facts["container"] == "systemd-nspawn"
         assert facts["disk"]["free_bytes"] > 0
+        # As the host is once provisioned, not as preflight found it (before the driver).
+        assert facts["gpus"]["count"] == 8 and facts["gpus"]["driver_version"] == "580.159.04", facts["gpus"]
+        assert facts["gpus"]["models"] and all("B300" in m for m in facts["gpus"]["models"])
+        assert "error" not in facts["rdma"], facts["rdma"]
     assert out["routerUrl"] == ROUTER
     API_KEY.append(out["routerApiKey"])
     assert json.loads(sh("pulumi stack output -s sim --json").stdout)["routerApiKey"] == "[secret]"
@@ -73,7 +76,12 @@ def test_up_provisions_every_host(stack):
         held = on_host(h, "apt-mark showhold").split()
         assert {"nvidia-driver-580-open", "nvidia-fabricmanager", "libnvidia-nscq-580"} <= set(held)
         assert "580.159.04" in on_host(h, "nvidia-smi --query-gpu=driver_version --format=csv,noheader")
-        assert "vllm==0.33.0+glmsim" in on_host(h, "/usr/local/libexec/glm-infra/runtime.sh check")
+        runtime = on_host(h, "/usr/local/libexec/glm-infra/runtime.sh check")
+        assert "vllm==0.33.0+glmsim" in runtime and "FlashInfer kernels match" in runtime
+        # vllm download-kernels ran once, after vLLM was installed, and installed the matching kernels.
+        runs = [json.loads(l) for l in on_host(h, "cat /opt/glm-infra/venv/glm-sim-download-kernels.log").splitlines()]
+        assert [(r["vllm"], r["exit"], r["dry_run"]) for r in runs] == [("0.33.0+glmsim", 0, False)]
+        assert "flashinfer-cubin==0.7.2.post1" in runs[0]["command"]
 
 
 def test_chat_completion_goes_through_prefill_then_decode(stack):
@@ -269,13 +277,13 @@ def test_new_revision_interrupted_then_resumed_and_switched(stack):
                 len(json.loads(on_host("sim-1", f"cat {progress}"))["published"]) < 3:
             assert time.monotonic() < deadline and up.poll() is None, "staging of the new revision started"
             time.sleep(0.5)
-        # The interruption: pulumi and the staging on every host die mid-transfer.
-        os.killpg(up.pid, signal.SIGKILL)
+        # The interruption: pulumi (with its plugins) and the staging on every host die mid-transfer.
+        proctree.kill_tree(up.pid)
         up.wait()
         for h in HOSTS:
             on_host(h, "pkill -9 -f '[w]eights.py stage' || true")
-        # A killed pulumi leaves the file backend's lock behind; the stack is ours alone here.
-        shutil.rmtree(ROOT / ".pulumi-state/.pulumi/locks", ignore_errors=True)
+        # A killed pulumi leaves its lock behind; the stack is ours alone here.
+        sh("pulumi cancel -s sim --yes")
         out = stack.up()
     finally:
         throttle_model_source(None)

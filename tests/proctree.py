@@ -1,0 +1,124 @@
+"""Processes the test suite started, read from /proc: whole trees to kill, and what is left at the end.
+
+A killed ``pulumi up`` leaves its plugins (the command provider, the language host) running with
+parent 1, so killing a process group is not enough: trees are collected before anything is killed.
+Every process the suite starts inherits ``SESSION_VAR`` from pytest's environment, which is how the
+leak check tells them from anything else running on the machine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+
+SESSION_VAR = "GLM_INFRA_TEST_SESSION"
+# What the issue names: pulumi and its plugins, nspawn hosts, the stand-ins and the servers the
+# fixtures start. Matched on the program's base name (argv[0]) or, for python servers, the module.
+WATCHED_PROGRAMS = ("pulumi", "pulumi-resource-command", "pulumi-language-python", "pulumi-language-python-exec",
+                    "systemd-nspawn", "llm-d-inference-sim", "vllm", "vllm-router", "postgres", "nginx", "uv")
+WATCHED_ARGS = ("http.server", "hub_standin.py", "weights.py", "simlib/cluster.py", "scripts/simlib")
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    started: float  # seconds since the epoch
+    argv: tuple[str, ...]
+
+    @property
+    def program(self) -> str:
+        return os.path.basename(self.argv[0]) if self.argv else ""
+
+    def __str__(self) -> str:
+        return f"pid {self.pid} (parent {self.ppid}, {time.time() - self.started:.0f}s old): {' '.join(self.argv)[:300]}"
+
+
+def new_session_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _boot_time() -> float:
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    raise RuntimeError("no btime in /proc/stat")
+
+
+def processes() -> dict[int, Proc]:
+    boot, ticks = _boot_time(), os.sysconf("SC_CLK_TCK")
+    out: dict[int, Proc] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = tuple(a.decode(errors="replace") for a in f.read().split(b"\0") if a)
+        except OSError:
+            continue  # gone meanwhile
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[int(entry)] = Proc(int(entry), int(fields[1]), boot + int(fields[19]) / ticks, argv)
+    return out
+
+
+def descendants(pid: int, table: dict[int, Proc] | None = None) -> list[int]:
+    table = table if table is not None else processes()
+    children: dict[int, list[int]] = {}
+    for p in table.values():
+        children.setdefault(p.ppid, []).append(p.pid)
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(pid: int, sig: int = signal.SIGKILL) -> list[int]:
+    """Signal pid and every process below it, collected first (children outlive a killed parent)."""
+    victims = [pid, *descendants(pid)]
+    for p in victims:
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
+    return victims
+
+
+def in_session(pid: int, session: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"{SESSION_VAR}={session}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def watched(p: Proc) -> bool:
+    return p.program in WATCHED_PROGRAMS or any(a in arg for arg in p.argv[:3] for a in WATCHED_ARGS)
+
+
+def leftovers(session: str, since: float, keep: set[int]) -> list[Proc]:
+    """Processes still alive that this session started: they carry its id in their environment, or
+    they are a watched program started since the session began. ``keep``: pytest and its ancestors."""
+    out = []
+    for p in processes().values():
+        if p.pid in keep or p.pid == os.getpid():
+            continue
+        if in_session(p.pid, session) or (watched(p) and p.started >= since):
+            out.append(p)
+    return out
+
+
+def ancestors(pid: int) -> set[int]:
+    table = processes()
+    out = set()
+    while pid in table and pid not in out:
+        out.add(pid)
+        pid = table[pid].ppid
+    return out

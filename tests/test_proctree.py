@@ -1,0 +1,63 @@
+"""The suite's process bookkeeping (tests/proctree.py): whole trees are killed, and a process the
+suite started is found at the end however it was detached."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+
+import proctree
+
+
+def wait_gone(pids: list[int], timeout: float = 10) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(p in proctree.processes() for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_kill_tree_reaches_grandchildren_that_outlive_their_parent():
+    # Like pulumi and its plugins: the parent starts children in sessions of their own.
+    parent = subprocess.Popen(["bash", "-c", "setsid sleep 300 & setsid sleep 301 & wait"])
+    deadline = time.monotonic() + 10
+    while len(proctree.descendants(parent.pid)) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    children = proctree.descendants(parent.pid)
+    killed = proctree.kill_tree(parent.pid)
+    parent.wait()
+    assert set(children) <= set(killed)
+    assert wait_gone(children), "no child survives its killed parent"
+
+
+def test_leftovers_finds_detached_processes_of_the_session_and_watched_programs(tmp_path):
+    session, since = proctree.new_session_id(), time.time() - 1
+    # Detached twice over (parent 1), carrying the session's id.
+    subprocess.run(["bash", "-c", "setsid sleep 302 >/dev/null 2>&1 < /dev/null &"], check=True,
+                   env=dict(os.environ, **{proctree.SESSION_VAR: session}))
+    # A watched program without the id (a host's server started by its own systemd, say).
+    fake = tmp_path / "llm-d-inference-sim"
+    shutil.copy("/bin/sleep", fake)
+    sim = subprocess.Popen([str(fake), "303"], env={k: v for k, v in os.environ.items() if k != proctree.SESSION_VAR},
+                           start_new_session=True)
+    keep = proctree.ancestors(os.getpid())
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            left = proctree.leftovers(session, since, keep)
+            argvs = [" ".join(p.argv) for p in left]
+            if "sleep 302" in argvs and any(a.endswith("llm-d-inference-sim 303") for a in argvs):
+                break
+            assert time.monotonic() < deadline, argvs
+            time.sleep(0.1)
+        assert os.getpid() not in {p.pid for p in left}, "pytest itself is not a leftover"
+    finally:
+        for p in proctree.leftovers(session, since, keep):
+            if p.argv[-1] in ("302", "303"):
+                proctree.kill_tree(p.pid)
+        sim.wait()
+    assert not [p for p in proctree.leftovers(session, since, keep) if p.argv[-1] in ("302", "303")]
