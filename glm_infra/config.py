@@ -100,6 +100,7 @@ class HostConfig(StrictModel):
         description="RDMA devices carrying KV traffic (e.g. mlx5_0). Never the NVSwitch-management ConnectX.",
     )
     ssh_port: int = Field(22, ge=1, le=65535)
+    nvlinks: int = Field(18, ge=1, le=72, description="NVLink links per GPU the health gate expects up (18 on HGX B300).")
 
     @field_validator("name")
     @classmethod
@@ -343,6 +344,10 @@ class PreflightConfig(StrictModel):
         default_factory=lambda: ["ubuntu 24.04"], description="'ID VERSION_ID' pairs from /etc/os-release."
     )
     min_kernel: str = Field("5.12", pattern=r"^[0-9]+\.[0-9]+$", description="DMA-BUF GPUDirect needs 5.12+.")
+    min_free_disk_gb: float | None = Field(
+        None, ge=0, description="Free space (or checkpoint already staged) needed at model.path before anything is "
+        "installed; the weights step checks the exact size later.",
+    )
 
 
 class DriversConfig(StrictModel):

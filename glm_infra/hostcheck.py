@@ -5,19 +5,21 @@ glm-infra installs this file on every host and runs it from the preflight and he
 
     hostcheck.py facts [--model-path P]          JSON facts: OS, kernel, GPUs, driver, disk, RDMA, memlock
     hostcheck.py preflight --host NAME --allowed-os 'ubuntu 24.04' [--min-kernel 5.12] [--gpus N --gpu-model M]
-                        [--require-driver] [--model-path P]
+                        [--require-driver] [--model-path P [--min-free-gb G]]
                                                  facts on stdout; exit 1 with what rules the host out
-    hostcheck.py health --host NAME --gpus N --gpu-model M [--driver V] [--fabric]
+    hostcheck.py health --host NAME --gpus N --gpu-model M [--driver V] [--fabric [--nvlinks 18]]
                         [--nics mlx5_0,...] [--link-layer Ethernet] [--mtu 4096] [--gid-index 3]
-                                                 exit 1 with one "NAME: check: problem" line per failure
+                                                 exit 1 with one "NAME: check: problem" line per failure;
+                                                 a tool that fails or prints nothing is a failure
 
-The parsers read what ``nvidia-smi``, ``ibv_devinfo`` and ``show_gids`` print; tests run them on
-captures from real machines.
+The parsers read what ``nvidia-smi``, ``ibv_devinfo [-v]``, ``show_gids`` and ``ibstat`` print; tests
+run them on captures from real machines (tests/fixtures).
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import platform
@@ -113,7 +115,8 @@ def parse_nvlink_status(text: str) -> dict[int, dict[int, str | None]]:
 
 
 def parse_ibv_devinfo(text: str) -> dict[str, dict]:
-    """``ibv_devinfo``: {device: {port number: {state, active_mtu, link_layer}}}."""
+    """``ibv_devinfo`` or ``ibv_devinfo -v``: {device: {port number: {state, active_mtu, link_layer,
+    gids}}}, ``gids`` (from ``-v`` only) {index: {gid, ver, ipv4}}. Tabs or spaces alike."""
     out: dict[str, dict] = {}
     dev = port = None
     for line in text.splitlines():
@@ -125,19 +128,33 @@ def parse_ibv_devinfo(text: str) -> dict[str, dict]:
             continue
         m = re.match(r"^port:\s*(\d+)", s)
         if m and dev is not None:
-            port = dev.setdefault(int(m.group(1)), {})
+            port = dev.setdefault(int(m.group(1)), {"gids": {}})
             continue
         if port is None:
+            continue
+        m = re.match(r"^GID\[\s*(\d+)\]:\s*([0-9A-Fa-f:.]+)(?:,\s*RoCE (v\d))?$", s)
+        if m:
+            port["gids"][int(m.group(1))] = {"gid": m.group(2), "ver": m.group(3) or "", "ipv4": gid_ipv4(m.group(2))}
             continue
         key, _, value = s.partition(":")
         value = value.strip()
         if key == "state":
-            port["state"] = value.split()[0]
-        elif key == "active_mtu":
+            port["state"] = value.split()[0] if value else ""
+        elif key == "active_mtu" and value.split() and value.split()[0].isdigit():
             port["active_mtu"] = int(value.split()[0])
         elif key == "link_layer":
             port["link_layer"] = value
     return out
+
+
+def gid_ipv4(gid: str) -> str:
+    """The IPv4 address of an IPv4-mapped GID, in either form the tools print
+    (``::ffff:10.0.3.1`` or ``0000:…:ffff:0a00:0301``); "" for any other GID."""
+    try:
+        mapped = ipaddress.IPv6Address(gid).ipv4_mapped
+    except ValueError:
+        return ""
+    return str(mapped) if mapped else ""
 
 
 def parse_show_gids(text: str) -> list[dict[str, str]]:
@@ -154,6 +171,58 @@ def parse_show_gids(text: str) -> list[dict[str, str]]:
         netdev = rest[1] if len(rest) > 1 else ""
         rows.append({"dev": dev, "port": port, "index": index, "gid": gid, "ipv4": ipv4, "ver": ver, "netdev": netdev})
     return rows
+
+
+def parse_ibstat(text: str) -> dict[str, dict]:
+    """``ibstat``: {CA: {type, firmware, ports: {number: {state, physical_state, rate, link_layer}}}}."""
+    out: dict[str, dict] = {}
+    ca = port = None
+    keys = {"State": "state", "Physical state": "physical_state", "Rate": "rate", "Link layer": "link_layer",
+            "Base lid": "base_lid"}
+    for line in text.splitlines():
+        s = line.strip()
+        m = re.match(r"^CA '([^']+)'$", s)
+        if m:
+            ca = out.setdefault(m.group(1), {"ports": {}})
+            port = None
+            continue
+        if ca is None:
+            continue
+        m = re.match(r"^Port (\d+):$", s)
+        if m:
+            port = ca["ports"].setdefault(int(m.group(1)), {})
+            continue
+        key, _, value = s.partition(":")
+        value = value.strip()
+        if port is None:
+            if key == "CA type":
+                ca["type"] = value
+            elif key == "Firmware version":
+                ca["firmware"] = value
+        elif key in keys:
+            port[keys[key]] = int(value) if key == "Rate" and value.isdigit() else value
+    return out
+
+
+def gid_table(devinfo: str, show_gids: str | None) -> dict[str, dict[int, dict[str, str]]]:
+    """{device: {GID index: {gid, ver, ipv4}}} of port 1: from ``show_gids`` (DOCA-OFED's tool) when it
+    ran, else from the GID lines of ``ibv_devinfo -v`` (inbox rdma-core has no show_gids)."""
+    out: dict[str, dict[int, dict[str, str]]] = {}
+    if show_gids is not None:
+        for r in parse_show_gids(show_gids):
+            if r["port"] == "1":
+                out.setdefault(r["dev"], {})[int(r["index"])] = {"gid": r["gid"], "ver": r["ver"], "ipv4": r["ipv4"]}
+    else:
+        out = {dev: dict(ports.get(1, {}).get("gids", {})) for dev, ports in parse_ibv_devinfo(devinfo).items()}
+    # One spelling per GID (the tools print some compressed, some as eight groups).
+    return {dev: {i: {**g, "gid": _canonical_gid(g["gid"])} for i, g in gids.items()} for dev, gids in out.items()}
+
+
+def _canonical_gid(gid: str) -> str:
+    try:
+        return str(ipaddress.IPv6Address(gid))
+    except ValueError:
+        return gid
 
 
 # --- gathering -----------------------------------------------------------------------------------
@@ -204,7 +273,10 @@ def gpu_facts() -> dict:
     rc, out = _run(["nvidia-smi", f"--query-gpu={QUERY_FIELDS}", "--format=csv"])
     if rc != 0:
         return {"error": out.splitlines()[0] if out else f"nvidia-smi exited {rc}", "exit": rc}
-    rows = parse_query_csv(out)
+    try:
+        rows = parse_query_csv(out)
+    except ValueError as e:
+        return {"error": f"cannot read nvidia-smi --query-gpu: {e}", "exit": rc}
     return {
         "count": len(rows),
         "models": sorted({r["name"] for r in rows}),
@@ -214,13 +286,23 @@ def gpu_facts() -> dict:
 
 
 def rdma_facts() -> dict:
-    rc, out = _run(["ibv_devinfo"])
-    if rc != 0:
-        return {"error": out.splitlines()[0] if out else f"ibv_devinfo exited {rc}"}
-    devs = parse_ibv_devinfo(out)
-    return {
-        dev: {str(p): info for p, info in ports.items()} for dev, ports in sorted(devs.items())
-    }
+    rc, out = _run(["ibv_devinfo", "-v"])
+    if rc != 0 or not out.strip():
+        return {"error": out.splitlines()[0] if out.strip() else f"ibv_devinfo -v exited {rc} and printed nothing"}
+    rates = {}
+    rc_s, ibstat = _run(["ibstat"])
+    if rc_s == 0:
+        rates = {ca: {p: info.get("rate") for p, info in v["ports"].items()} for ca, v in parse_ibstat(ibstat).items()}
+    out_facts = {}
+    for dev, ports in sorted(parse_ibv_devinfo(out).items()):
+        out_facts[dev] = {}
+        for p, info in ports.items():
+            port = {k: v for k, v in info.items() if k != "gids"}
+            port["roce_v2_ipv4_gids"] = sorted(i for i, g in info.get("gids", {}).items() if g["ver"] == "v2" and g["ipv4"])
+            if rates.get(dev, {}).get(p) is not None:
+                port["rate_gbps"] = rates[dev][p]
+            out_facts[dev][str(p)] = port
+    return out_facts
 
 
 def facts(model_path: str | None) -> dict:
@@ -236,18 +318,52 @@ def facts(model_path: str | None) -> dict:
     out.update(memlock())
     if model_path:
         where, free = free_bytes(model_path)
-        out["disk"] = {"path": where, "free_bytes": free}
+        out["disk"] = {"path": where, "free_bytes": free, "staged_bytes": staged_bytes(model_path)}
     return out
 
 
+def staged_bytes(path: str) -> int:
+    """Bytes of the checkpoint already at ``path`` (a folder or a symlink to one): room it would
+    give back if staged again, so a host that holds the weights passes the disk check again."""
+    total = 0
+    for root, _, files in os.walk(os.path.realpath(path)) if os.path.isdir(path) else ():
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
 # --- health --------------------------------------------------------------------------------------
+#
+# Every check fails closed: a tool that fails, prints nothing, or describes fewer GPUs, links or
+# ports than the stack expects is a problem, and the "healthy" line says what was read.
+
+Problem = tuple[str, str]  # (check, what is wrong)
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+def tool_problem(check: str, what: str, rc: int, out: str) -> Problem | None:
+    """A problem when ``what`` failed or printed nothing; None when it printed something."""
+    if rc != 0:
+        return (check, f"{what} failed (exit {rc}): {_first_line(out) or 'no output'}")
+    if not out.strip():
+        return (check, f"{what} printed nothing")
+    return None
 
 
 def gpu_problems(query_csv: str, smi_q: str, nvlink: str, gpus: int, model: str, driver: str | None,
-                 fabric: bool) -> list[tuple[str, str]]:
-    """(check, problem) pairs from the outputs of nvidia-smi."""
-    problems: list[tuple[str, str]] = []
-    rows = parse_query_csv(query_csv)
+                 fabric: bool, nvlinks: int = 18) -> list[Problem]:
+    """(check, problem) pairs from what ``nvidia-smi --query-gpu``, ``-q`` and ``nvlink -s`` printed."""
+    problems: list[Problem] = []
+    try:
+        rows = parse_query_csv(query_csv)
+    except ValueError as e:
+        return [("gpus", f"cannot read nvidia-smi --query-gpu: {e}")]
     if len(rows) != gpus:
         problems.append(("gpus", f"{len(rows)} GPUs visible, stack expects {gpus}"))
     for r in rows:
@@ -256,107 +372,189 @@ def gpu_problems(query_csv: str, smi_q: str, nvlink: str, gpus: int, model: str,
         if driver and r.get("driver_version") != driver:
             problems.append(("driver", f"GPU {r.get('index')} runs driver {r.get('driver_version')}, stack pins {driver}"))
     q = parse_smi_q(smi_q)
+    if len(q["gpus"]) != gpus:
+        problems.append(("gpus", f"nvidia-smi -q describes {len(q['gpus'])} GPUs, stack expects {gpus}"))
     for i, g in enumerate(q["gpus"]):
         label = f"GPU {i} ({g['bus_id']})"
         if fabric and g.get("fabric_state") != "Completed":
             problems.append(
                 ("fabric", f"{label} fabric state is {g.get('fabric_state', 'missing')!r} (fabric manager or NVLSM not ready)")
             )
-        if g.get("remapped_pending") == "Yes":
+        if "remapped_pending" not in g:
+            problems.append(("remapped-rows", f"{label}: nvidia-smi -q shows no Remapped Rows section"))
+        elif g["remapped_pending"] != "No":
             problems.append(("remapped-rows", f"{label} has a pending row remap (reset the GPU before serving)"))
-        if g.get("remapped_failure") == "Yes":
+        if g.get("remapped_failure", "No") != "No":
             problems.append(("remapped-rows", f"{label} had a row remapping failure"))
     if fabric:
         links = parse_nvlink_status(nvlink)
-        if not links and rows:
-            problems.append(("nvlink", "nvidia-smi nvlink -s lists no links"))
+        if len(links) != gpus:
+            problems.append(("nvlink", f"nvidia-smi nvlink -s lists {len(links)} GPUs, stack expects {gpus}"))
         for gpu, ls in sorted(links.items()):
             down = [str(n) for n, speed in sorted(ls.items()) if speed is None]
             if down:
                 problems.append(("nvlink", f"GPU {gpu} NVLink links down: {', '.join(down)}"))
+            if len(ls) < nvlinks:
+                problems.append(("nvlink", f"GPU {gpu} lists {len(ls)} NVLink links, expected {nvlinks}"))
     return problems
 
 
-def rdma_problems(devinfo: str, gids: str, nics: list[str], link_layer: str, mtu: int,
-                  gid_index: int) -> list[tuple[str, str]]:
-    problems: list[tuple[str, str]] = []
+def gpu_summary(query_csv: str, smi_q: str, nvlink: str, fabric: bool) -> str:
+    """What the outputs said, for the "healthy" line: count, model, driver, fabric states, links."""
+    rows = parse_query_csv(query_csv)
+    q = parse_smi_q(smi_q)
+    models = sorted({r.get("name", "?") for r in rows})
+    drivers = sorted({r.get("driver_version", "?") for r in rows})
+    out = [f"{len(rows)} × {', '.join(models)}, driver {', '.join(drivers)}"]
+    if fabric:
+        states = sorted({g.get("fabric_state", "missing") for g in q["gpus"]})
+        out.append(f"fabric {'/'.join(states)} on {len(q['gpus'])} GPUs")
+        links = parse_nvlink_status(nvlink)
+        up = sorted({sum(1 for v in ls.values() if v is not None) for ls in links.values()})
+        total = sorted({len(ls) for ls in links.values()})
+        out.append(f"NVLink {'/'.join(map(str, up))} of {'/'.join(map(str, total))} links up on each of {len(links)} GPUs")
+    pending = sum(1 for g in q["gpus"] if g.get("remapped_pending") != "No")
+    out.append(f"{pending} pending row remaps on {len(q['gpus'])} GPUs")
+    return "; ".join(out)
+
+
+def rdma_problems(devinfo: str, gids: dict[str, dict[int, dict[str, str]]], nics: list[str], link_layer: str,
+                  mtu: int, gid_index: int) -> list[Problem]:
+    """``devinfo``: what ``ibv_devinfo -v`` printed; ``gids``: ``gid_table()``."""
+    problems: list[Problem] = []
     devs = parse_ibv_devinfo(devinfo)
-    rows = parse_show_gids(gids)
     for nic in nics:
         if nic not in devs:
             problems.append(("rdma", f"{nic} not found (devices: {', '.join(sorted(devs)) or 'none'})"))
             continue
+        if not devs[nic]:
+            problems.append(("rdma", f"{nic}: ibv_devinfo lists no port"))
         for port, info in sorted(devs[nic].items()):
             if info.get("state") != "PORT_ACTIVE":
-                problems.append(("rdma", f"{nic} port {port} is {info.get('state')}, expected PORT_ACTIVE"))
+                problems.append(("rdma", f"{nic} port {port} is {info.get('state') or 'of unknown state'}, expected PORT_ACTIVE"))
             if info.get("link_layer") != link_layer:
-                problems.append(("rdma", f"{nic} port {port} link layer {info.get('link_layer')}, expected {link_layer}"))
+                problems.append(("rdma", f"{nic} port {port} link layer {info.get('link_layer') or 'unknown'}, expected {link_layer}"))
             if info.get("active_mtu") != mtu:
-                problems.append(("rdma", f"{nic} port {port} active_mtu {info.get('active_mtu')}, expected {mtu}"))
+                problems.append(("rdma", f"{nic} port {port} active_mtu {info.get('active_mtu', 'unknown')}, expected {mtu}"))
         if link_layer == "Ethernet":
-            gid = [r for r in rows if r["dev"] == nic and r["index"] == str(gid_index)]
-            if not gid or gid[0]["ver"] != "v2" or not gid[0]["ipv4"]:
-                problems.append(("rdma", f"{nic} GID index {gid_index} is not a RoCE v2 GID with an IPv4 address"))
+            gid = gids.get(nic, {}).get(gid_index)
+            if gid is None:
+                problems.append(("rdma", f"{nic} has no GID at index {gid_index}"))
+            elif gid["ver"] != "v2" or not gid["ipv4"]:
+                problems.append(("rdma", f"{nic} GID index {gid_index} is not a RoCE v2 GID with an IPv4 address "
+                                         f"({gid['gid']}, {'RoCE ' + gid['ver'] if gid['ver'] else 'no RoCE version'})"))
     return problems
 
 
-def _gpu_health(args: argparse.Namespace) -> list[tuple[str, str]]:
+def rdma_summary(devinfo: str, gids: dict[str, dict[int, dict[str, str]]], nics: list[str], link_layer: str,
+                 gid_index: int) -> str:
+    devs = parse_ibv_devinfo(devinfo)
+    ports = [info for nic in nics for info in devs.get(nic, {}).values()]
+    states = sorted({p.get("state", "?") for p in ports})
+    mtus = sorted({str(p.get("active_mtu", "?")) for p in ports})
+    out = f"RDMA {','.join(nics)}: {len(ports)} ports {'/'.join(states)} {link_layer} active_mtu {'/'.join(mtus)}"
+    if link_layer == "Ethernet":
+        found = [gids[n][gid_index] for n in nics if gid_index in gids.get(n, {})]
+        out += f", GID {gid_index} RoCE {'/'.join(sorted({g['ver'] for g in found}))} IPv4 on {len(found)} NICs"
+    return out
+
+
+def _gpu_health(args: argparse.Namespace) -> tuple[list[Problem], str]:
     rc, query = _run(["nvidia-smi", f"--query-gpu={QUERY_FIELDS}", "--format=csv"])
     if rc != 0:
-        return [("driver", f"nvidia-smi failed (exit {rc}): {query.splitlines()[0] if query else ''}")]
-    _, smi_q = _run(["nvidia-smi", "-q"])
-    _, nvlink = _run(["nvidia-smi", "nvlink", "-s"]) if args.fabric else (0, "")
-    return gpu_problems(query, smi_q, nvlink, args.gpus, args.gpu_model, args.driver, args.fabric)
+        return [("driver", f"nvidia-smi failed (exit {rc}): {_first_line(query)}")], ""
+    problems = [p for p in [tool_problem("gpus", "nvidia-smi --query-gpu", rc, query)] if p]
+    rc_q, smi_q = _run(["nvidia-smi", "-q"])
+    problems += [p for p in [tool_problem("gpus", "nvidia-smi -q", rc_q, smi_q)] if p]
+    nvlink = ""
+    if args.fabric:
+        rc_l, nvlink = _run(["nvidia-smi", "nvlink", "-s"])
+        problems += [p for p in [tool_problem("nvlink", "nvidia-smi nvlink -s", rc_l, nvlink)] if p]
+    if problems:  # what failed or printed nothing is the problem; no judging of partial output
+        return problems, ""
+    problems = gpu_problems(query, smi_q, nvlink, args.gpus, args.gpu_model, args.driver, args.fabric, args.nvlinks)
+    return problems, gpu_summary(query, smi_q, nvlink, args.fabric)
 
 
-def _rdma_health(args: argparse.Namespace) -> list[tuple[str, str]]:
-    rc, devinfo = _run(["ibv_devinfo"])
-    if rc != 0:
-        return [("rdma", f"ibv_devinfo failed: {devinfo.splitlines()[0] if devinfo else rc}")]
-    rc, gids = _run(["show_gids"])
-    return rdma_problems(devinfo, gids if rc == 0 else "", args.nics.split(","), args.link_layer, args.mtu,
-                         args.gid_index)
+def _rdma_health(args: argparse.Namespace) -> tuple[list[Problem], str]:
+    nics = args.nics.split(",")
+    rc, devinfo = _run(["ibv_devinfo", "-v"])
+    problems = [p for p in [tool_problem("rdma", "ibv_devinfo -v", rc, devinfo)] if p]
+    show: str | None = None
+    if args.link_layer == "Ethernet" and shutil.which("show_gids"):
+        rc_g, show = _run(["show_gids"])
+        problems += [p for p in [tool_problem("rdma", "show_gids", rc_g, show)] if p]
+    if problems:
+        return problems, ""
+    gids = gid_table(devinfo, show)
+    problems = rdma_problems(devinfo, gids, nics, args.link_layer, args.mtu, args.gid_index)
+    return problems, rdma_summary(devinfo, gids, nics, args.link_layer, args.gid_index)
 
 
 def health(args: argparse.Namespace) -> int:
-    problems: list[tuple[str, str]] = []
-    what: list[str] = []
+    problems: list[Problem] = []
+    read: list[str] = []
     if not args.rdma_only:
-        problems += _gpu_health(args)
-        what.append(f"{args.gpus} × {args.gpu_model}" + (", fabric Completed, NVLink up" if args.fabric else ""))
+        p, summary = _gpu_health(args)
+        problems += p
+        read.append(summary)
     if args.nics:
-        problems += _rdma_health(args)
-        what.append(f"RDMA {args.nics} {args.link_layer} active_mtu {args.mtu}")
+        p, summary = _rdma_health(args)
+        problems += p
+        read.append(summary)
     for check, problem in problems:
         print(f"{args.host}: {check}: {problem}", file=sys.stderr)
     if not problems:
-        print(f"{args.host}: healthy ({'; '.join(what)})")
+        print(f"{args.host}: healthy ({'; '.join(read)})")
     return 1 if problems else 0
 
 
-def _version_tuple(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", v)[:2])
+def _version_tuple(v: str) -> tuple[int, ...] | None:
+    parts = re.findall(r"\d+", v)[:2]
+    return tuple(int(x) for x in parts) if len(parts) == 2 else None
+
+
+def preflight_problems(f: dict, allowed_os: list[str], min_kernel: str, gpus: int, gpu_model: str,
+                       require_driver: bool, min_free_gb: float | None = None) -> list[Problem]:
+    """What rules a host out, from its facts (``facts()``)."""
+    problems: list[Problem] = []
+    os_id = f.get("os", "unknown")
+    if os_id.startswith("unknown"):
+        problems.append(("os", "cannot tell the OS: /etc/os-release is missing or has no ID"))
+    elif os_id.lower() not in [a.lower() for a in allowed_os]:
+        problems.append(("os", f"{f.get('os_pretty') or os_id} is not supported here (allowed: {', '.join(allowed_os)})"))
+    kernel, wanted = _version_tuple(f.get("kernel", "")), _version_tuple(min_kernel)
+    if kernel is None:
+        problems.append(("kernel", f"cannot read the kernel version {f.get('kernel', '')!r}"))
+    elif wanted is not None and kernel < wanted:
+        problems.append(("kernel", f"kernel {f['kernel']} is older than {min_kernel} (DMA-BUF GPUDirect)"))
+    g = f.get("gpus", {})
+    if "error" in g:
+        if require_driver:
+            problems.append(("driver", f"drivers.mode is verify but the driver does not answer: {g['error']}"))
+    elif gpus:
+        if g.get("count") != gpus:
+            problems.append(("gpus", f"{g.get('count', 0)} GPUs visible, stack expects {gpus}"))
+        wrong = [m for m in g.get("models", []) if gpu_model.lower() not in m.lower()]
+        if wrong:
+            problems.append(("gpus", f"GPU model {', '.join(wrong)}, stack expects {gpu_model}"))
+    if min_free_gb is not None:
+        disk = f.get("disk")
+        if not disk:
+            problems.append(("disk", "no disk facts (the model path was not given)"))
+        else:
+            room = disk.get("free_bytes", 0) + disk.get("staged_bytes", 0)
+            if room < min_free_gb * 1e9:
+                problems.append(("disk", f"{room / 1e9:.0f} GB free or staged at {disk.get('path')}, stack needs "
+                                         f"{min_free_gb:g} GB (preflight.minFreeDiskGb)"))
+    return problems
 
 
 def preflight(args: argparse.Namespace) -> int:
     """Facts as one JSON line on stdout; what rules out this host, one line each on stderr."""
     f = facts(args.model_path)
-    problems: list[tuple[str, str]] = []
-    allowed = [a.lower() for a in args.allowed_os]
-    if f["os"].lower() not in allowed:
-        problems.append(("os", f"{f['os_pretty'] or f['os']} is not supported here (allowed: {', '.join(args.allowed_os)})"))
-    if _version_tuple(f["kernel"]) < _version_tuple(args.min_kernel):
-        problems.append(("kernel", f"kernel {f['kernel']} is older than {args.min_kernel} (DMA-BUF GPUDirect)"))
-    gpus = f["gpus"]
-    if "error" in gpus:
-        if args.require_driver:
-            problems.append(("driver", f"drivers.mode is verify but the driver does not answer: {gpus['error']}"))
-    elif args.gpus:
-        if gpus["count"] != args.gpus:
-            problems.append(("gpus", f"{gpus['count']} GPUs visible, stack expects {args.gpus}"))
-        wrong = [m for m in gpus["models"] if args.gpu_model.lower() not in m.lower()]
-        if wrong:
-            problems.append(("gpus", f"GPU model {', '.join(wrong)}, stack expects {args.gpu_model}"))
+    problems = preflight_problems(f, args.allowed_os, args.min_kernel, args.gpus, args.gpu_model,
+                                  args.require_driver, args.min_free_gb)
     print(json.dumps(f, sort_keys=True))
     for check, problem in problems:
         print(f"{args.host}: {check}: {problem}", file=sys.stderr)
@@ -377,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", type=int, default=0)
     p.add_argument("--gpu-model", default="")
     p.add_argument("--require-driver", action="store_true")
+    p.add_argument("--min-free-gb", type=float, help="free (or already staged) space needed at the model path")
     h = sub.add_parser("health")
     h.add_argument("--host", required=True)
     h.add_argument("--gpus", type=int, default=0)
@@ -384,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--rdma-only", action="store_true", help="check only the RDMA NICs")
     h.add_argument("--driver")
     h.add_argument("--fabric", action="store_true")
+    h.add_argument("--nvlinks", type=int, default=18, help="NVLink links per GPU (18 on HGX B300)")
     h.add_argument("--nics", default="")
     h.add_argument("--link-layer", default="Ethernet")
     h.add_argument("--mtu", type=int, default=4096)

@@ -270,6 +270,7 @@ def health_script(stack: StackConfig, host: str) -> str:
         gpu_model=h.gpu_model,
         driver=stack.drivers.version,
         fabric=stack.drivers.fabric_manager,
+        nvlinks=h.nvlinks,
         dcgm_level=stack.drivers.dcgm_diag_level,
         timeout_s=stack.drivers.fabric_timeout,
     )

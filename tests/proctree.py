@@ -91,12 +91,28 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL) -> list[int]:
     return victims
 
 
-def in_session(pid: int, session: str) -> bool:
+def session_of(pid: int) -> str | None:
+    """The test session id in pid's environment, if any."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            return f"{SESSION_VAR}={session}".encode() in f.read().split(b"\0")
+            env = f.read().split(b"\0")
     except OSError:
-        return False
+        return None
+    prefix = f"{SESSION_VAR}=".encode()
+    return next((e[len(prefix):].decode() for e in env if e.startswith(prefix)), None)
+
+
+def owner(pid: int, table: dict[int, Proc]) -> str | None:
+    """The session of pid or of its nearest ancestor that has one (a host's processes are started by
+    its own systemd, without the variable, but below the nspawn that the session started)."""
+    seen = set()
+    while pid in table and pid not in seen and pid > 1:
+        seen.add(pid)
+        s = session_of(pid)
+        if s is not None:
+            return s
+        pid = table[pid].ppid
+    return None
 
 
 def watched(p: Proc) -> bool:
@@ -104,13 +120,17 @@ def watched(p: Proc) -> bool:
 
 
 def leftovers(session: str, since: float, keep: set[int]) -> list[Proc]:
-    """Processes still alive that this session started: they carry its id in their environment, or
-    they are a watched program started since the session began. ``keep``: pytest and its ancestors."""
+    """Processes still alive that this session started: they or an ancestor carry its id in their
+    environment, or they are a watched program started since the session began that no other test
+    session owns (another suite running beside this one is left alone). ``keep``: pytest and its
+    ancestors."""
+    table = processes()
     out = []
-    for p in processes().values():
+    for p in table.values():
         if p.pid in keep or p.pid == os.getpid():
             continue
-        if in_session(p.pid, session) or (watched(p) and p.started >= since):
+        who = owner(p.pid, table)
+        if who == session or (who is None and watched(p) and p.started >= since):
             out.append(p)
     return out
 

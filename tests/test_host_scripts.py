@@ -209,7 +209,8 @@ def test_rdma_installs_configures_and_checks(rdma_stubs, tmp_path):
     assert r.called("apt-get install -y -q doca-ofed")
     assert "blacklist nvidia-peermem" in in_root(tmp_path, "/etc/modprobe.d/glm-infra-gpudirect.conf").read_text()
     assert "memlock    unlimited" in in_root(tmp_path, "/etc/security/limits.d/90-glm-infra-memlock.conf").read_text()
-    assert f"{HOST}: healthy (RDMA mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 Ethernet active_mtu 4096)" in r.stdout
+    assert (f"{HOST}: healthy (RDMA mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7: 8 ports PORT_ACTIVE Ethernet "
+            "active_mtu 4096, GID 3 RoCE v2 IPv4 on 8 NICs)") in r.stdout
     again = isolated(rdma_stubs, rdma_script(), ["apply"], RDMA_DIRS, tmp_path)
     assert again.returncode == 0 and not again.called("apt-get") and "wrote" not in again.stdout
 

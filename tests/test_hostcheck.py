@@ -4,6 +4,7 @@ stand-in tools with faults (fabric In Progress, a GPU missing, a pending row rem
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -101,15 +102,282 @@ def test_fabric_manager_not_running_is_in_progress(sim):
     assert any(check == "fabric" and "'In Progress'" in msg for check, msg in b300_problems(sim))
 
 
+def stand_in_rdma(sim: Sim) -> tuple[str, dict]:
+    devinfo = sim.out("ibv_devinfo", "-v")
+    return devinfo, hc.gid_table(devinfo, sim.out("show_gids"))
+
+
 def test_rdma_checks_on_the_stand_in_nics(sim):
     nics = [f"mlx5_{i}" for i in range(8)]
-    devinfo, gids = sim.out("ibv_devinfo"), sim.out("show_gids")
+    devinfo, gids = stand_in_rdma(sim)
     assert hc.rdma_problems(devinfo, gids, nics, "Ethernet", 4096, 3) == []
+    # Without show_gids (inbox rdma-core) the GID table of ibv_devinfo -v says the same.
+    compute = {n: gids[n] for n in nics}
+    assert {n: t for n, t in hc.gid_table(devinfo, None).items() if n in nics} == compute
     # The NVSwitch-management ConnectX is InfiniBand: listing it as a compute NIC is caught.
     assert ("rdma", "mlx5_8 port 1 link layer InfiniBand, expected Ethernet") in hc.rdma_problems(
         devinfo, gids, [*nics, "mlx5_8"], "Ethernet", 4096, 3)
     sim.fault(RDMA_DOWN="mlx5_3")
+    devinfo, gids = stand_in_rdma(sim)
     assert ("rdma", "mlx5_3 port 1 is PORT_DOWN, expected PORT_ACTIVE") in hc.rdma_problems(
-        sim.out("ibv_devinfo"), sim.out("show_gids"), nics, "Ethernet", 4096, 3)
+        devinfo, gids, nics, "Ethernet", 4096, 3)
     assert ("rdma", "mlx5_9 not found (devices: mlx5_0, mlx5_1, mlx5_2, mlx5_3, mlx5_4, mlx5_5, mlx5_6, mlx5_7, "
                     "mlx5_8)") in hc.rdma_problems(devinfo, gids, ["mlx5_9"], "Ethernet", 4096, 3)
+    # GID 1 is the link-local RoCE v2 GID: no IPv4, so not what NIXL's UCX needs.
+    assert any(msg.startswith("mlx5_0 GID index 1 is not a RoCE v2 GID with an IPv4 address (fe80::")
+               for _, msg in hc.rdma_problems(devinfo, gids, ["mlx5_0"], "Ethernet", 4096, 1))
+
+
+# --- real captures of the RDMA tools (tests/fixtures/rdma, each with its source) --------------------
+
+RDMA = FIX / "rdma"
+
+
+def rdma_fixture(name: str) -> str:
+    assert (RDMA / f"{name}.source").exists(), f"{name} cites its source"
+    return (RDMA / name).read_text()
+
+
+def test_real_ibv_devinfo_infiniband_and_roce():
+    ib = hc.parse_ibv_devinfo(rdma_fixture("ibv_devinfo-1.txt"))
+    assert sorted(ib, key=lambda d: int(d.split("_")[1])) == [f"mlx5_{i}" for i in (0, 3, 4, 5, 6, 9, 10, 11)]
+    assert {(p["state"], p["active_mtu"], p["link_layer"]) for d in ib.values() for p in d.values()} == {
+        ("PORT_ACTIVE", 4096, "InfiniBand")}
+    roce = hc.parse_ibv_devinfo(rdma_fixture("ibv_devinfo-2.txt"))  # tabs expanded to spaces
+    assert roce == {"mlx5_2": {1: {"state": "PORT_ACTIVE", "active_mtu": 4096, "link_layer": "Ethernet", "gids": {}}}}
+    # What the gate says of them: an InfiniBand fabric is not the RoCE the stack asks for.
+    assert hc.rdma_problems(rdma_fixture("ibv_devinfo-1.txt"), {}, ["mlx5_0"], "InfiniBand", 4096, 0) == []
+    assert ("rdma", "mlx5_0 port 1 link layer InfiniBand, expected Ethernet") in hc.rdma_problems(
+        rdma_fixture("ibv_devinfo-1.txt"), {}, ["mlx5_0"], "Ethernet", 4096, 3)
+
+
+def test_real_ibv_devinfo_verbose_with_gid_tables():
+    ib = hc.parse_ibv_devinfo(rdma_fixture("ibv_devinfo-v-1.txt"))
+    assert ib["mlx5_0"][1]["state"] == "PORT_ACTIVE" and ib["mlx5_1"][1]["state"] == "PORT_DOWN"
+    assert ib["mlx5_0"][1]["gids"] == {0: {"gid": "fe80:0000:0000:0000:88e9:a4ff:ff25:a462", "ver": "", "ipv4": ""}}
+    assert ("rdma", "mlx5_1 port 1 is PORT_DOWN, expected PORT_ACTIVE") in hc.rdma_problems(
+        rdma_fixture("ibv_devinfo-v-1.txt"), {}, ["mlx5_0", "mlx5_1"], "InfiniBand", 4096, 0)
+    text = rdma_fixture("ibv_devinfo-v-2.txt")
+    gids = hc.gid_table(text, None)["rocep0s6"]
+    # RoCE v1 GIDs in eight groups, v2 through inet_ntop: both IPv4-mapped forms read alike.
+    assert (gids[4]["ipv4"], gids[4]["ver"], gids[5]["ipv4"], gids[5]["ver"]) == ("10.0.3.1", "v1", "10.0.3.1", "v2")
+    assert gids[4]["gid"] == gids[5]["gid"] == hc._canonical_gid("::ffff:10.0.3.1")
+    assert hc.rdma_problems(text, {"rocep0s6": gids}, ["rocep0s6"], "Ethernet", 1024, 5) == []
+    problems = hc.rdma_problems(text, {"rocep0s6": gids}, ["rocep0s6"], "Ethernet", 4096, 3)
+    assert ("rdma", "rocep0s6 port 1 active_mtu 1024, expected 4096") in problems
+    assert ("rdma", "rocep0s6 GID index 3 is not a RoCE v2 GID with an IPv4 address "
+                    "(fe80::5ee4:835c:fc12:336, RoCE v2)") in problems
+
+
+@pytest.mark.parametrize("name, dev, ipv4", [("show_gids-1.txt", "mlx5_0", "192.168.211.242"),
+                                             ("show_gids-2.txt", "mlx5_3", "192.168.10.2"),
+                                             ("show_gids-3.txt", "mlx5_0", "172.19.0.60")])
+def test_real_show_gids(name, dev, ipv4):
+    rows = hc.parse_show_gids(rdma_fixture(name))
+    assert {r["dev"] for r in rows} == {dev} and [r["index"] for r in rows] == [str(i) for i in range(len(rows))]
+    v2 = [r for r in rows if r["ver"] == "v2" and r["ipv4"]]
+    assert len(v2) == 1 and v2[0]["ipv4"] == ipv4 and hc.gid_ipv4(v2[0]["gid"]) == ipv4
+    table = hc.gid_table("", rdma_fixture(name))
+    assert table[dev][int(v2[0]["index"])] == {"gid": hc._canonical_gid(f"::ffff:{ipv4}"), "ver": "v2", "ipv4": ipv4}
+
+
+def test_real_ibstat():
+    eth = hc.parse_ibstat(rdma_fixture("ibstat-1.txt"))
+    assert len(eth) == 12 and eth["mlx5_0"]["type"] == "MT4129"
+    assert {(p["state"], p["link_layer"]) for ca in eth.values() for p in ca["ports"].values()} == {("Active", "Ethernet")}
+    assert sorted({p["rate"] for ca in eth.values() for p in ca["ports"].values()}) == [100, 400]
+    mixed = hc.parse_ibstat(rdma_fixture("ibstat-2.txt"))
+    down = [ca for ca, v in mixed.items() if v["ports"][1]["state"] == "Down"]
+    assert len(down) == 3 and all(mixed[ca]["ports"][1]["physical_state"] == "Disabled" for ca in down)
+    bond = hc.parse_ibstat(rdma_fixture("ibstat-3.txt"))  # tabs expanded, a bonded BlueField-3
+    assert bond["mlx5_bond_0"]["type"] == "MT41692" and bond["mlx5_bond_0"]["ports"][1]["link_layer"] == "Ethernet"
+
+
+# --- fail closed: a tool that fails, prints nothing or says too little is a problem ----------------
+
+
+def b300_outputs(sim: Sim) -> dict[str, str]:
+    return {"query": sim.run("nvidia-smi", f"--query-gpu={hc.QUERY_FIELDS}", "--format=csv").stdout,
+            "q": sim.out("nvidia-smi", "-q"), "nvlink": sim.out("nvidia-smi", "nvlink", "-s")}
+
+
+def test_empty_nvidia_smi_q_or_nvlink_is_a_problem_not_a_pass(sim):
+    out = b300_outputs(sim)
+    assert ("gpus", "nvidia-smi -q describes 0 GPUs, stack expects 8") in hc.gpu_problems(
+        out["query"], "", out["nvlink"], 8, "B300", None, True)
+    assert ("nvlink", "nvidia-smi nvlink -s lists 0 GPUs, stack expects 8") in hc.gpu_problems(
+        out["query"], out["q"], "", 8, "B300", None, True)
+    # Fewer GPU sections or links than there are GPUs.
+    first_six = "\nGPU ".join(out["q"].split("\nGPU ")[:7])
+    assert ("gpus", "nvidia-smi -q describes 6 GPUs, stack expects 8") in hc.gpu_problems(
+        out["query"], first_six, out["nvlink"], 8, "B300", None, True)
+    short = "\n".join(l for l in out["nvlink"].splitlines() if "Link 17:" not in l)
+    assert ("nvlink", "GPU 0 lists 17 NVLink links, expected 18") in hc.gpu_problems(
+        out["query"], out["q"], short, 8, "B300", None, True)
+    # A GPU section without its Remapped Rows is not "no pending remap".
+    cut = re.sub(r"\n    Remapped Rows\n(        .*\n)+", "\n", out["q"], count=1)
+    assert ("remapped-rows", "GPU 0 (00000000:1A:00.0): nvidia-smi -q shows no Remapped Rows section") in \
+        hc.gpu_problems(out["query"], cut, out["nvlink"], 8, "B300", None, True)
+
+
+def test_malformed_query_csv_is_a_problem():
+    assert hc.gpu_problems("index, name\n0\n", "", "", 8, "B300", None, False)[0][0] == "gpus"
+
+
+@pytest.fixture
+def tools(monkeypatch, sim):
+    """hostcheck's view of the tools: the stand-in's output, with what a test overrides."""
+    real = b300_outputs(sim)
+    answers = {
+        ("nvidia-smi", f"--query-gpu={hc.QUERY_FIELDS}", "--format=csv"): (0, real["query"]),
+        ("nvidia-smi", "-q"): (0, real["q"]),
+        ("nvidia-smi", "nvlink", "-s"): (0, real["nvlink"]),
+        ("ibv_devinfo", "-v"): (0, sim.out("ibv_devinfo", "-v")),
+        ("show_gids",): (0, sim.out("show_gids")),
+    }
+    monkeypatch.setattr(hc, "_run", lambda cmd: answers[tuple(cmd)])
+    monkeypatch.setattr(hc.shutil, "which", lambda name: f"/usr/bin/{name}")
+    return answers
+
+
+def health(capsys, *extra: str) -> tuple[int, str, str]:
+    rc = hc.main(["health", "--host", "b300-1", *extra])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+GPU_ARGS = ("--gpus", "8", "--gpu-model", "B300", "--driver", "580.159.04", "--fabric")
+RDMA_ARGS = ("--rdma-only", "--nics", ",".join(f"mlx5_{i}" for i in range(8)), "--mtu", "4096", "--gid-index", "3")
+
+
+def test_the_healthy_line_says_what_was_read(tools, capsys):
+    rc, out, err = health(capsys, *GPU_ARGS)
+    assert rc == 0 and err == ""
+    assert out == ("b300-1: healthy (8 × NVIDIA B300 SXM6 AC, driver 580.159.04; fabric Completed on 8 GPUs; "
+                   "NVLink 18 of 18 links up on each of 8 GPUs; 0 pending row remaps on 8 GPUs)\n")
+    rc, out, _ = health(capsys, *RDMA_ARGS)
+    assert rc == 0 and out == ("b300-1: healthy (RDMA mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7: 8 ports "
+                               "PORT_ACTIVE Ethernet active_mtu 4096, GID 3 RoCE v2 IPv4 on 8 NICs)\n")
+
+
+@pytest.mark.parametrize(
+    "cmd, answer, expected",
+    [
+        (("nvidia-smi", "-q"), (0, ""), "b300-1: gpus: nvidia-smi -q printed nothing"),
+        (("nvidia-smi", "-q"), (3, "Unable to determine the device handle"),
+         "b300-1: gpus: nvidia-smi -q failed (exit 3): Unable to determine the device handle"),
+        (("nvidia-smi", "nvlink", "-s"), (0, ""), "b300-1: nvlink: nvidia-smi nvlink -s printed nothing"),
+        (("nvidia-smi", "nvlink", "-s"), (255, ""), "b300-1: nvlink: nvidia-smi nvlink -s failed (exit 255): no output"),
+        ((("nvidia-smi", f"--query-gpu={hc.QUERY_FIELDS}", "--format=csv")), (0, ""),
+         "b300-1: gpus: nvidia-smi --query-gpu printed nothing"),
+        ((("nvidia-smi", f"--query-gpu={hc.QUERY_FIELDS}", "--format=csv")), (9, "NVIDIA-SMI has failed"),
+         "b300-1: driver: nvidia-smi failed (exit 9): NVIDIA-SMI has failed"),
+    ],
+    ids=["q-empty", "q-fails", "nvlink-empty", "nvlink-fails", "query-empty", "driver-down"],
+)
+def test_gpu_tools_that_fail_or_print_nothing_fail_the_gate(tools, capsys, cmd, answer, expected):
+    tools[cmd] = answer
+    rc, out, err = health(capsys, *GPU_ARGS)
+    assert rc == 1 and out == "" and expected in err.splitlines()
+
+
+@pytest.mark.parametrize(
+    "cmd, answer, expected",
+    [
+        (("ibv_devinfo", "-v"), (0, ""), "b300-1: rdma: ibv_devinfo -v printed nothing"),
+        (("ibv_devinfo", "-v"), (255, "No IB devices found"), "b300-1: rdma: ibv_devinfo -v failed (exit 255): No IB devices found"),
+        (("show_gids",), (1, ""), "b300-1: rdma: show_gids failed (exit 1): no output"),
+        (("show_gids",), (0, "DEV\tPORT\tINDEX\tGID\nn_gids_found=0\n"), "b300-1: rdma: mlx5_0 has no GID at index 3"),
+    ],
+    ids=["devinfo-empty", "devinfo-fails", "show-gids-fails", "no-gids"],
+)
+def test_rdma_tools_that_fail_or_print_nothing_fail_the_check(tools, capsys, cmd, answer, expected):
+    tools[cmd] = answer
+    rc, out, err = health(capsys, *RDMA_ARGS)
+    assert rc == 1 and out == "" and expected in err.splitlines()
+
+
+def test_a_nic_without_ports_is_a_problem():
+    text = "hca_id:\tmlx5_0\n\ttransport:\t\t\tInfiniBand (0)\n\tphys_port_cnt:\t\t\t1\n"
+    assert ("rdma", "mlx5_0: ibv_devinfo lists no port") in hc.rdma_problems(text, {}, ["mlx5_0"], "Ethernet", 4096, 3)
+
+
+# --- preflight: each refusal, on facts of the real format (hostcheck facts on a real 2 × H200) -----
+
+
+def real_facts(**changes) -> dict:
+    facts = json.loads((DEVICE / "hostcheck-facts.json").read_text())
+    facts["disk"] = {"path": "/mnt", "free_bytes": 600 * 10**9, "staged_bytes": 0}  # room for the checkpoint
+    for key, value in changes.items():
+        facts[key] = value
+    return facts
+
+
+def refusals(facts: dict, **kw) -> list[tuple[str, str]]:
+    args = dict(allowed_os=["ubuntu 24.04"], min_kernel="5.12", gpus=2, gpu_model="H200", require_driver=False,
+                min_free_gb=485)
+    args.update(kw)
+    return hc.preflight_problems(facts, **args)
+
+
+def test_preflight_passes_the_real_host():
+    assert refusals(real_facts()) == []
+
+
+@pytest.mark.parametrize(
+    "facts, kw, expected",
+    [
+        ({"os": "ubuntu 22.04", "os_pretty": "Ubuntu 22.04.5 LTS"}, {},
+         ("os", "Ubuntu 22.04.5 LTS is not supported here (allowed: ubuntu 24.04)")),
+        ({"os": "unknown", "os_pretty": ""}, {}, ("os", "cannot tell the OS: /etc/os-release is missing or has no ID")),
+        ({"kernel": "5.4.0-216-generic"}, {}, ("kernel", "kernel 5.4.0-216-generic is older than 5.12 (DMA-BUF GPUDirect)")),
+        ({"kernel": "custom"}, {}, ("kernel", "cannot read the kernel version 'custom'")),
+        ({"gpus": {"error": "nvidia-smi: not installed", "exit": 127}}, {"require_driver": True},
+         ("driver", "drivers.mode is verify but the driver does not answer: nvidia-smi: not installed")),
+        ({}, {"gpu_model": "B300"}, ("gpus", "GPU model NVIDIA H200, stack expects B300")),
+        ({}, {"gpus": 8}, ("gpus", "2 GPUs visible, stack expects 8")),
+        ({"gpus": {"count": 0, "models": [], "driver_version": None, "compute_cap": []}}, {},
+         ("gpus", "0 GPUs visible, stack expects 2")),
+        ({"disk": {"path": "/mnt", "free_bytes": 400 * 10**9, "staged_bytes": 0}}, {},
+         ("disk", "400 GB free or staged at /mnt, stack needs 485 GB (preflight.minFreeDiskGb)")),
+        ({"disk": None}, {}, ("disk", "no disk facts (the model path was not given)")),
+    ],
+    ids=["os", "os-unreadable", "kernel", "kernel-unreadable", "driver-required", "gpu-model", "gpu-count",
+         "no-gpu-listed", "disk", "disk-unknown"],
+)
+def test_preflight_refusals(facts, kw, expected):
+    assert expected in refusals(real_facts(**facts), **kw)
+
+
+def test_preflight_counts_a_staged_checkpoint_as_room_and_skips_gpus_before_the_driver():
+    staged = real_facts(disk={"path": "/mnt/model", "free_bytes": 30 * 10**9, "staged_bytes": 470 * 10**9})
+    assert refusals(staged) == [], "a host that already holds the weights passes again"
+    before_driver = real_facts(gpus={"error": "nvidia-smi: not installed", "exit": 127})
+    assert refusals(before_driver) == [], "drivers.mode install: the driver comes later"
+
+
+def test_preflight_command_prints_facts_and_one_line_per_refusal(monkeypatch, capsys):
+    monkeypatch.setattr(hc, "facts", lambda model_path: real_facts(kernel="5.4.0-216-generic"))
+    rc = hc.main(["preflight", "--host", "h1", "--allowed-os", "debian 12", "--gpus", "8", "--gpu-model", "H200",
+                  "--model-path", "/mnt/model", "--min-free-gb", "485"])
+    out = capsys.readouterr()
+    assert rc == 1 and json.loads(out.out)["kernel"] == "5.4.0-216-generic"
+    assert out.err.splitlines() == [
+        "h1: os: Ubuntu 24.04.3 LTS is not supported here (allowed: debian 12)",
+        "h1: kernel: kernel 5.4.0-216-generic is older than 5.12 (DMA-BUF GPUDirect)",
+        "h1: gpus: 2 GPUs visible, stack expects 8",
+    ]
+
+
+def test_facts_gather_what_preflight_reads(monkeypatch, tmp_path):
+    """The keys preflight_problems reads are the keys facts() writes."""
+    monkeypatch.setattr(hc, "_run", lambda cmd: (127, f"{cmd[0]}: not installed"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "a.safetensors").write_bytes(b"x" * 1000)
+    f = hc.facts(str(model))
+    assert {"os", "os_pretty", "kernel", "gpus", "disk", "rdma", "container", "effective_memlock"} <= set(f)
+    assert f["disk"]["staged_bytes"] == 1000 and f["disk"]["free_bytes"] > 0
+    assert f["gpus"]["error"] == "nvidia-smi: not installed"
+    assert hc.preflight_problems(f, [f["os"]], "1.0", 8, "B300", require_driver=True, min_free_gb=0) == [
+        ("driver", "drivers.mode is verify but the driver does not answer: nvidia-smi: not installed")]

@@ -61,3 +61,19 @@ def test_leftovers_finds_detached_processes_of_the_session_and_watched_programs(
                 proctree.kill_tree(p.pid)
         sim.wait()
     assert not [p for p in proctree.leftovers(session, since, keep) if p.argv[-1] in ("302", "303")]
+
+
+def test_another_sessions_processes_are_left_alone():
+    session, since = proctree.new_session_id(), time.time() - 1
+    other = subprocess.Popen(["bash", "-c", "exec -a vllm-router sleep 304"], start_new_session=True,
+                             env=dict(os.environ, **{proctree.SESSION_VAR: "another-suite"}))
+    try:
+        deadline = time.monotonic() + 10
+        while other.pid not in proctree.processes() or "vllm-router" not in proctree.processes()[other.pid].argv[0]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        left = proctree.leftovers(session, since, proctree.ancestors(os.getpid()))
+        assert other.pid not in {p.pid for p in left}, "a watched program of another test session is not ours"
+    finally:
+        other.kill()
+        other.wait()

@@ -92,7 +92,7 @@ def test_host_chain_on_a_real_host(cluster):
     gate = ScriptStep("health-gate", render.health_script(stack, host), removable=False).step()
     health = run_step(host, gate)
     assert health.returncode == 0, health.stderr
-    assert f"{host}: healthy (8 × B300, fabric Completed, NVLink up)" in health.stdout
+    assert f"{host}: healthy (8 × NVIDIA B300 SXM6 AC, driver 580.159.04; fabric Completed on 8 GPUs; NVLink 18 of 18 links up on each of 8 GPUs; 0 pending row remaps on 8 GPUs)" in health.stdout
 
     rdma = run_step(host, ScriptStep("rdma", render.rdma_script(stack, host)).step())
     assert rdma.returncode == 0, rdma.stderr

@@ -590,6 +590,80 @@ def test_ibstat_prints_ibstat_c_layout(sim):
     assert sim.out("ibstat", "-l").split() == [f"mlx5_{i}" for i in range(9)]
 
 
+# --- the RDMA stand-ins against real captures (tests/fixtures/rdma, each citing its source) ---------
+
+RDMA_FIXTURES = ROOT / "tests" / "fixtures" / "rdma"
+
+
+def shape(line: str) -> str:
+    """A line with its values taken out: the indentation, the key and the separators stay."""
+    m = re.match(r"^(\s*)([^:\t]+?)(:[ \t]*)(.*)$", line)
+    if not m:
+        return re.sub(r"\S+", "V", line)
+    key = re.sub(r"GID\[\s*\d+\]", "GID[n]", m.group(2))
+    return f"{m.group(1)}{key}{m.group(3)}{'V' if m.group(4) else ''}"
+
+
+def blocks(text: str, start: str) -> list[list[str]]:
+    """The text cut into blocks, each beginning with a line that starts with ``start``."""
+    out: list[list[str]] = []
+    for line in text.rstrip("\n").split("\n"):
+        if line.startswith(start):
+            out.append([])
+        if out:
+            out[-1].append(line)
+    for block in out:  # the blank line between blocks belongs to neither
+        while block and not block[-1]:
+            block.pop()
+    return out
+
+
+def test_ibv_devinfo_has_the_real_layout(sim):
+    real = blocks((RDMA_FIXTURES / "ibv_devinfo-1.txt").read_text(), "hca_id:")  # ConnectX-7, tabs kept
+    ours = blocks(sim.out("ibv_devinfo"), "hca_id:")
+    assert [shape(l) for l in ours[8]] == [shape(l) for l in real[0]], "an InfiniBand device, line for line"
+    assert [shape(l) for l in ours[0]] == [shape(l) for l in real[0]], "a RoCE device has the same lines"
+
+
+def test_ibv_devinfo_verbose_has_the_real_layout(sim):
+    real_ib = blocks((RDMA_FIXTURES / "ibv_devinfo-v-1.txt").read_text(), "hca_id:")[0]  # tabs kept
+    ours = blocks(sim.out("ibv_devinfo", "-v"), "hca_id:")
+    assert [shape(l) for l in ours[8]] == [shape(l) for l in real_ib], "device caps, port attributes, GID line"
+    # RoCE: the real capture (tabs expanded) gives the keys in order and the GID lines' form.
+    real_roce = (RDMA_FIXTURES / "ibv_devinfo-v-2.txt").read_text()
+    def port_keys(text: str) -> list[str]:
+        port = re.split(r"\n\s*port:\s", text, maxsplit=1)[1]
+        return [shape(l).strip().rstrip("V").rstrip(": \t") for l in port.split("\n")[1:] if l.strip()]
+
+    real_keys, our_keys = port_keys(real_roce), port_keys("\n".join(ours[0]))
+    assert [k for k in our_keys if k != "GID[n]"] == [k for k in real_keys if k != "GID[n]"]
+    gid_lines = [l.strip() for l in ours[0] if "GID[" in l]
+    assert len(gid_lines) == 4
+    assert re.fullmatch(r"GID\[  0\]:\t\tfe80(:[0-9a-f]{4}){7}, RoCE v1", gid_lines[0])
+    assert re.fullmatch(r"GID\[  1\]:\t\tfe80::[0-9a-f:]+, RoCE v2", gid_lines[1]), "v2 through inet_ntop"
+    assert re.fullmatch(r"GID\[  2\]:\t\t0000:0000:0000:0000:0000:ffff(:[0-9a-f]{4}){2}, RoCE v1", gid_lines[2])
+    assert re.fullmatch(r"GID\[  3\]:\t\t::ffff:\d+\.\d+\.\d+\.\d+, RoCE v2", gid_lines[3]), "as inet_ntop prints it"
+    for real in re.findall(r"GID\[\s*\d+\]:\s+(.*)", real_roce):
+        assert re.fullmatch(r"[0-9a-f:.]+, RoCE v[12]", real)
+
+
+def test_show_gids_has_the_real_layout(sim):
+    real = (RDMA_FIXTURES / "show_gids-1.txt").read_text().rstrip("\n").split("\n")  # tabs kept
+    ours = sim.out("show_gids", "mlx5_0").rstrip("\n").split("\n")
+    assert ours[:2] == real[:2], "header and rule"
+    tabs = lambda line: re.sub(r"[^\t ]+", "V", line)
+    assert [tabs(l) for l in ours[2:-1]] == [tabs(l) for l in real[2:-1]], "rows: same columns, same spacing"
+    assert re.fullmatch(r"n_gids_found=\d+", real[-1]) and ours[-1] == "n_gids_found=4"
+
+
+def test_ibstat_has_the_real_layout(sim):
+    real = blocks((RDMA_FIXTURES / "ibstat-1.txt").read_text(), "CA '")  # tabs kept
+    ours = blocks(sim.out("ibstat"), "CA '")
+    assert [shape(l) for l in ours[0]] == [shape(l) for l in real[0]]
+    real_ib = blocks((RDMA_FIXTURES / "ibstat-2.txt").read_text(), "CA '")[0]
+    assert [shape(l) for l in ours[8]] == [shape(l) for l in real_ib]
+
+
 def test_ib_write_bw_reports_the_configured_bandwidth_in_perftest_format(sim):
     sim.fault(RDMA_BW_GBPS="391.50")
     text = sim.out("ib_write_bw", "-d", "mlx5_1", "-x", "3", "-F", "--report_gbits", "-s", "1048576",

@@ -37,6 +37,8 @@ class HostArgs:
     """The driver must already answer (drivers.mode verify)."""
     model_path: str | None = None
     """Where the weights go (free disk there is a fact)."""
+    min_free_gb: float | None = None
+    """Free (or already staged) space needed at model_path; None: not checked."""
     files: dict[str, tuple[pulumi.Input[str], int, bool]] = field(default_factory=dict)
     """Host-wide files: absolute path → (content, mode, secret)."""
 
@@ -52,6 +54,8 @@ def preflight_step(args: HostArgs) -> Step:
         cmd.append("--require-driver")
     if args.model_path:
         cmd += ["--model-path", args.model_path]
+        if args.min_free_gb is not None:
+            cmd += ["--min-free-gb", f"{args.min_free_gb:g}"]
     create = f"install -D -m 0755 /dev/stdin {HOSTCHECK} && " + " ".join(shlex.quote(c) for c in cmd)
     return Step("preflight", create, f"rm -f {HOSTCHECK}", source, (digest(source),))
 

@@ -72,7 +72,7 @@ def test_up_provisions_every_host(stack):
     assert json.loads(sh("pulumi stack output -s sim --json").stdout)["routerApiKey"] == "[secret]"
     for h in HOSTS:
         health = on_host(h, "/usr/local/libexec/glm-infra/health-gate.sh check")
-        assert f"{h}: healthy (8 × B300, fabric Completed, NVLink up)" in health
+        assert f"{h}: healthy (8 × NVIDIA B300 SXM6 AC, driver 580.159.04; fabric Completed on 8 GPUs; NVLink 18 of 18 links up on each of 8 GPUs; 0 pending row remaps on 8 GPUs)" in health
         held = on_host(h, "apt-mark showhold").split()
         assert {"nvidia-driver-580-open", "nvidia-fabricmanager", "libnvidia-nscq-580"} <= set(held)
         assert "580.159.04" in on_host(h, "nvidia-smi --query-gpu=driver_version --format=csv,noheader")
@@ -225,7 +225,7 @@ def test_driver_change_reboots_only_when_the_module_changes(stack):
     assert all(after[h] != boots[h] for h in HOSTS), "every host rebooted once"
     for h in HOSTS:
         assert loaded_driver(h) == "580.172.08"
-        assert f"{h}: healthy (8 × B300, fabric Completed, NVLink up)" in on_host(
+        assert f"{h}: healthy (8 × NVIDIA B300 SXM6 AC, driver 580.159.04; fabric Completed on 8 GPUs; NVLink 18 of 18 links up on each of 8 GPUs; 0 pending row remaps on 8 GPUs)" in on_host(
             h, "/usr/local/libexec/glm-infra/health-gate.sh check")
         assert "580.172.08" in on_host(h, "dpkg-query -W -f='${Version}' nvidia-fabricmanager")
     deadline = time.monotonic() + 120  # the instances came back with the hosts (enabled units)
