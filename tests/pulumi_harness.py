@@ -7,6 +7,7 @@ which inputs were sent as secrets — what the engine would receive from the pro
 from __future__ import annotations
 
 import json
+import logging
 import runpy
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,10 +16,12 @@ import pulumi
 import yaml
 from google.protobuf.json_format import MessageToDict
 from pulumi.runtime import mocks as pmocks
+from pulumi.runtime.stack import massage
 
 from conftest import ROOT
 
-SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
+SECRET_KEY = "4dabf18193072939515e22adb298388d"  # the Pulumi wire format's "special value" key
+SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"  # ... whose value marks a secret
 
 
 @dataclass
@@ -31,6 +34,8 @@ class Registered:
     inputs: dict
     secret_inputs: set[str] = field(default_factory=set)
     retain_on_delete: bool = False
+    raw_inputs: dict = field(default_factory=dict)  # as sent, secrets still wrapped in their markers
+    additional_secret_outputs: list[str] = field(default_factory=list)
 
 
 class _Mocks(pulumi.runtime.Mocks):
@@ -45,6 +50,11 @@ class RecordingMonitor(pmocks.MockMonitor):
     def __init__(self, mocks):
         super().__init__(mocks)
         self.registered: list[Registered] = []
+        self.outputs: dict[str, dict] = {}  # urn -> registered outputs (components and the stack)
+
+    def RegisterResourceOutputs(self, request):
+        self.outputs[request.urn] = MessageToDict(request.outputs)
+        return super().RegisterResourceOutputs(request)
 
     def RegisterResource(self, request):
         resp = super().RegisterResource(request)
@@ -54,7 +64,7 @@ class RecordingMonitor(pmocks.MockMonitor):
             inputs = {k: (v.get("value") if k in secret else v) for k, v in raw.items()}
             self.registered.append(
                 Registered(request.type, request.name, resp.urn, request.parent, list(request.dependencies), inputs,
-                           secret, bool(request.retainOnDelete))
+                           secret, bool(request.retainOnDelete), raw, list(request.additionalSecretOutputs))
             )
         return resp
 
@@ -63,6 +73,8 @@ class RecordingMonitor(pmocks.MockMonitor):
 class Run:
     resources: list[Registered]
     exports: dict
+    outputs: dict[str, dict] = field(default_factory=dict)
+    logs: list[str] = field(default_factory=list)
 
     def by_type(self, t: str) -> list[Registered]:
         return [r for r in self.resources if r.type == t]
@@ -94,16 +106,71 @@ def run_program(stack_path: Path, key_file: Path, stack: str = "test", secrets: 
     config, secret_keys = pulumi_config(stack_path, key_file, secrets)
     pulumi.runtime.set_all_config(config, secret_keys)
     monitor = RecordingMonitor(_Mocks())
-    pulumi.runtime.set_mocks(_Mocks(), project="glm-infra", stack=stack, preview=False, monitor=monitor)
+    logs = _LogRecorder()
+    logger = logging.getLogger(f"glm-infra-mocks-{id(logs)}")
+    logger.addHandler(logs)
+    logger.setLevel(logging.DEBUG)
+    pulumi.runtime.set_mocks(_Mocks(), project="glm-infra", stack=stack, preview=False, monitor=monitor,
+                             logger=logger)
     exports: dict = {}
 
     @pulumi.runtime.test
     def program():
+        root = pulumi.runtime.get_root_resource()
+        root.outputs = {}  # the mocks keep one root stack per process
         ns = runpy.run_path(str(ROOT / "__main__.py"), run_name="__pulumi_main__")
+        # The stack's exports, registered as the engine would get them at the end of a run.
+        root.register_outputs(massage(root.outputs, []))
         cluster = ns["cluster"]
         return pulumi.Output.all(cluster.router_url, *[s.service.id for s in cluster.services.values()]).apply(
             lambda v: exports.update(routerUrl=v[0])
         )
 
     program()
-    return Run(monitor.registered, exports)
+    return Run(monitor.registered, exports, monitor.outputs, logs.messages)
+
+
+class _LogRecorder(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _is_secret(value) -> bool:
+    return isinstance(value, dict) and value.get(SECRET_KEY) == SECRET_SIG
+
+
+def plaintext_places(value, needle: str, path: str = "") -> list[str]:
+    """Where ``needle`` appears in ``value`` outside values marked secret (paths like ``.create``)."""
+    if _is_secret(value):
+        return []
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in plaintext_places(v, needle, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in plaintext_places(v, needle, f"{path}[{i}]")]
+    return [path or "."] if isinstance(value, str) and needle in value else []
+
+
+def secret_fields(value) -> set[str]:
+    """The top-level fields that are, or hold, a value marked secret."""
+    def holds(v) -> bool:
+        return _is_secret(v) or (isinstance(v, dict) and any(holds(x) for x in v.values())) or (
+            isinstance(v, list) and any(holds(x) for x in v))
+    return {k for k, v in value.items() if holds(v)}
+
+
+def leaks(run: Run, needle: str) -> list[str]:
+    """Every place the program handed ``needle`` to the engine in plaintext: resource names, types and
+    inputs, component and stack outputs, log messages. Empty when it travels only as a secret."""
+    out = []
+    for r in run.resources:
+        if needle in r.name or needle in r.urn:
+            out.append(f"{r.name}: its name")
+        out += [f"{r.name}: input {p.lstrip('.')}" for p in plaintext_places(r.raw_inputs, needle)]
+    for urn, outputs in run.outputs.items():
+        out += [f"{urn.rsplit('::', 1)[-1]}: output {p.lstrip('.')}" for p in plaintext_places(outputs, needle)]
+    out += [f"log: {m[:80]}" for m in run.logs if needle in m]
+    return out

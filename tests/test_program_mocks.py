@@ -9,7 +9,7 @@ import yaml
 from conftest import PROD_STACKS, stack_file
 from glm_infra.stack import load_file
 from glm_infra.topology import plan
-from pulumi_harness import run_program
+from pulumi_harness import leaks, run_program, secret_fields
 
 CMD = "command:remote:Command"
 
@@ -171,26 +171,85 @@ def test_pins_restart_only_what_runs_them(key_file, tmp_path):
     assert [n for n in base if router[n] != base[n]] == ["glm-router-service"]
 
 
-def test_secrets_are_secret(key_file, tmp_path):
+# Distinctive values for every secret the stack can hold: found anywhere in plaintext, they leaked.
+CANARIES = {
+    "glm-infra:router.apiKey": "sk-canary-router-5c1f9e0a7d",
+    "glm-infra:model.hfToken": "hf_canaryTOKENb41d6e2f93",
+    "glm-infra:ssh.privateKey": "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAcanaryKEYBODY7e3a91\n"
+                                "-----END OPENSSH PRIVATE KEY-----\n",
+}
+# What must never travel in plaintext (for the key, its body: the armour lines are public).
+NEEDLES = {"router API key": "sk-canary-router-5c1f9e0a7d", "HF token": "hf_canaryTOKENb41d6e2f93",
+           "SSH key": "canaryKEYBODY7e3a91"}
+
+
+def secret_stack(tmp_path):
+    """prod-b300 with every secret set: router API key, HF token and an inline SSH key."""
     cfg = yaml.safe_load(stack_file("prod-b300").read_text())
     cfg["config"]["glm-infra:router"]["apiKey"] = {"secure": "v1:x"}
-    path = tmp_path / "Pulumi.prod-secret.yaml"
+    cfg["config"]["glm-infra:model"]["hfToken"] = {"secure": "v1:x"}
+    cfg["config"]["glm-infra:ssh"] = {"user": "root", "privateKey": {"secure": "v1:x"}}
+    path = tmp_path / "Pulumi.prod-secrets.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    run = run_program(path, key_file, secrets={"glm-infra:router.apiKey": "sk-router-123"})
+    return path
+
+
+def secret_problems(run) -> list[str]:
+    """Every plaintext appearance of a secret, and every secret step that logs or returns it unmarked."""
+    problems = [f"{what}: {place}" for what, needle in NEEDLES.items() for place in leaks(run, needle)]
     for r in run.by_type(CMD):
-        assert "connection" in r.secret_inputs, f"{r.name}: connection (private key) must be secret"
-        assert "privateKey" not in repr({k: v for k, v in r.inputs.items() if k != "connection"})
-        text = repr(r.inputs if "stdin" in r.secret_inputs else {k: v for k, v in r.inputs.items() if k != "connection"})
-        if "sk-router-123" in text:
-            assert "stdin" in r.secret_inputs, f"{r.name} carries the API key in a non-secret input"
-    secret_files = [r for r in run.by_type(CMD) if "secrets" in r.name]
-    assert secret_files and all("stdin" in r.secret_inputs for r in secret_files)
-    router_env = run.get("glm-router-secrets").inputs["stdin"]
-    assert "OPENAI_API_KEY=sk-router-123" in router_env
-    # Units never hold a secret.
+        carried = secret_fields(r.raw_inputs) - {"connection"}
+        if not carried:
+            continue
+        if r.inputs.get("logging") != "none":
+            problems.append(f"{r.name}: carries a secret in {sorted(carried)} but logs its output")
+        missing = carried - set(r.additional_secret_outputs)
+        if missing:
+            problems.append(f"{r.name}: {sorted(missing)} not kept secret in its outputs")
+    return problems
+
+
+def test_every_secret_travels_only_as_a_secret(key_file, tmp_path):
+    run = run_program(secret_stack(tmp_path), key_file, secrets=CANARIES)
+    assert secret_problems(run) == []
+    # They did reach the hosts, as secrets: the files that need them, and every connection.
+    holders = {what: sorted(r.name for r in run.by_type(CMD) if needle in repr(r.inputs)) for what, needle in NEEDLES.items()}
+    assert "glm-router-secrets" in holders["router API key"] and "glm-router-front-keys" in holders["router API key"]
+    assert "glm-b300-1-etc-glm-infra-secrets-vllm-env" in holders["router API key"]
+    assert holders["HF token"] == ["glm-b300-1-etc-glm-infra-secrets-hf-env"], "only the seed's token file"
+    assert len(holders["SSH key"]) == len(run.by_type(CMD)), "every remote command's connection"
     for r in run.by_type(CMD):
-        if r.name.endswith("-unit"):
-            assert "sk-router-123" not in r.inputs["stdin"]
+        assert "connection" in r.secret_inputs, f"{r.name}: the connection (the SSH key) must be secret"
+    # The stack's outputs hold the API key, as a secret only (and were searched above).
+    (stack_outputs,) = [o for urn, o in run.outputs.items() if urn.endswith("pulumi:pulumi:Stack::glm-infra-test")]
+    assert {"routerApiKey", "hostFacts", "routerUrl"} <= set(stack_outputs)
+    assert secret_fields(stack_outputs) == {"routerApiKey"}
+
+
+def test_a_planted_leak_is_caught(key_file, tmp_path, monkeypatch):
+    """The check above can fail: with the hashing of restart triggers dropped (a plausible slip), the
+    secret env file's text lands, unmarked, in the instances' commands."""
+    import glm_infra.components.cluster as cluster
+    import glm_infra.components.remote_step as remote_step
+
+    for module in (cluster, remote_step):
+        monkeypatch.setattr(module, "digest", lambda *parts: "|".join(parts))
+    run = run_program(secret_stack(tmp_path), key_file, secrets=CANARIES)
+    problems = secret_problems(run)
+    assert any(p.startswith("router API key: glm-prefill-0-rollout: input create") for p in problems), problems
+    assert any(p.startswith("HF token: ") for p in problems) is False, "only what was planted"
+
+
+def test_a_secret_step_that_logs_is_caught(key_file, tmp_path, monkeypatch):
+    import types
+
+    import glm_infra.components.remote_step as remote_step
+
+    logging_on = types.SimpleNamespace(NONE=remote_step.remote.Logging.STDOUT_AND_STDERR,
+                                       STDOUT_AND_STDERR=remote_step.remote.Logging.STDOUT_AND_STDERR)
+    monkeypatch.setattr(remote_step.remote, "Logging", logging_on)
+    run = run_program(secret_stack(tmp_path), key_file, secrets=CANARIES)
+    assert "glm-router-secrets: carries a secret in ['stdin'] but logs its output" in secret_problems(run)
 
 
 def test_bad_stack_registers_nothing(key_file, tmp_path):

@@ -33,7 +33,7 @@ def chat(text: str = "hello", timeout: int = 60, key: str | None = None) -> dict
     req = urllib.request.Request(
         f"{ROUTER}/v1/chat/completions",
         data=json.dumps({"model": "glm-5.2", "messages": [{"role": "user", "content": text}]}).encode(),
-        headers={"content-type": "application/json", "authorization": f"Bearer {key or API_KEY[0]}"},
+        headers={"content-type": "application/json", "authorization": f"Bearer {API_KEY[0] if key is None else key}"},
     )
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.load(r)
@@ -99,13 +99,21 @@ def test_chat_completion_goes_through_prefill_then_decode(stack):
 
 
 def test_public_port_wants_the_api_key(stack):
+    for key in ("wrong", ""):  # a wrong key, and none at all
+        with pytest.raises(urllib.error.HTTPError) as e:
+            chat("no key", key=key)
+        assert e.value.code == 401, key
+    req = urllib.request.Request(f"{ROUTER}/v1/chat/completions", data=b"{}", headers={"content-type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as e:
-        chat("no key", key="wrong")
+        urllib.request.urlopen(req, timeout=30)  # no Authorization header
     assert e.value.code == 401
-    # The key never reaches a unit, a process argument or a non-root-readable file.
-    assert API_KEY[0] not in on_host("sim-3", "cat /etc/systemd/system/glm-vllm-*.service")
-    assert API_KEY[0] not in on_host("sim-3", "ps -eo args")
-    assert on_host("sim-3", "stat -c '%a %U' /etc/glm-infra/secrets/*").split("\n")[0] == "600 root"
+    # The key never reaches a unit, a process argument, a journal or a non-root-readable file.
+    for h in HOSTS:
+        assert API_KEY[0] not in on_host(h, "cat /etc/systemd/system/glm-*.service")
+        assert API_KEY[0] not in on_host(h, "ps -eo args")
+        assert API_KEY[0] not in on_host(h, "journalctl --no-pager -o cat")
+        modes = on_host(h, "find /etc/glm-infra/secrets -type f -exec stat -c '%a %U %G %n' {} +").splitlines()
+        assert modes and all(m.split()[:3] == ["600", "root", "root"] for m in modes), (h, modes)
     assert API_KEY[0] not in sh("pulumi stack export -s sim").stdout, "state holds it encrypted only"
 
 
