@@ -55,12 +55,43 @@ def test_hostcheck_as_it_ran_on_real_hardware():
     facts = json.loads((DEVICE / "hostcheck-facts.json").read_text())
     assert facts["gpus"] == {"compute_cap": ["9.0"], "count": 2, "driver_version": "580.159.04", "models": ["NVIDIA H200"]}
     assert facts["os"] == "ubuntu 24.04" and facts["effective_memlock"] == "unlimited"
-    assert (DEVICE / "hostcheck-health.txt").read_text() == "h200x2: healthy (2 × H200, fabric Completed, NVLink up)\nrc=0\n"
-    assert "h200x2: gpus: 2 GPUs visible, stack expects 8" in (DEVICE / "hostcheck-health-mismatch.txt").read_text()
+    assert (DEVICE / "hostcheck-health.txt").read_text() == (
+        "h200x2: healthy (2 × NVIDIA H200, driver 580.159.04; fabric Completed on 2 GPUs; NVLink 18 of 18 links up "
+        "on each of 2 GPUs; 0 pending row remaps on 2 GPUs)\nrc=0\n")
+    mismatch = (DEVICE / "hostcheck-health-mismatch.txt").read_text()
+    assert "h200x2: gpus: 2 GPUs visible, stack expects 8" in mismatch and mismatch.endswith("rc=1\n")
+    assert "h200x2: nvlink: nvidia-smi nvlink -s lists 2 GPUs, stack expects 8" in mismatch
+    assert "h200x2: driver: GPU 1 runs driver 580.159.04, stack pins 580.172.08" in mismatch
+    # What the gate reads there, read again here, says the same.
+    args = [(DEVICE / n).read_text() for n in ("query-gpu.csv", "nvidia-smi-q.txt", "nvlink-s.txt")]
+    assert hc.gpu_problems(*args, gpus=2, model="H200", driver="580.159.04", fabric=True) == []
     # The raw outputs captured there parse like the shared captures.
     q = hc.parse_smi_q((DEVICE / "nvidia-smi-q.txt").read_text())
     assert len(q["gpus"]) == 2 and {g["fabric_state"] for g in q["gpus"]} == {"Completed"}
     assert len(hc.parse_nvlink_status((DEVICE / "nvlink-s.txt").read_text())) == 2
+
+
+SINGLE = FIX / "h200x1-hostcheck"
+
+
+def test_hostcheck_on_a_real_single_gpu_fails_the_fabric_check_closed():
+    """One H200 without NVLink peers: `nvidia-smi nvlink -s` printed nothing with exit 0, which the
+    gate with --fabric must not take for "NVLink up" (tests/fixtures/h200x1-hostcheck/README.md)."""
+    assert (SINGLE / "hostcheck-health.txt").read_text() == (
+        "h200x1: healthy (1 × NVIDIA H200, driver 580.159.04; 0 pending row remaps on 1 GPUs)\nrc=0\n")
+    assert (SINGLE / "hostcheck-health-fabric.txt").read_text() == (
+        "h200x1: nvlink: nvidia-smi nvlink -s printed nothing\nrc=1\n")
+    assert "== nvlink -s\nrc=0\n" in (SINGLE / "raw.txt").read_text()
+    preflight = (SINGLE / "hostcheck-preflight-b300.txt").read_text().splitlines()
+    assert json.loads(preflight[0])["gpus"]["count"] == 1
+    assert preflight[1:] == [
+        "h200x1: gpus: 1 GPUs visible, stack expects 8",
+        "h200x1: gpus: GPU model NVIDIA H200, stack expects B300",
+        "h200x1: disk: 69 GB free or staged at /tmp, stack needs 485 GB (preflight.minFreeDiskGb)",
+        "rc=1",
+    ]
+    facts = json.loads((SINGLE / "hostcheck-facts.json").read_text())
+    assert hc.preflight_problems(facts, ["ubuntu 24.04"], "5.12", 1, "H200", True, 40) == []
 
 
 def b300_problems(sim: Sim) -> list[tuple[str, str]]:
