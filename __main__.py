@@ -2,23 +2,14 @@
 
 import pulumi
 
-from glm_infra.components import Cluster, ClusterArgs
+from glm_infra import Cluster
 from glm_infra.program import load
 
-deployment = load()
-cluster = Cluster(
-    "glm",
-    ClusterArgs(
-        stack=deployment.stack,
-        plan=deployment.plan,
-        private_key=deployment.private_key,
-        secrets=deployment.secrets,
-    ),
-)
+cluster = Cluster("glm", load())
 
-pulumi.export("hosts", {h.name: h.address for h in deployment.plan.hosts})
-pulumi.export("instances", {i.name: {"host": i.host, "url": i.url, "gpus": i.cuda_visible_devices} for i in deployment.plan.instances})
+pulumi.export("hosts", {n: h.address for n, h in cluster.hosts.items()})
+pulumi.export("instances", cluster.instances)
 pulumi.export("routerUrl", cluster.router_url)
-if "router_api_key" in deployment.secrets:
-    pulumi.export("routerApiKey", deployment.secrets["router_api_key"])  # a secret output
+if "router_api_key" in cluster.secrets:
+    pulumi.export("routerApiKey", cluster.secrets["router_api_key"])  # a secret output
 pulumi.export("hostFacts", cluster.facts)

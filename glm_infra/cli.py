@@ -8,7 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import render, topology
+from . import hostplan, topology
 from .config import StackConfig
 from .stack import LoadedStack, StackError, load_file, resolve_stack_file
 
@@ -57,11 +57,12 @@ def cmd_render(args: argparse.Namespace) -> int:
             print(f"{out}: exists and is not empty (use --force to replace it)", file=sys.stderr)
             return EXIT_USAGE
         shutil.rmtree(out)
-    rendered = render.render_all(loaded.config, topology.plan(loaded.config))
-    written = render.write_tree(out, rendered)
+    steps = hostplan.plan_all(loaded.config, topology.plan(loaded.config))
+    written = hostplan.write_tree(out, steps)
     for path in written:
         print(path)
-    print(f"{len(written)} files for {len(rendered)} hosts under {out} (secrets are placeholders)", file=sys.stderr)
+    print(f"{len(written)} files for {len(steps)} hosts under {out}: what lands on each host, and each step's "
+          f"commands in <host>/{hostplan.STEPS_DIR}/ (secrets are placeholders)", file=sys.stderr)
     return EXIT_OK
 
 
@@ -80,7 +81,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="print hosts × instances × GPUs × ports")
     p.add_argument("stack", metavar="STACK")
     p.set_defaults(func=cmd_plan)
-    r = sub.add_parser("render", help="write every file that lands on each host under DIR/<host>/<path>")
+    r = sub.add_parser("render", help="write every file and step that reaches each host under DIR/<host>/")
     r.add_argument("stack", metavar="STACK")
     r.add_argument("--out", required=True, metavar="DIR")
     r.add_argument("--force", action="store_true", help="replace DIR if it is not empty")

@@ -99,7 +99,7 @@ class HostConfig(StrictModel):
         default_factory=list,
         description="RDMA devices carrying KV traffic (e.g. mlx5_0). Never the NVSwitch-management ConnectX.",
     )
-    ssh_port: int = Field(22, ge=1, le=65535)
+    ssh_port: int = Field(22, ge=1, le=65535, description="SSH port.")
     nvlinks: int = Field(18, ge=1, le=72, description="NVLink links per GPU the health gate expects up (18 on HGX B300).")
 
     @field_validator("name")
@@ -136,7 +136,7 @@ class HostConfig(StrictModel):
 class SshConfig(StrictModel):
     """How glm-infra logs in to every host."""
 
-    user: str = Field("root", pattern=r"^[a-z_][a-z0-9_-]*$")
+    user: str = Field("root", pattern=r"^[a-z_][a-z0-9_-]*$", description="User glm-infra logs in as (root, or one with sudo-less root).")
     private_key: Secret | None = Field(None, description="Private key, a Pulumi secret.")
     private_key_path: str | None = Field(
         None, description="Path of a private key file on the machine running pulumi (read at run time, kept secret)."
@@ -155,16 +155,17 @@ class ModelConfig(StrictModel):
     repo: str = Field(description="Hugging Face repository, e.g. nvidia/GLM-5.2-NVFP4.")
     revision: str = Field(description="Pinned revision (a commit SHA) of the repository.")
     path: str = Field(description="Absolute path of the checkpoint on every host.")
-    served_model_name: str = Field("glm-5.2", pattern=r"^[A-Za-z0-9_.:/-]+$")
+    served_model_name: str = Field("glm-5.2", pattern=r"^[A-Za-z0-9_.:/-]+$", description="--served-model-name: the model name clients ask for.")
     hf_token: Secret | None = Field(None, description="Hugging Face token, a Pulumi secret.")
     # Model-wide serving flags of the BRIEF recipe; prefill and decode must agree on them.
-    trust_remote_code: bool = True
-    chat_template_content_format: Literal["auto", "string", "openai"] | None = "string"
-    tool_call_parser: str | None = Field("glm47", pattern=r"^[a-z0-9_]+$")
-    enable_auto_tool_choice: bool = True
-    reasoning_parser: str | None = Field("glm45", pattern=r"^[a-z0-9_]+$")
-    enable_prompt_tokens_details: bool = True
-    fingerprint_mode: str | None = Field("none", pattern=r"^[a-z0-9_]+$")
+    trust_remote_code: bool = Field(True, description="--trust-remote-code (the GLM-5 checkpoint ships its own code).")
+    chat_template_content_format: Literal["auto", "string", "openai"] | None = Field(
+        "string", description="--chat-template-content-format (None: leave vLLM's default).")
+    tool_call_parser: str | None = Field("glm47", pattern=r"^[a-z0-9_]+$", description="--tool-call-parser (None: none).")
+    enable_auto_tool_choice: bool = Field(True, description="--enable-auto-tool-choice.")
+    reasoning_parser: str | None = Field("glm45", pattern=r"^[a-z0-9_]+$", description="--reasoning-parser (None: none).")
+    enable_prompt_tokens_details: bool = Field(True, description="--enable-prompt-tokens-details.")
+    fingerprint_mode: str | None = Field("none", pattern=r"^[a-z0-9_]+$", description="--fingerprint-mode (None: leave it out).")
     speculative_method: str = Field("mtp", pattern=r"^[a-z0-9_]+$", description="MTP method (P and D must match).")
     # Staging of the weights (ModelWeights).
     source: Literal["huggingface", "mirror", "local"] = Field(
@@ -225,15 +226,15 @@ class PoolConfig(StrictModel):
     """Settings shared by every pool of vLLM instances."""
 
     hosts: list[str] = Field(min_length=1, description="Names of the hosts that run this pool.")
-    instances_per_host: int = Field(1, ge=1, le=16)
+    instances_per_host: int = Field(1, ge=1, le=16, description="vLLM instances of this pool on each of its hosts.")
     tp: int = Field(1, ge=1, le=16, description="Tensor parallel size (-tp).")
     dp: int = Field(1, ge=1, le=16, description="Data parallel size (-dp).")
     ep: bool = Field(True, description="Expert parallelism (-ep).")
     speculative_tokens: int = Field(ge=0, le=16, description="MTP num_speculative_tokens; 0 disables MTP.")
-    gpu_memory_utilization: float = Field(gt=0, le=1)
-    max_num_batched_tokens: int | None = Field(None, ge=1)
-    cudagraph_mode: CudagraphMode | None = None
-    all2all_backend: str | None = Field(None, alias="all2allBackend", pattern=r"^[a-z0-9_]+$")
+    gpu_memory_utilization: float = Field(gt=0, le=1, description="--gpu-memory-utilization.")
+    max_num_batched_tokens: int | None = Field(None, ge=1, description="--max-num-batched-tokens (None: vLLM's default).")
+    cudagraph_mode: CudagraphMode | None = Field(None, description="cudagraph_mode of --compilation-config.")
+    all2all_backend: str | None = Field(None, alias="all2allBackend", pattern=r"^[a-z0-9_]+$", description="--all2all-backend of expert parallelism.")
     shutdown_timeout: int = Field(300, ge=0, le=3600, description="--shutdown-timeout seconds (drain).")
     http_port: Port = Field(description="HTTP port of the first instance on a host; further instances add 1.")
     dp_rpc_port: Port = Field(description="--data-parallel-rpc-port of the first instance on a host; +1 each.")
@@ -277,41 +278,59 @@ class PoolConfig(StrictModel):
         return self.tp * self.dp
 
 
+# Defaults of the pools are the BRIEF recipe's, so a stack (or a Cluster) needs only hosts, SSH and model.
 class PrefillConfig(PoolConfig):
-    http_port: Port = 8100
-    dp_rpc_port: Port = 29550
-    nixl_side_channel_port: Port = 5600
+    """Prefill instances (KV producers). Default: TP1 DP4 EP, two per host, MTP 1, 92 % of GPU memory."""
+
+    instances_per_host: int = Field(2, ge=1, le=16, description="vLLM instances of this pool on each of its hosts.")
+    dp: int = Field(4, ge=1, le=16, description="Data parallel size (-dp).")
+    speculative_tokens: int = Field(1, ge=0, le=16, description="MTP num_speculative_tokens; 0 disables MTP.")
+    gpu_memory_utilization: float = Field(0.92, gt=0, le=1, description="--gpu-memory-utilization.")
+    http_port: Port = Field(8100, description="HTTP port of the first instance on a host; further instances add 1.")
+    dp_rpc_port: Port = Field(29550, description="--data-parallel-rpc-port of the first instance on a host; +1 each.")
+    nixl_side_channel_port: Port = Field(5600, description="VLLM_NIXL_SIDE_CHANNEL_PORT base of the first instance on a host; each DP rank uses base+rank.")
 
 
 class DecodeConfig(PoolConfig):
-    max_num_batched_tokens: int = Field(ge=1)
-    cudagraph_mode: CudagraphMode
-    all2all_backend: str = Field(alias="all2allBackend", pattern=r"^[a-z0-9_]+$")
-    http_port: Port = 8200
-    dp_rpc_port: Port = 29650
-    nixl_side_channel_port: Port = 5700
+    """Decode instances (KV consumers). Default: TP1 DP8 EP, one per host, MTP 3, 90 % of GPU memory,
+    1024 batched tokens, FULL_DECODE_ONLY CUDA graphs, flashinfer_nvlink_two_sided all2all."""
+
+    dp: int = Field(8, ge=1, le=16, description="Data parallel size (-dp).")
+    speculative_tokens: int = Field(3, ge=0, le=16, description="MTP num_speculative_tokens; 0 disables MTP.")
+    gpu_memory_utilization: float = Field(0.90, gt=0, le=1, description="--gpu-memory-utilization.")
+    max_num_batched_tokens: int = Field(1024, ge=1, description="--max-num-batched-tokens.")
+    cudagraph_mode: CudagraphMode = Field("FULL_DECODE_ONLY", description="cudagraph_mode of --compilation-config.")
+    all2all_backend: str = Field("flashinfer_nvlink_two_sided", alias="all2allBackend", pattern=r"^[a-z0-9_]+$",
+                                 description="--all2all-backend of expert parallelism.")
+    http_port: Port = Field(8200, description="HTTP port of the first instance on a host; further instances add 1.")
+    dp_rpc_port: Port = Field(29650, description="--data-parallel-rpc-port of the first instance on a host; +1 each.")
+    nixl_side_channel_port: Port = Field(5700, description="VLLM_NIXL_SIDE_CHANNEL_PORT base of the first instance on a host; each DP rank uses base+rank.")
 
 
 class ColocatedConfig(PoolConfig):
-    """One pool serving prefill and decode together (no P/D): a development box."""
+    """One pool serving prefill and decode together (no P/D): a development box. Default: TP1 DP8 EP,
+    MTP 3, 90 % of GPU memory."""
 
-    http_port: Port = 8100
-    dp_rpc_port: Port = 29550
-    nixl_side_channel_port: Port = 5600
+    dp: int = Field(8, ge=1, le=16, description="Data parallel size (-dp).")
+    speculative_tokens: int = Field(3, ge=0, le=16, description="MTP num_speculative_tokens; 0 disables MTP.")
+    gpu_memory_utilization: float = Field(0.90, gt=0, le=1, description="--gpu-memory-utilization.")
+    http_port: Port = Field(8100, description="HTTP port of the first instance on a host; further instances add 1.")
+    dp_rpc_port: Port = Field(29550, description="--data-parallel-rpc-port of the first instance on a host; +1 each.")
+    nixl_side_channel_port: Port = Field(5600, description="VLLM_NIXL_SIDE_CHANNEL_PORT base of the first instance on a host; each DP rank uses base+rank.")
 
 
 class RouterConfig(StrictModel):
     """vllm-router in P/D mode behind an nginx front on the public port: the front checks the API
     key and retries a request the router failed before answering (a prefill restarting)."""
 
-    host: str
+    host: str = Field(description="Host the router (and its front) runs on.")
     port: Port = Field(8000, description="Public port (the nginx front).")
     internal_port: Port = Field(8001, description="vllm-router's own port, on loopback behind the front.")
     metrics_port: Port = Field(29000, description="Prometheus exporter of the router (--prometheus-port).")
     retries: int = Field(3, ge=1, le=10, description="Attempts the front makes per request.")
     policy: Literal[
         "random", "round_robin", "cache_aware", "kv_aware", "power_of_two", "consistent_hash", "sticky_least_loaded"
-    ] = "round_robin"
+    ] = Field("round_robin", description="vllm-router --policy.")
     api_key: Secret | None = Field(None, description="API key the router and workers share, a Pulumi secret.")
     health_check_interval: int = Field(10, ge=1, le=600, description="Seconds between worker health checks.")
 
@@ -319,15 +338,15 @@ class RouterConfig(StrictModel):
 class RuntimeConfig(StrictModel):
     """The Python runtime that runs vLLM and the router on every host."""
 
-    user: str = Field("vllm", pattern=r"^[a-z_][a-z0-9_-]*$")
-    venv: str = "/opt/glm-infra/venv"
-    vllm_version: str = Field("0.33.0", pattern=r"^[0-9][A-Za-z0-9.+_-]*$")
-    nixl_version: str = Field("1.5.1", pattern=r"^[0-9][A-Za-z0-9.+_-]*$")
-    router_version: str = Field("0.1.17", pattern=r"^[0-9][A-Za-z0-9.+_-]*$")
-    uv_version: str = Field("0.13.8", pattern=r"^[0-9][A-Za-z0-9.+_-]*$")
+    user: str = Field("vllm", pattern=r"^[a-z_][a-z0-9_-]*$", description="System user the services run as.")
+    venv: str = Field("/opt/glm-infra/venv", description="Virtualenv of vLLM, NIXL and vllm-router on every host.")
+    vllm_version: str = Field("0.33.0", pattern=r"^[0-9][A-Za-z0-9.+_-]*$", description="vllm pin.")
+    nixl_version: str = Field("1.5.1", pattern=r"^[0-9][A-Za-z0-9.+_-]*$", description="nixl pin.")
+    router_version: str = Field("0.1.17", pattern=r"^[0-9][A-Za-z0-9.+_-]*$", description="vllm-router pin.")
+    uv_version: str = Field("0.13.8", pattern=r"^[0-9][A-Za-z0-9.+_-]*$", description="uv pin (installs the venv).")
     index_url: str = Field("https://pypi.org/simple", description="Python package index (PEP 503) for the hosts.")
     find_links: str | None = Field(None, description="Wheel folder URL; with it the hosts use no index at all.")
-    state_dir: str = "/var/lib/glm-infra"
+    state_dir: str = Field("/var/lib/glm-infra", description="State of the services (their home).")
 
     @field_validator("venv", "state_dir")
     @classmethod
@@ -353,8 +372,10 @@ class PreflightConfig(StrictModel):
 class DriversConfig(StrictModel):
     """NVIDIA driver, fabric manager and tools: installed and held (install) or only checked (verify)."""
 
-    mode: Literal["install", "verify"] = "install"
-    version: str = Field("580.159.04", pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$")
+    mode: Literal["install", "verify"] = Field(
+        "install", description="install (and hold) the driver, or verify a pre-installed image and change nothing.")
+    version: str = Field("580.159.04", pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$",
+                         description="NVIDIA driver version (fabric manager and NSCQ at exactly this one).")
     apt_repository: str = Field(
         "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/",
         description="NVIDIA apt repository (deb line URL).",
@@ -394,11 +415,13 @@ class DriversConfig(StrictModel):
 class RdmaConfig(StrictModel):
     """RDMA networking for NIXL's KV transfer."""
 
-    stack: Literal["doca-ofed", "inbox"] = "doca-ofed"
-    gpudirect: Literal["dmabuf", "peermem"] = "dmabuf"
-    link_layer: Literal["Ethernet", "InfiniBand"] = "Ethernet"
-    mtu: int = Field(9000, ge=1500, le=9216)
-    gid_index: int = Field(3, ge=0, le=255)
+    stack: Literal["doca-ofed", "inbox"] = Field("doca-ofed", description="DOCA-OFED or the distribution's rdma-core.")
+    gpudirect: Literal["dmabuf", "peermem"] = Field(
+        "dmabuf", description="GPUDirect RDMA through DMA-BUF (open driver, kernel 5.12+) or nvidia-peermem.")
+    link_layer: Literal["Ethernet", "InfiniBand"] = Field(
+        "Ethernet", description="Ethernet (RoCE v2) or InfiniBand on the compute NICs.")
+    mtu: int = Field(9000, ge=1500, le=9216, description="Netdev MTU of the compute NICs (RoCE active_mtu 4096 at 9000).")
+    gid_index: int = Field(3, ge=0, le=255, description="RoCE v2 GID index with the IPv4 address (show_gids).")
     remove_on_destroy: bool = Field(True, description="Remove the RDMA packages glm-infra installed on destroy.")
 
     @property
@@ -412,24 +435,44 @@ class RdmaConfig(StrictModel):
 
 
 class NixlConfig(StrictModel):
-    ucx_tls: str = Field("rc,cuda_copy,cuda_ipc", pattern=r"^[a-z0-9_,]+$")
+    """NIXL's transport (UCX) settings on every serving host."""
+
+    ucx_tls: str = Field("rc,cuda_copy,cuda_ipc", pattern=r"^[a-z0-9_,]+$", description="UCX_TLS for NIXL.")
 
 
 class StackConfig(StrictModel):
     """One stack file's ``glm-infra:*`` keys."""
 
-    hosts: list[HostConfig] = Field(min_length=1)
-    preflight: PreflightConfig = Field(default_factory=PreflightConfig)
-    ssh: SshConfig
-    model: ModelConfig
-    prefill: PrefillConfig | None = None
-    decode: DecodeConfig | None = None
-    colocated: ColocatedConfig | None = None
-    router: RouterConfig | None = None
-    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
-    drivers: DriversConfig = Field(default_factory=DriversConfig)
-    rdma: RdmaConfig = Field(default_factory=RdmaConfig)
-    nixl: NixlConfig = Field(default_factory=NixlConfig)
+    hosts: list[HostConfig] = Field(min_length=1, description="The servers.")
+    preflight: PreflightConfig = Field(default_factory=PreflightConfig, description="What a host must be first.")
+    ssh: SshConfig = Field(description="How glm-infra logs in.")
+    model: ModelConfig = Field(description="The checkpoint and its staging.")
+    prefill: PrefillConfig | None = Field(None, description="Prefill pool (P/D).")
+    decode: DecodeConfig | None = Field(None, description="Decode pool (P/D).")
+    colocated: ColocatedConfig | None = Field(None, description="One pool without P/D, instead of prefill and decode.")
+    router: RouterConfig | None = Field(None, description="The P/D router and its front.")
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="The Python runtime of the services.")
+    drivers: DriversConfig = Field(default_factory=DriversConfig, description="NVIDIA driver and fabric.")
+    rdma: RdmaConfig = Field(default_factory=RdmaConfig, description="RDMA for the KV transfer.")
+    nixl: NixlConfig = Field(default_factory=NixlConfig, description="NIXL / UCX settings.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _brief_layout(cls, data: Any) -> Any:
+        """No pool given: the BRIEF layout. Prefill on every host but the last, decode and the router
+        on the last; one host: a colocated instance."""
+        if not isinstance(data, dict) or any(data.get(k) is not None for k in ("prefill", "decode", "colocated")):
+            return data
+        hosts = data.get("hosts")
+        if not isinstance(hosts, list) or not hosts or not all(isinstance(h, dict) and "name" in h for h in hosts):
+            return data
+        names = [h["name"] for h in hosts]
+        if len(names) == 1:
+            return {**data, "colocated": {"hosts": names}}
+        out = {**data, "prefill": {"hosts": names[:-1]}, "decode": {"hosts": names[-1:]}}
+        if data.get("router") is None:
+            out["router"] = {"host": names[-1]}
+        return out
 
     def host(self, name: str) -> HostConfig:
         for h in self.hosts:

@@ -7,36 +7,27 @@ offline CLI fills with placeholders and the Pulumi program fills inside ``Output
 
 from __future__ import annotations
 
-import hashlib
 import re
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
 
+from . import paths
 from .config import StackConfig, dump_json
-from .steps import LIBEXEC
-from .topology import KV_ROLE, Instance, Plan, pool_of, seed_host
+from .paths import (  # noqa: F401  (re-exported: where things land, for callers of render)
+    FRONT_CONF, FRONT_KEYS, HF_SECRETS, HOSTCHECK, ROUTER_SECRETS, SECRETS_DIR, UCX_ENV, UNIT_DIR, VLLM_SECRETS,
+    WEIGHTS,
+)
+from .steps import RenderedFile  # noqa: F401
+from .topology import KV_ROLE, Instance, Plan, pool_of
 
 TEMPLATES = Path(__file__).parent / "templates"
-ETC = "/etc/glm-infra"
-SECRETS_DIR = f"{ETC}/secrets"
-UNIT_DIR = "/etc/systemd/system"
-VLLM_SECRETS = f"{SECRETS_DIR}/vllm.env"
-ROUTER_SECRETS = f"{SECRETS_DIR}/router.env"
-HF_SECRETS = f"{SECRETS_DIR}/hf.env"
-FRONT_CONF = "/etc/nginx/conf.d/glm-infra-router.conf"
-FRONT_KEYS = f"{SECRETS_DIR}/router-front-keys.conf"
-UCX_ENV = f"{ETC}/ucx.env"
-PACKAGE_DIR = Path(__file__).resolve().parent
-HOSTCHECK = f"{LIBEXEC}/hostcheck.py"
-WEIGHTS = f"{LIBEXEC}/weights.py"
+HOST_PROGRAMS = Path(__file__).resolve().parent / "host"
 # How long a (re)started instance may take to answer /health: loading ~465 GB and compiling graphs.
 SERVICE_START_TIMEOUT_S = 3600
 ROUTER_START_TIMEOUT_S = 300
-
 
 
 def configured_secrets(stack: StackConfig) -> dict[str, str]:
@@ -54,18 +45,6 @@ def placeholders(stack: StackConfig) -> dict[str, str]:
     return {name: f"<secret {key}>" for name, key in configured_secrets(stack).items()}
 
 
-@dataclass(frozen=True)
-class RenderedFile:
-    path: str
-    content: str
-    mode: int = 0o644
-    secret: bool = False
-
-    @property
-    def digest(self) -> str:
-        return hashlib.sha256(self.content.encode()).hexdigest()
-
-
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
@@ -79,6 +58,7 @@ def _env() -> jinja2.Environment:
         comment_end_string="#%>",
     )
     env.filters["q"] = lambda v: shlex.quote(str(v))  # shell-quote a value for host scripts
+    env.globals["paths"] = paths
     return env
 
 
@@ -238,11 +218,11 @@ def hf_secrets_env(secrets: Mapping[str, str]) -> str:
 
 
 def hostcheck_source() -> str:
-    return (PACKAGE_DIR / "hostcheck.py").read_text()
+    return (HOST_PROGRAMS / "hostcheck.py").read_text()
 
 
 def weights_source() -> str:
-    return (PACKAGE_DIR / "weights.py").read_text()
+    return (HOST_PROGRAMS / "weights.py").read_text()
 
 
 def drivers_script(stack: StackConfig, host: str) -> str:
@@ -251,6 +231,10 @@ def drivers_script(stack: StackConfig, host: str) -> str:
 
 def reboot_script(host: str) -> str:
     return render_template("reboot.sh.j2", host=host)
+
+
+def back_script(host: str) -> str:
+    return render_template("back.sh.j2", host=host)
 
 
 def waitboot_script(stack: StackConfig, host: str) -> str:
@@ -311,7 +295,7 @@ def router_front_conf(stack: StackConfig, plan: Plan) -> str:
     address = plan.router.address
     return render_template(
         "router-front.conf.j2", host=plan.router.host, r=stack.router, keys_path=FRONT_KEYS,
-        api_key=stack.router.api_key is not None, listen=f"[{address}]" if ":" in address else address,
+        api_key=stack.router.api_key is not None, listen=paths.url_host(address),
     )
 
 
@@ -325,64 +309,3 @@ def router_front_script(plan: Plan) -> str:
         "router-front.sh.j2", host=plan.router.host, public_url=plan.router.url, conf_path=FRONT_CONF,
         keys_path=FRONT_KEYS,
     )
-
-
-def script_path(name: str) -> str:
-    return f"{LIBEXEC}/{name}.sh"
-
-
-def unit_stem(unit: str) -> str:
-    return unit.removesuffix(".service")
-
-
-def host_files(
-    stack: StackConfig, plan: Plan, host_name: str, secrets: Mapping[str, str] | None = None
-) -> dict[str, RenderedFile]:
-    """Every file glm-infra writes on one host, keyed by absolute path. Without ``secrets``,
-    secret values are placeholders."""
-    if secrets is None:
-        secrets = placeholders(stack)
-    h = plan.host(host_name)
-    files: list[RenderedFile] = [RenderedFile(HOSTCHECK, hostcheck_source(), mode=0o755)]
-    if h.instances:
-        files.append(RenderedFile(script_path("drivers"), drivers_script(stack, host_name), mode=0o755))
-        files.append(RenderedFile(script_path("health-gate"), health_script(stack, host_name), mode=0o755))
-        files.append(RenderedFile(script_path("rdma"), rdma_script(stack, host_name), mode=0o755))
-        files.append(RenderedFile(UCX_ENV, ucx_env(stack, host_name)))
-        files.append(RenderedFile(VLLM_SECRETS, vllm_secrets_env(secrets), mode=0o600, secret=True))
-        files.append(RenderedFile(WEIGHTS, weights_source(), mode=0o755))
-        for inst in h.instances:
-            files.append(RenderedFile(f"{UNIT_DIR}/{inst.unit}", vllm_unit(stack, inst)))
-            files.append(RenderedFile(script_path(unit_stem(inst.unit)), vllm_service_script(stack, inst), mode=0o755))
-        if host_name == seed_host(stack) and stack.model.source == "huggingface":
-            files.append(RenderedFile(HF_SECRETS, hf_secrets_env(secrets), mode=0o600, secret=True))
-    if h.instances or h.runs_router:
-        files.append(RenderedFile(script_path("runtime"), runtime_script(stack, host_name), mode=0o755))
-    if h.runs_router:
-        assert plan.router is not None
-        files.append(RenderedFile(ROUTER_SECRETS, router_secrets_env(secrets), mode=0o600, secret=True))
-        files.append(RenderedFile(f"{UNIT_DIR}/{plan.router.unit}", router_unit(stack, plan)))
-        files.append(RenderedFile(script_path(unit_stem(plan.router.unit)), router_service_script(stack, plan), mode=0o755))
-        files.append(RenderedFile(FRONT_CONF, router_front_conf(stack, plan)))
-        files.append(RenderedFile(FRONT_KEYS, router_front_keys(secrets), mode=0o600, secret=True))
-        files.append(RenderedFile(script_path("router-front"), router_front_script(plan), mode=0o755))
-    return {f.path: f for f in files}
-
-
-def render_all(
-    stack: StackConfig, plan: Plan, secrets: Mapping[str, str] | None = None
-) -> dict[str, dict[str, RenderedFile]]:
-    return {h.name: host_files(stack, plan, h.name, secrets) for h in plan.hosts}
-
-
-def write_tree(out_dir: Path, rendered: Mapping[str, Mapping[str, RenderedFile]]) -> list[Path]:
-    """Write ``rendered`` under ``out_dir/<host>/<absolute path>``; returns the paths written."""
-    written = []
-    for host, files in sorted(rendered.items()):
-        for path, f in sorted(files.items()):
-            target = out_dir / host / path.lstrip("/")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(f.content)
-            target.chmod(f.mode)
-            written.append(target)
-    return written

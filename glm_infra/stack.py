@@ -158,14 +158,31 @@ def _secret_problems(raw: dict[str, Any], *, encrypted_ok: bool, secret_keys: se
     return out
 
 
-def _build(raw: dict[str, Any], source: str, problems: list[Problem], lines: dict[str, int]) -> LoadedStack:
+def load_dict(raw: dict[str, Any], source: str, serve: bool = True) -> LoadedStack:
+    """A stack given as the ``glm-infra:*`` keys without their prefix (``{"hosts": [...], ...}``, keys
+    camelCase or snake_case), as components get it: the same model, rules and messages as a file."""
+    if not isinstance(raw, dict):
+        raise StackError(source, [Problem("(args)", "must be a mapping of glm-infra keys to values")])
+    problems = [Problem(f"{NAMESPACE}:{k}", f"unknown key{_closest(str(k), STACK_KEYS)}")
+                for k in raw if k not in STACK_KEYS and _snake_to_camel(str(k)) not in STACK_KEYS]
+    return _build({k: v for k, v in raw.items() if k in STACK_KEYS or _snake_to_camel(str(k)) in STACK_KEYS},
+                  source, problems, {}, serve)
+
+
+def _snake_to_camel(key: str) -> str:
+    head, *rest = key.split("_")
+    return head + "".join(w.title() for w in rest)
+
+
+def _build(raw: dict[str, Any], source: str, problems: list[Problem], lines: dict[str, int],
+           serve: bool = True) -> LoadedStack:
     config: StackConfig | None = None
     try:
         config = StackConfig.model_validate(raw)
     except ValidationError as e:
         problems = problems + [_from_pydantic(err) for err in e.errors()]
     if config is not None and not problems:
-        problems = check(config)
+        problems = check(config, serve)
     if problems:
         raise StackError(source, problems, lines)
     assert config is not None

@@ -1,9 +1,11 @@
-"""Remote steps: what one ``command:remote:Command`` runs, as plain data.
+"""Remote steps: what one ``command:remote:Command`` (or, rarely, ``command:local:Command``) runs, as
+plain data.
 
-Components turn each ``Step`` into a remote command; tests run the same strings over SSH or against
-a stub PATH. A step is idempotent: its ``create`` is also its ``update``, so a changed input re-runs
-the step in place instead of replacing it (a replacement would run the old ``delete`` after the new
-``create`` and undo it).
+The per-host plan (``hostplan``) is made of these; components turn each into a resource and the
+review tree (``glm-infra render``) writes each out, so what is reviewed is what deploys. A step is
+idempotent: its ``create`` is also its ``update``, so a changed input re-runs the step in place
+instead of replacing it (a replacement would run the old ``delete`` after the new ``create`` and
+undo it).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import hashlib
 import shlex
 from dataclasses import dataclass, field
 
-LIBEXEC = "/usr/local/libexec/glm-infra"
+from . import paths
 
 
 def digest(*parts: str) -> str:
@@ -24,12 +26,26 @@ def digest(*parts: str) -> str:
 
 
 @dataclass(frozen=True)
+class RenderedFile:
+    """A file a step writes on a host."""
+
+    path: str
+    content: str
+    mode: int = 0o644
+    secret: bool = False
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.content.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
 class Step:
-    """One named remote operation.
+    """One named operation on one host.
 
     ``create`` runs on create; ``update`` (default: ``create`` again) on every input change; both
-    read ``stdin``. ``delete`` runs on destroy (it receives no stdin). ``triggers`` are extra values
-    whose change runs ``update``.
+    read ``stdin``. ``delete`` runs on destroy (it receives no stdin). ``triggers`` are values known
+    when planning whose change runs ``update``; components add the outputs of other steps.
     """
 
     name: str
@@ -39,6 +55,12 @@ class Step:
     triggers: tuple[str, ...] = ()
     secret: bool = False  # stdin holds a secret: keep it encrypted in state, never log it
     update: str | None = None
+    timeout: str | None = None  # how long create/update may run ("30m")
+    retain: bool = False  # keep what it made on destroy (delete never runs)
+    local: bool = False  # runs on the machine running pulumi, not on the host
+    files: tuple[RenderedFile, ...] = field(default=())  # what it writes on the host
+    # The stdin with real secret values: ``render.<secret_render>(secrets)`` (stdin holds placeholders).
+    secret_render: str | None = None
 
 
 @dataclass(frozen=True)
@@ -59,19 +81,21 @@ class ScriptStep:
 
     @property
     def path(self) -> str:
-        return f"{LIBEXEC}/{self.name}.sh"
+        return paths.script(self.name)
 
-    def step(self) -> Step:
+    def step(self, key: str | None = None, timeout: str | None = None) -> Step:
         args = "".join(" " + shlex.quote(a) for a in self.args)
         create = f"install -D -m 0755 /dev/stdin {self.path} && {self.path} {self.action}{args}"
         if self.removable:
             delete = f"if [ -x {self.path} ]; then {self.path} remove{args}; fi && rm -f {self.path}"
         else:
             delete = f"rm -f {self.path}"
-        return Step(self.name, create, delete, self.script, self.triggers)
+        return Step(key or self.name, create, delete, self.script, self.triggers, timeout=timeout,
+                    files=(RenderedFile(self.path, self.script, 0o755),))
 
 
-def file_step(name: str, path: str, content: str, mode: int = 0o644, secret: bool = False) -> Step:
+def file_step(name: str, path: str, content: str, mode: int = 0o644, secret: bool = False,
+              secret_render: str | None = None) -> Step:
     """Write ``content`` to ``path`` atomically (root-owned, ``mode``); remove it on destroy."""
     q = shlex.quote(path)
     d = shlex.quote(path.rsplit("/", 1)[0] or "/")
@@ -81,6 +105,12 @@ def file_step(name: str, path: str, content: str, mode: int = 0o644, secret: boo
         f"else mv -f \"$tmp\" {q}; echo wrote {q}; fi"
     )
     delete = f"rm -f {q}"
-    if path.startswith("/etc/glm-infra/"):  # glm-infra's own folders go with their last file
-        delete += f"; rmdir --ignore-fail-on-non-empty {d} /etc/glm-infra 2>/dev/null || true"
-    return Step(name, create, delete, content, (), secret)
+    if path.startswith(paths.ETC + "/"):  # glm-infra's own folders go with their last file
+        delete += f"; rmdir --ignore-fail-on-non-empty {d} {paths.ETC} 2>/dev/null || true"
+    return Step(name, create, delete, content, (), secret, files=(RenderedFile(path, content, mode, secret),),
+                secret_render=secret_render)
+
+
+def command(*argv: str) -> str:
+    """argv as one shell command line."""
+    return " ".join(shlex.quote(a) for a in argv)

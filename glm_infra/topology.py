@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .config import PoolConfig, StackConfig
+from .paths import url_host
 
 ROLES = ("prefill", "decode", "colocated")
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
@@ -48,7 +49,7 @@ class Instance:
 
     @property
     def url(self) -> str:
-        return f"http://{_url_host(self.address)}:{self.http_port}"
+        return f"http://{url_host(self.address)}:{self.http_port}"
 
     def ports(self) -> list[tuple[str, int]]:
         """Every port this instance listens on, with what it is for."""
@@ -69,7 +70,7 @@ class RouterPlan:
 
     @property
     def url(self) -> str:
-        return f"http://{_url_host(self.address)}:{self.port}"
+        return f"http://{url_host(self.address)}:{self.port}"
 
     @property
     def unit(self) -> str:
@@ -83,6 +84,8 @@ class HostPlan:
     gpus: int
     instances: tuple[Instance, ...]
     runs_router: bool
+    provision_only: bool = False  # provisioned (driver … weights) without serving: Hosts, not Cluster
+    runtime: bool = False  # gets glm-infra's Python runtime even without serving (Hosts(install_runtime=True))
 
     @property
     def gpus_used(self) -> int:
@@ -96,6 +99,10 @@ class Plan:
     router: RouterPlan | None
     disaggregated: bool = field(default=False)
 
+    @property
+    def serve(self) -> bool:
+        return not any(h.provision_only for h in self.hosts)
+
     def host(self, name: str) -> HostPlan:
         return next(h for h in self.hosts if h.name == name)
 
@@ -106,10 +113,6 @@ class Plan:
     def serving_hosts(self) -> tuple[HostPlan, ...]:
         """Hosts that run at least one vLLM instance (they need the runtime and the weights)."""
         return tuple(h for h in self.hosts if h.instances)
-
-
-def _url_host(address: str) -> str:
-    return f"[{address}]" if ":" in address else address
 
 
 def allocate(stack: StackConfig) -> list[Instance]:
@@ -156,17 +159,25 @@ def pool_of(stack: StackConfig, role: str) -> PoolConfig:
     return pool
 
 
-def seed_host(stack: StackConfig) -> str | None:
-    """The host that downloads the weights from the source: the stack's choice or the first serving host."""
+def seed_host(stack: StackConfig, serve: bool = True) -> str | None:
+    """The host that downloads the weights from the source: the stack's choice or the first serving host
+    (the first host when nothing is served)."""
     if stack.model.seed_host:
         return stack.model.seed_host
+    if not serve:
+        return stack.hosts[0].name
     for _, pool in stack.pools():
         return pool.hosts[0]
     return None
 
 
-def plan(stack: StackConfig) -> Plan:
-    """The plan of a validated stack."""
+def plan(stack: StackConfig, serve: bool = True, runtime: bool = False) -> Plan:
+    """The plan of a validated stack. ``serve=False``: every host provisioned, nothing served (the
+    pools and the router are left out), with the Python runtime only if ``runtime``."""
+    if not serve:
+        hosts = tuple(HostPlan(h.name, h.address, h.gpus, (), False, provision_only=True, runtime=runtime)
+                      for h in stack.hosts)
+        return Plan(hosts=hosts, instances=(), router=None)
     instances = tuple(allocate(stack))
     router = None
     if stack.router is not None:

@@ -23,15 +23,20 @@ def _key(top: str, rest: str = "") -> str:
     return f"glm-infra:{top}{rest}"
 
 
-def check(stack: StackConfig) -> list[Problem]:
+def check(stack: StackConfig, serve: bool = True) -> list[Problem]:
+    """Every cross-field problem of a stack. ``serve=False``: hosts provisioned without pools (the
+    pools, the router and their ports are not judged)."""
     problems: list[Problem] = []
     problems += _hosts_unique(stack)
-    problems += _pool_shape(stack)
-    problems += _host_references(stack)
+    if serve:
+        problems += _pool_shape(stack)
+    problems += _host_references(stack, serve)
     if problems:
         return problems  # budgets and ports are meaningless with unknown hosts
-    problems += _gpu_budget(stack)
-    problems += _port_collisions(stack)
+    if serve:
+        problems += _gpu_budget(stack)
+        problems += _kv_nics(stack)
+    problems += _port_collisions(stack, serve)
     return problems
 
 
@@ -78,10 +83,15 @@ def _pool_shape(stack: StackConfig) -> list[Problem]:
     return out
 
 
-def _host_references(stack: StackConfig) -> list[Problem]:
+def _host_references(stack: StackConfig, serve: bool = True) -> list[Problem]:
     names = [h.name for h in stack.hosts]
     known = ", ".join(names)
     out = []
+    if not serve:
+        seed = stack.model.seed_host
+        if seed is not None and seed not in names:
+            out.append(Problem(_key("model", ".seedHost"), f"unknown host {seed!r} (hosts are: {known})"))
+        return out
     for role, pool in stack.pools():
         for i, h in enumerate(pool.hosts):
             if h not in names:
@@ -93,6 +103,15 @@ def _host_references(stack: StackConfig) -> list[Problem]:
     if seed is not None and seed not in serving:
         out.append(Problem(_key("model", ".seedHost"), f"{seed!r} runs no vLLM instance (serving hosts: {', '.join(dict.fromkeys(serving))})"))
     return out
+
+
+def _kv_nics(stack: StackConfig) -> list[Problem]:
+    """P/D moves the KV cache over RDMA: every prefill and decode host names its compute NICs."""
+    kv_hosts = {h for role in ("prefill", "decode") if (pool := getattr(stack, role)) for h in pool.hosts}
+    return [Problem(_key("hosts", f"[{i}].computeNics"),
+                    f"host {h.name} runs prefill/decode instances, which move the KV cache over RDMA: list its "
+                    "compute NICs (never the NVSwitch-management ConnectX)")
+            for i, h in enumerate(stack.hosts) if h.name in kv_hosts and not h.compute_nics]
 
 
 def _gpu_budget(stack: StackConfig) -> list[Problem]:
@@ -115,7 +134,7 @@ def _gpu_budget(stack: StackConfig) -> list[Problem]:
     return out
 
 
-def _port_collisions(stack: StackConfig) -> list[Problem]:
+def _port_collisions(stack: StackConfig, serve: bool = True) -> list[Problem]:
     owners: dict[tuple[str, int], str] = {}
     clashes: dict[tuple[str, str, str, str], list[int]] = defaultdict(list)
     out: list[Problem] = []
@@ -129,13 +148,13 @@ def _port_collisions(stack: StackConfig) -> list[Problem]:
             clashes[(path, host, prev, owner)].append(port)
 
     port_key = {"http": ".httpPort", "dp-rpc": ".dpRpcPort", "nixl": ".nixlSideChannelPort"}
-    for inst in allocate(stack):
+    for inst in allocate(stack) if serve else ():
         for kind, port in inst.ports():
             claim(inst.host, port, f"{inst.name} {kind}", _key(inst.role, port_key[kind]))
-    seed = seed_host(stack)
+    seed = seed_host(stack, serve)
     if seed is not None and stack.model.source != "local":
         claim(seed, stack.model.fanout_port, "weights fan-out", _key("model", ".fanoutPort"))
-    if stack.router is not None:
+    if stack.router is not None and serve:
         claim(stack.router.host, stack.router.port, "router http", _key("router", ".port"))
         claim(stack.router.host, stack.router.metrics_port, "router metrics", _key("router", ".metricsPort"))
         claim(stack.router.host, stack.router.internal_port, "router internal", _key("router", ".internalPort"))

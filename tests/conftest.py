@@ -48,16 +48,29 @@ def write_stack(tmp_path):
 # --- the whole suite: end-to-end tests last, and nothing it started outlives it -------------------
 
 
+E2E_ORDER = ("test_sim_e2e", "test_team_state", "test_examples")  # each module leaves the hosts for the next
+
+
 def pytest_collection_modifyitems(config, items):
-    """The end-to-end suite (minutes, the real engine) runs after everything fast has passed."""
-    items.sort(key=lambda item: "/tests/e2e/" in str(item.path).replace(os.sep, "/"))
+    """The end-to-end suite (minutes, the real engine) runs after everything fast has passed, its
+    modules in E2E_ORDER."""
+
+    def key(item) -> tuple[int, int]:
+        if "/tests/e2e/" not in str(item.path).replace(os.sep, "/"):
+            return (0, 0)
+        stem = item.path.stem
+        return (1, E2E_ORDER.index(stem) if stem in E2E_ORDER else len(E2E_ORDER))
+
+    items.sort(key=key)
 
 
-_SESSION = {"id": proctree.new_session_id(), "since": 0.0}
+_SESSION = {"id": "", "since": 0.0}
 
 
 def pytest_sessionstart(session):
-    # Every process the suite starts inherits this; the check below finds them by it.
+    # Every process the suite starts inherits this; the check below finds them by it. A new id per
+    # session: a tool that forks pytest sessions (mutmut) must not see its siblings as leftovers.
+    _SESSION["id"] = proctree.new_session_id()
     os.environ[proctree.SESSION_VAR] = _SESSION["id"]
     _SESSION["since"] = time.time()
 

@@ -39,8 +39,19 @@ class Registered:
 
 
 class _Mocks(pulumi.runtime.Mocks):
+    # What a StackReference reads under the mocks: {stack name: outputs} (set by a test).
+    stack_outputs: dict[str, dict] = {}
+
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
-        return [f"{args.name}-id", dict(args.inputs)]
+        if args.typ == "pulumi:pulumi:StackReference":
+            name = args.inputs.get("name", args.name)
+            return [name, {"name": name, "outputs": self.stack_outputs.get(name, {})}]
+        outputs = dict(args.inputs)
+        # A local command that echoes a value (an inventory lookup in the tests) answers it on stdout.
+        create = outputs.get("create")
+        if args.typ == "command:local:Command" and isinstance(create, str) and create.startswith("echo "):
+            outputs["stdout"] = create.removeprefix("echo ")
+        return [f"{args.name}-id", outputs]
 
     def call(self, args: pulumi.runtime.MockCallArgs):
         return {}
@@ -102,16 +113,42 @@ def pulumi_config(stack_path: Path, key_file: Path, secrets: dict[str, str] | No
     return {k: (v if isinstance(v, str) else json.dumps(v)) for k, v in cfg.items()}, secret_keys
 
 
-def run_program(stack_path: Path, key_file: Path, stack: str = "test", secrets: dict | None = None) -> Run:
-    config, secret_keys = pulumi_config(stack_path, key_file, secrets)
-    pulumi.runtime.set_all_config(config, secret_keys)
+def _mock(stack: str) -> tuple[RecordingMonitor, "_LogRecorder"]:
     monitor = RecordingMonitor(_Mocks())
     logs = _LogRecorder()
     logger = logging.getLogger(f"glm-infra-mocks-{id(logs)}")
     logger.addHandler(logs)
     logger.setLevel(logging.DEBUG)
+    logger.propagate = False
     pulumi.runtime.set_mocks(_Mocks(), project="glm-infra", stack=stack, preview=False, monitor=monitor,
                              logger=logger)
+    return monitor, logs
+
+
+def run_callable(fn, stack: str = "test", config: dict | None = None, secret_keys: list | None = None,
+                 stack_outputs: dict | None = None) -> tuple[Run, object]:
+    """Run ``fn()`` as a Pulumi program under the mocks; returns what was registered and what ``fn``
+    returned (an Output is awaited). ``config``: the program's config (values as the engine passes
+    them: JSON strings for objects); ``stack_outputs``: what StackReferences read."""
+    pulumi.runtime.set_all_config({k: (v if isinstance(v, str) else json.dumps(v)) for k, v in (config or {}).items()},
+                                  secret_keys or [])
+    _Mocks.stack_outputs = stack_outputs or {}
+    monitor, logs = _mock(stack)
+    result: list = []
+
+    @pulumi.runtime.test
+    def program():
+        value = fn()
+        return pulumi.Output.from_input(value).apply(result.append) if value is not None else None
+
+    program()
+    return Run(monitor.registered, {}, monitor.outputs, logs.messages), (result[0] if result else None)
+
+
+def run_program(stack_path: Path, key_file: Path, stack: str = "test", secrets: dict | None = None) -> Run:
+    config, secret_keys = pulumi_config(stack_path, key_file, secrets)
+    pulumi.runtime.set_all_config(config, secret_keys)
+    monitor, logs = _mock(stack)
     exports: dict = {}
 
     @pulumi.runtime.test

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import STACKS, stack_file
-from glm_infra import render
+from glm_infra import hostplan, render
 from glm_infra.stack import load_file
 from glm_infra.topology import plan
 from stubs import Result, StubPath, shellcheck
@@ -32,11 +32,14 @@ RUNTIME_DIRS = ["/opt", "/var/lib/glm-infra"]
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_rendered_host_script_is_shellcheck_clean(stack, tmp_path):
     cfg = load_file(stack_file(stack)).config
-    for host, files in render.render_all(cfg, plan(cfg)).items():
-        for path, f in files.items():
-            if path.endswith(".sh"):
-                r = shellcheck(f.content, tmp_path)
-                assert r.returncode == 0, f"{host}:{path}\n{r.stdout}"
+    for host, hs in hostplan.plan_all(cfg, plan(cfg)).items():
+        scripts = {path: f.content for path, f in hs.files().items() if path.endswith(".sh")}
+        # And the scripts steps run from stdin (reboot, wait for the reboot, back on a new boot).
+        scripts.update({f"step {k}": st.stdin for k, st in hs.steps.items() if st.create == "bash -s"})
+        assert any(k.startswith("step ") for k in scripts) == bool(hs.host.instances)
+        for path, text in scripts.items():
+            r = shellcheck(text, tmp_path)
+            assert r.returncode == 0, f"{host}:{path}\n{r.stdout}"
 
 
 def isolated(stubs: StubPath, script: str, args: list[str], dirs: list[str], tmp: Path) -> Result:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 
 import pytest
 
-from glm_infra import hostcheck as hc
-from test_standins import Sim
+from glm_infra.host import hostcheck as hc
+from standins.test_hardware import Sim
 
 FIX = Path(__file__).parent / "fixtures"
 H200 = FIX / "h200x2-nvidia-smi"
@@ -278,7 +279,8 @@ def health(capsys, *extra: str) -> tuple[int, str, str]:
 
 
 GPU_ARGS = ("--gpus", "8", "--gpu-model", "B300", "--driver", "580.159.04", "--fabric")
-RDMA_ARGS = ("--rdma-only", "--nics", ",".join(f"mlx5_{i}" for i in range(8)), "--mtu", "4096", "--gid-index", "3")
+RDMA_ARGS = ("--rdma-only", "--nics", ",".join(f"mlx5_{i}" for i in range(8)), "--link-layer", "Ethernet", "--mtu", "4096",
+             "--gid-index", "3")
 
 
 def test_the_healthy_line_says_what_was_read(tools, capsys):
@@ -389,7 +391,7 @@ def test_preflight_counts_a_staged_checkpoint_as_room_and_skips_gpus_before_the_
 
 def test_preflight_command_prints_facts_and_one_line_per_refusal(monkeypatch, capsys):
     monkeypatch.setattr(hc, "facts", lambda model_path: real_facts(kernel="5.4.0-216-generic"))
-    rc = hc.main(["preflight", "--host", "h1", "--allowed-os", "debian 12", "--gpus", "8", "--gpu-model", "H200",
+    rc = hc.main(["preflight", "--host", "h1", "--allowed-os", "debian 12", "--min-kernel", "5.12", "--gpus", "8", "--gpu-model", "H200",
                   "--model-path", "/mnt/model", "--min-free-gb", "485"])
     out = capsys.readouterr()
     assert rc == 1 and json.loads(out.out)["kernel"] == "5.4.0-216-generic"
@@ -412,3 +414,134 @@ def test_facts_gather_what_preflight_reads(monkeypatch, tmp_path):
     assert f["gpus"]["error"] == "nvidia-smi: not installed"
     assert hc.preflight_problems(f, [f["os"]], "1.0", 8, "B300", require_driver=True, min_free_gb=0) == [
         ("driver", "drivers.mode is verify but the driver does not answer: nvidia-smi: not installed")]
+
+
+# --- the facts, gathered from each tool's output -------------------------------------------------
+
+
+def fake_tools(monkeypatch, answers: dict[tuple[str, ...], tuple[int, str]]) -> list[tuple[str, ...]]:
+    calls: list[tuple[str, ...]] = []
+
+    def run(cmd):
+        calls.append(tuple(cmd))
+        return answers.get(tuple(cmd), (127, f"{cmd[0]}: not installed"))
+
+    monkeypatch.setattr(hc, "_run", run)
+    return calls
+
+
+QUERY = ("nvidia-smi", f"--query-gpu={hc.QUERY_FIELDS}", "--format=csv")
+
+
+def test_gpu_facts_from_the_real_query(monkeypatch):
+    fake_tools(monkeypatch, {QUERY: (0, (H200 / "query-gpu.csv").read_text())})
+    assert hc.gpu_facts() == {"count": 2, "models": ["NVIDIA H200"], "driver_version": "580.159.04",
+                              "compute_cap": ["9.0"]}
+    fake_tools(monkeypatch, {QUERY: (9, "NVIDIA-SMI has failed because it couldn't communicate\nmore")})
+    assert hc.gpu_facts() == {"error": "NVIDIA-SMI has failed because it couldn't communicate", "exit": 9}
+    fake_tools(monkeypatch, {QUERY: (4, "")})
+    assert hc.gpu_facts() == {"error": "nvidia-smi exited 4", "exit": 4}
+    fake_tools(monkeypatch, {QUERY: (0, "index, name\n0\n")})
+    assert hc.gpu_facts()["error"].startswith("cannot read nvidia-smi --query-gpu: malformed nvidia-smi csv row")
+    fake_tools(monkeypatch, {QUERY: (0, "")})
+    assert hc.gpu_facts() == {"count": 0, "models": [], "driver_version": None, "compute_cap": []}
+
+
+def test_rdma_facts_from_the_stand_in_tools(monkeypatch, sim):
+    sim.fault(RDMA_DOWN="mlx5_2")
+    fake_tools(monkeypatch, {("ibv_devinfo", "-v"): (0, sim.out("ibv_devinfo", "-v")), ("ibstat",): (0, sim.out("ibstat"))})
+    f = hc.rdma_facts()
+    assert sorted(f) == [f"mlx5_{i}" for i in range(9)]
+    assert f["mlx5_0"] == {"1": {"state": "PORT_ACTIVE", "active_mtu": 4096, "link_layer": "Ethernet",
+                                 "roce_v2_ipv4_gids": [3], "rate_gbps": 800}}
+    assert f["mlx5_2"]["1"]["state"] == "PORT_DOWN"
+    assert f["mlx5_8"]["1"] == {"state": "PORT_ACTIVE", "active_mtu": 4096, "link_layer": "InfiniBand",
+                                "roce_v2_ipv4_gids": [], "rate_gbps": 400}
+    # Without ibstat the rates are left out; without ibv_devinfo the reason is the fact.
+    fake_tools(monkeypatch, {("ibv_devinfo", "-v"): (0, sim.out("ibv_devinfo", "-v"))})
+    assert "rate_gbps" not in hc.rdma_facts()["mlx5_0"]["1"]
+    fake_tools(monkeypatch, {})
+    assert hc.rdma_facts() == {"error": "ibv_devinfo: not installed"}
+    fake_tools(monkeypatch, {("ibv_devinfo", "-v"): (0, "  \n")})
+    assert hc.rdma_facts() == {"error": "ibv_devinfo -v exited 0 and printed nothing"}
+
+
+def test_memlock_and_container(monkeypatch):
+    import resource
+
+    fake_tools(monkeypatch, {("systemd-detect-virt", "--container"): (0, "systemd-nspawn")})
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (8 * 1024 * 1024, 8 * 1024 * 1024))
+    assert hc.memlock() == {"container": "systemd-nspawn", "effective_memlock": "8388608"}
+    fake_tools(monkeypatch, {("systemd-detect-virt", "--container"): (1, "none")})
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert hc.memlock() == {"container": "none", "effective_memlock": "unlimited"}
+
+
+def test_facts_put_it_together(monkeypatch, tmp_path):
+    osr = tmp_path / "os-release"
+    osr.write_text('PRETTY_NAME="Ubuntu 24.04.3 LTS"\nID=ubuntu\nVERSION_ID="24.04"\n')
+    real = hc.os_release
+    monkeypatch.setattr(hc, "os_release", lambda path="/etc/os-release": real(str(osr)))
+    fake_tools(monkeypatch, {QUERY: (0, (H200 / "query-gpu.csv").read_text())})
+    monkeypatch.setattr(hc.platform, "release", lambda: "6.8.0-49-generic")
+    f = hc.facts(None)
+    assert (f["os"], f["os_pretty"], f["kernel"]) == ("ubuntu 24.04", "Ubuntu 24.04.3 LTS", "6.8.0-49-generic")
+    assert f["gpus"]["count"] == 2 and f["rdma"] == {"error": "ibv_devinfo: not installed"} and "disk" not in f
+
+
+def test_os_release_reads_quoted_and_bare_values(tmp_path):
+    osr = tmp_path / "os-release"
+    osr.write_text('ID=debian\nVERSION_ID="12"\nPRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\n\n')
+    assert hc.os_release(str(osr)) == {"ID": "debian", "VERSION_ID": "12", "PRETTY_NAME": "Debian GNU/Linux 12 (bookworm)",
+                                       "": ""}
+    assert hc.os_release(str(tmp_path / "none")) == {}
+
+
+def test_free_and_staged_bytes(tmp_path):
+    where, free = hc.free_bytes(str(tmp_path / "not" / "yet"))
+    assert where == str(tmp_path) and free > 0
+    revs = tmp_path / "model.revisions" / "r1"
+    revs.mkdir(parents=True)
+    (revs / "a").write_bytes(b"x" * 300)
+    (revs / "sub").mkdir()
+    (revs / "sub" / "b").write_bytes(b"y" * 20)
+    (tmp_path / "model").symlink_to(revs)
+    assert hc.staged_bytes(str(tmp_path / "model")) == 320
+    assert hc.staged_bytes(str(tmp_path / "absent")) == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["health", "--host", "h"], "health needs --gpus and --gpu-model (or --rdma-only)"),
+    (["health", "--host", "h", "--gpus", "8"], "health needs --gpus and --gpu-model (or --rdma-only)"),
+    (["health", "--host", "h", "--rdma-only"], "--rdma-only needs --nics"),
+    (["health", "--host", "h", "--rdma-only", "--nics", "mlx5_0"], "--nics needs --link-layer, --mtu and --gid-index"),
+    (["health", "--host", "h", "--rdma-only", "--nics", "mlx5_0", "--link-layer", "RoCE", "--mtu", "1", "--gid-index", "3"],
+     "invalid choice: 'RoCE'"),
+    (["preflight", "--host", "h", "--allowed-os", "ubuntu 24.04", "--min-kernel", "5.12", "--gpus", "8"],
+     "the following arguments are required: --gpu-model"),
+])
+def test_the_command_line_refuses_what_a_check_cannot_do_without(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        hc.main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_scripts_command_lines_parse_as_meant(monkeypatch):
+    """What the rendered health gate and RDMA step run reaches the checks with the stack's values."""
+    from glm_infra import render
+    from glm_infra.stack import load_file
+
+    from conftest import stack_file
+
+    seen = []
+    monkeypatch.setattr(hc, "health", lambda args: seen.append(vars(args)) or 0)
+    cfg = load_file(stack_file("prod-b300")).config
+    for script in (render.health_script(cfg, "b300-1"), render.rdma_script(cfg, "b300-1")):
+        line = next(l for l in script.splitlines() if l.startswith("hostcheck=(python3"))
+        words = shlex.split(line[len("hostcheck=("):-1].replace('"$host"', "b300-1"))
+        assert hc.main(words[2:]) == 0  # after python3 and the path
+    gate, rdma = seen
+    assert (gate["gpus"], gate["gpu_model"], gate["driver"], gate["fabric"], gate["nvlinks"], gate["rdma_only"]) == (
+        8, "B300", "580.159.04", True, 18, False)
+    assert (rdma["rdma_only"], rdma["nics"], rdma["link_layer"], rdma["mtu"], rdma["gid_index"]) == (
+        True, ",".join(f"mlx5_{i}" for i in range(8)), "Ethernet", 4096, 3)

@@ -48,9 +48,10 @@ def test_resource_tree(stack, key_file):
     assert types.count("glm-infra:index:Router") == (1 if p.router else 0)
     assert types.count(CMD) == _expected_commands(stack)
     assert types.count("command:local:Command") == len(p.serving_hosts)  # the wait for a reboot
-    for t in ("Drivers", "Fabric", "Rdma", "Nixl"):
-        assert types.count(f"glm-infra:index:{t}") == len(p.serving_hosts), t
-    assert types.count("glm-infra:index:Runtime") == len({h.name for h in p.hosts if h.instances or h.runs_router})
+    assert types.count("glm-infra:index:Drivers") == len(p.serving_hosts)
+    runtimes = len({h.name for h in p.hosts if h.instances or h.runs_router})
+    # Per serving host: the health gate, RDMA and the UCX env file; per host that runs anything: the runtime.
+    assert types.count("glm-infra:index:HostStep") == 3 * len(p.serving_hosts) + runtimes
     # Every resource hangs under the cluster; names carry their parent's name.
     cluster = run.get("glm")
     for r in run.resources:

@@ -64,7 +64,7 @@ BAD = [
     ("pool-host-twice", [("glm-infra:prefill.hosts", ["b300-1", "b300-1"])], "glm-infra:prefill.hosts", "listed twice"),
     ("decode-without-prefill", [("glm-infra:prefill", _DELETE)], "glm-infra:prefill", "P/D needs both pools"),
     ("pd-without-router", [("glm-infra:router", _DELETE)], "glm-infra:router", "P/D needs a router"),
-    ("missing-required", [("glm-infra:decode.cudagraphMode", _DELETE)], "glm-infra:decode.cudagraphMode", "required key is missing"),
+    ("missing-required", [("glm-infra:model.repo", _DELETE)], "glm-infra:model.repo", "required key is missing"),
     ("bad-cudagraph-mode", [("glm-infra:decode.cudagraphMode", "FULL_DECODE")], "glm-infra:decode.cudagraphMode", "FULL_DECODE_ONLY"),
     ("ssh-no-key", [("glm-infra:ssh.privateKeyPath", _DELETE)], "glm-infra:ssh", "exactly one of privateKey"),
     ("plaintext-secret", [("glm-infra:router.apiKey", "hunter2")], "glm-infra:router.apiKey", "plaintext in the stack file"),

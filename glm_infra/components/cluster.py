@@ -1,184 +1,263 @@
-"""The whole deployment of one stack, built from the plan: per host preflight → driver → health
-gate → RDMA → NIXL → runtime, the weights (downloaded once, fanned out), then the vLLM instances
-(each pool one at a time) and the router."""
+"""The whole deployment (``Cluster``) and its provisioning part alone (``Hosts``), both built from the
+per-host plan: per host preflight → driver → health gate → RDMA → NIXL → facts (→ runtime), the
+weights (downloaded once, fanned out), then for a Cluster the vLLM instances (each pool one at a
+time) and the router."""
 
 from __future__ import annotations
 
-import shlex
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import pulumi
+import pulumi_command.remote as remote
 
-from .. import render
-from ..config import StackConfig
+from .. import hostplan, inputs, render, topology
+from ..args import ClusterArgs
+from ..hostplan import HostSteps
+from ..stack import StackError
 from ..steps import Step, digest
-from ..topology import Plan, seed_host
+from ..validate import Problem
 from .drivers import Drivers, DriversArgs
-from .fabric import Fabric, FabricArgs
 from .host import Host, HostArgs
-from .nixl import Nixl, NixlArgs
-from .rdma import Rdma, RdmaArgs
-from .remote_step import run_step
+from .host_step import HostStep, HostStepArgs
 from .router import Router, RouterArgs
-from .runtime import Runtime, RuntimeArgs
 from .vllm_service import VllmService, VllmServiceArgs
 from .weights import ModelWeights, ModelWeightsArgs, WeightsHost
 
 
+class InvalidArgsError(pulumi.RunError):
+    """Args that ``glm-infra validate`` would refuse, with the same messages; raised before any
+    resource exists."""
+
+    def __init__(self, error: StackError) -> None:
+        super().__init__(str(error))
+        self.problems: list[Problem] = error.problems
+
+
 @dataclass
-class ClusterArgs:
-    stack: StackConfig
-    """The validated stack."""
-    plan: Plan
-    """Its topology plan."""
-    private_key: pulumi.Input[str]
-    """SSH private key (secret)."""
-    secrets: Mapping[str, pulumi.Input[str]]
-    """Secret values by template name (router_api_key, hf_token), as secret Outputs."""
+class _Chain:
+    """What the provisioning of one host left: its component, what serving needs done first, its facts."""
+
+    host: Host
+    ready: list[pulumi.Resource] = field(default_factory=list)
+    facts: pulumi.Output[dict] | None = None
 
 
-class Cluster(pulumi.ComponentResource):
+class _Deployment(pulumi.ComponentResource):
+    """What Cluster and Hosts share: validation of the Args, the plan, the per-host chains and the weights."""
+
     hosts: dict[str, Host]
-    runtimes: dict[str, Runtime]
     weights: ModelWeights | None
+
+    def __init__(self, type_: str, name: str, args: Mapping[str, Any], serve: bool,
+                 opts: pulumi.ResourceOptions | None, runtime: bool = False,
+                 only_hosts: Sequence[str] | None = None) -> None:
+        source = f"{type_.rsplit(':', 1)[-1]} {name!r}"
+        try:
+            self._split, loaded = inputs.load(args, source, serve)
+            if not serve and not runtime and loaded.config.model.source == "huggingface":
+                raise StackError(source, [Problem("glm-infra:model.source", "huggingface downloads with the hf CLI, "
+                                                  "which glm-infra's Python runtime installs: Hosts(..., "
+                                                  "install_runtime=True), or source mirror or local")])
+            unknown = [h for h in only_hosts or () if h not in {x.name for x in loaded.config.hosts}]
+            if unknown:
+                raise StackError(source, [Problem("(only_hosts)", f"unknown host {unknown[0]!r}")])
+        except StackError as e:
+            raise InvalidArgsError(e) from None
+        super().__init__(type_, name, None, opts)
+        self._only = set(only_hosts) if only_hosts is not None else None
+        for w in loaded.warnings:
+            pulumi.log.warn(w, self)
+        self.stack = loaded.config
+        self.plan = topology.plan(self.stack, serve, runtime)
+        self.steps = hostplan.plan_all(self.stack, self.plan)
+        resolved = inputs.resolve(loaded, self._split, source, serve, runtime)
+        self._live = resolved.apply(lambda r: hostplan.plan_all(r.stack, r.plan)) if self._split.later else None
+        self._resolved = resolved
+        secrets = {k: v for k, v in self._split.secrets.items() if k != "private_key"}
+        self.secrets: dict[str, pulumi.Output[str]] = secrets
+        """The secret values given (router_api_key, hf_token), as secret Outputs."""
+        self._secret_values = pulumi.Output.secret(pulumi.Output.all(**secrets)) if secrets else \
+            pulumi.Output.from_input({})
+        self._private_key = self._split.secrets.get("private_key") or pulumi.Output.secret(
+            _read_key(self._split.private_key_path or "", source))
+        self.hosts = {}
+        chains = {h.name: self._provision(name, self.steps[h.name]) for h in self.plan.hosts if self.mine(h.name)}
+        self.hosts = {n: c.host for n, c in chains.items()}
+        self.weights = self._stage_weights(name, chains)
+        self._chains = chains
+        self.facts = pulumi.Output.all(**{n: c.facts or c.host.facts for n, c in chains.items()})
+
+    # --- helpers -----------------------------------------------------------------------------------
+
+    def mine(self, host: str) -> bool:
+        """Whether this component deploys ``host`` (``only_hosts``: the others belong to another stack)."""
+        return self._only is None or host in self._only
+
+    def live(self, host: str, key: str) -> pulumi.Output[Step] | None:
+        return self._live.apply(lambda a: a[host].steps[key]) if self._live is not None else None
+
+    def lives(self, host: str, keys) -> dict[str, pulumi.Output[Step]]:
+        return {k: v for k in keys if (v := self.live(host, k)) is not None}
+
+    def secret_file(self, step: Step) -> pulumi.Output[str]:
+        assert step.secret_render is not None
+        return self._secret_values.apply(getattr(render, step.secret_render))
+
+    def secret_digest(self, renderer: str) -> pulumi.Output[str]:
+        return self._secret_values.apply(lambda s: digest(getattr(render, renderer)(s)))
+
+    # --- the chain of one host ---------------------------------------------------------------------
+
+    def _provision(self, name: str, hs: HostSteps) -> _Chain:
+        h, s = hs.host, hs.steps
+        hc = self.stack.host(h.name)
+        files = [st for k, st in s.items() if k in hostplan.HOST_FILES]
+        host = Host(
+            f"{name}-{h.name}",
+            HostArgs(
+                name=h.name,
+                address=self._split.addresses.get(h.name, hc.address),
+                user=self.stack.ssh.user,
+                private_key=self._private_key,
+                preflight=s["preflight"],
+                ssh_port=hc.ssh_port,
+                files=files,
+                secret_files={st.name: self.secret_file(st) for st in files},
+                live=self.lives(h.name, ["preflight"]),
+            ),
+            pulumi.ResourceOptions(parent=self),
+        )
+        chain = _Chain(host)
+        previous: pulumi.Resource = host.preflight
+        conn = host.connection
+        if hostplan.provisioned(h):
+            drivers = Drivers(
+                f"{name}-{h.name}-drivers",
+                DriversArgs(conn, hostplan_subset(s, "drivers-"), self.lives(h.name, [k for k in s if k.startswith("drivers-")])),
+                pulumi.ResourceOptions(parent=self, depends_on=[host.preflight]),
+            )
+            gate = self._host_step(f"{name}-{h.name}-health", "gate", conn, s["health-gate"], h.name,
+                                   [drivers.ready.stdout], [drivers], "Fabric")
+            rdma = self._host_step(f"{name}-{h.name}-rdma", "setup", conn, s["rdma"], h.name, [], [gate], "Rdma")
+            previous = self._host_step(f"{name}-{h.name}-nixl", "ucx-env", conn, s["ucx-env"], h.name, [], [rdma],
+                                       "Nixl")
+            # The host as provisioned (driver answering, RDMA up): read again whenever the driver,
+            # the gate or the RDMA step ran again.
+            chain.facts = host.read_facts(
+                s["facts"], [drivers.ready.stdout, gate.command.stdout, rdma.command.stdout], [previous],
+                live=self.live(h.name, "facts"))
+        if "runtime" in s:
+            runtime = self._host_step(f"{name}-{h.name}-runtime", "venv", conn, s["runtime"], h.name, [], [previous],
+                                      "Runtime")
+            chain.ready = [runtime, *host.files]
+        else:
+            chain.ready = [previous, *host.files]
+        return chain
+
+    def _host_step(self, name: str, command: str, conn: remote.ConnectionArgs, step: Step, host: str,
+                   triggers: list, after: list, old_type: str) -> HostStep:
+        return HostStep(
+            name, HostStepArgs(conn, step, command, triggers, self.live(host, step.name)),
+            # Same resources as before the steps shared one component type.
+            pulumi.ResourceOptions(parent=self, depends_on=after,
+                                   aliases=[pulumi.Alias(type_=f"glm-infra:index:{old_type}")]),
+        )
+
+    def _stage_weights(self, name: str, chains: dict[str, _Chain]) -> ModelWeights | None:
+        staging = [h for h in self.plan.hosts if "weights-stage" in self.steps[h.name].steps and self.mine(h.name)]
+        if not staging:
+            return None
+        weights = ModelWeights(
+            f"{name}-weights",
+            ModelWeightsArgs([
+                WeightsHost(h.name, chains[h.name].host.connection, self.steps[h.name].only("weights-"),
+                            chains[h.name].ready,
+                            self.lives(h.name, self.steps[h.name].only("weights-")))
+                for h in staging
+            ]),
+            pulumi.ResourceOptions(parent=self),
+        )
+        for h in staging:
+            chains[h.name].ready = [*chains[h.name].ready, weights.staged[h.name]]
+        return weights
+
+
+def hostplan_subset(steps: Mapping[str, Step], prefix: str) -> dict[str, Step]:
+    return {k: s for k, s in steps.items() if k.startswith(prefix)}
+
+
+def _read_key(path: str, source: str) -> str:
+    try:
+        return Path(path).expanduser().read_text()
+    except OSError as e:
+        raise InvalidArgsError(StackError(source, [Problem("glm-infra:ssh.privateKeyPath", f"cannot read {path}: {e.strerror}")])) from None
+
+
+class Hosts(_Deployment):
+    """GPU servers made ready to serve, without serving: preflight, the pinned NVIDIA driver and fabric
+    (rebooting only when the module changed), the health gate, RDMA, the NIXL/UCX environment, the
+    host facts, and the checkpoint staged on every host (downloaded once, fanned out) — for a
+    serving engine of your own.
+
+    ``args`` are ``ClusterArgs`` without pools or router: ``hosts``, ``ssh``, ``model`` and optionally
+    ``preflight``, ``drivers``, ``rdma``, ``nixl``, ``runtime``. The hub source (``model.source:
+    huggingface``) needs glm-infra's Python runtime on the seed (set ``install_runtime``).
+    """
+
+    def __init__(self, name: str, args: ClusterArgs, install_runtime: bool = False,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        args = {k: v for k, v in dict(args).items() if k not in ("prefill", "decode", "colocated", "router")}
+        super().__init__("glm-infra:index:Hosts", name, args, False, opts, install_runtime)
+        self.register_outputs({"facts": self.facts})
+
+
+class Cluster(_Deployment):
+    """GLM-5.2 on vLLM with P/D disaggregation on bare-metal B300 servers reached over SSH.
+
+    ``args``: the ``glm-infra:*`` keys of a stack file as a ``ClusterArgs`` dict (snake_case keys).
+    ``hosts``, ``ssh`` and ``model`` are enough: the pools default to the BRIEF recipe (prefill TP1
+    DP4 EP ×2 on every host but the last, decode TP1 DP8 EP and the router on the last). The Args
+    are validated like ``glm-infra validate`` (same messages) before any resource exists. Host
+    addresses, the SSH key, the router API key, the HF token and the mirror URL may be Outputs of
+    other resources.
+    """
+
     services: dict[str, VllmService]
     router: Router | None
 
-    def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("glm-infra:index:Cluster", name, None, opts)
-        stack, plan = args.stack, args.plan
-        secret_values = pulumi.Output.secret(
-            pulumi.Output.all(**dict(args.secrets)) if args.secrets else pulumi.Output.from_input({})
-        )
-        secrets_digest = secret_values.apply(lambda s: digest(render.vllm_secrets_env(s)))
-        rt = stack.runtime
-        # What the vLLM processes load from the venv; the router's pin restarts only the router.
-        runtime_digest = digest(rt.vllm_version, rt.nixl_version, rt.venv)
-        seed = seed_host(stack)
-
-        self.hosts, self.runtimes = {}, {}
-        ready: dict[str, list[pulumi.Resource]] = {}
-        facts: dict[str, pulumi.Output[dict]] = {}
-        for h in plan.hosts:
-            hc = stack.host(h.name)
-            files: dict[str, tuple[pulumi.Input[str], int, bool]] = {}
-            if h.instances:
-                files[render.VLLM_SECRETS] = (secret_values.apply(render.vllm_secrets_env), 0o600, True)
-            if h.name == seed and stack.model.source == "huggingface":
-                files[render.HF_SECRETS] = (secret_values.apply(render.hf_secrets_env), 0o600, True)
-            host = Host(
-                f"{name}-{h.name}",
-                HostArgs(
-                    name=h.name,
-                    address=h.address,
-                    user=stack.ssh.user,
-                    private_key=args.private_key,
-                    ssh_port=hc.ssh_port,
-                    allowed_os=stack.preflight.allowed_os,
-                    min_kernel=stack.preflight.min_kernel,
-                    gpus=hc.gpus,
-                    gpu_model=hc.gpu_model,
-                    require_driver=stack.drivers.mode == "verify",
-                    model_path=stack.model.path if h.instances else None,
-                    min_free_gb=stack.preflight.min_free_disk_gb if h.instances else None,
-                    files=files,
-                ),
-                pulumi.ResourceOptions(parent=self),
-            )
-            self.hosts[h.name] = host
-            previous: pulumi.Resource = host.preflight
-            if h.instances:
-                drivers = Drivers(
-                    f"{name}-{h.name}-drivers",
-                    DriversArgs(
-                        host=h.name,
-                        connection=host.connection,
-                        script=render.drivers_script(stack, h.name),
-                        reboot_script=render.reboot_script(h.name),
-                        wait_script=render.waitboot_script(stack, h.name),
-                        reboot_timeout=stack.drivers.reboot_timeout,
-                    ),
-                    pulumi.ResourceOptions(parent=self, depends_on=[host.preflight]),
-                )
-                fabric = Fabric(
-                    f"{name}-{h.name}-health",
-                    FabricArgs(
-                        connection=host.connection,
-                        script=render.health_script(stack, h.name),
-                        timeout_s=stack.drivers.fabric_timeout,
-                        triggers=[drivers.ready.stdout],
-                    ),
-                    pulumi.ResourceOptions(parent=self, depends_on=[drivers]),
-                )
-                rdma = Rdma(
-                    f"{name}-{h.name}-rdma",
-                    RdmaArgs(host.connection, render.rdma_script(stack, h.name)),
-                    pulumi.ResourceOptions(parent=self, depends_on=[fabric]),
-                )
-                previous = Nixl(
-                    f"{name}-{h.name}-nixl",
-                    NixlArgs(host.connection, render.ucx_env(stack, h.name)),
-                    pulumi.ResourceOptions(parent=self, depends_on=[rdma]),
-                )
-                # The host as provisioned (driver answering, RDMA up): read again whenever the
-                # driver, the gate or the RDMA step ran again.
-                facts[h.name] = host.read_facts(
-                    [drivers.ready.stdout, fabric.gate.stdout, rdma.setup.stdout], depends_on=[previous]
-                )
-            if h.instances or h.runs_router:
-                runtime = Runtime(
-                    f"{name}-{h.name}-runtime",
-                    RuntimeArgs(host.connection, render.runtime_script(stack, h.name)),
-                    pulumi.ResourceOptions(parent=self, depends_on=[previous]),
-                )
-                self.runtimes[h.name] = runtime
-                ready[h.name] = [runtime, *host.files]
-
-        self.weights = None
-        if plan.serving_hosts and seed is not None:
-            self.weights = ModelWeights(
-                f"{name}-weights",
-                ModelWeightsArgs(
-                    model=stack.model,
-                    runtime=rt,
-                    hosts=[
-                        WeightsHost(h.name, h.address, self.hosts[h.name].connection, ready[h.name])
-                        for h in plan.serving_hosts
-                    ],
-                    seed=seed,
-                ),
-                pulumi.ResourceOptions(parent=self),
-            )
-            for h in plan.serving_hosts:
-                ready[h.name] = [*ready[h.name], self.weights.staged[h.name]]
-
+    def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None,
+                 only_hosts: Sequence[str] | None = None) -> None:
+        """``only_hosts``: deploy only these hosts of the stack (their provisioning and instances; the
+        router if it runs there), the others being deployed by another stack."""
+        super().__init__("glm-infra:index:Cluster", name, args, True, opts, only_hosts=only_hosts)
+        stack, plan = self.stack, self.plan
+        vllm_secrets = self.secret_digest("vllm_secrets_env")
         # Instances start together on a first deploy; a change restarts each pool one instance at a
         # time, each gated on /health.
         self.services = {}
         last_of_pool: dict[str, VllmService] = {}
         prefill_stoppers: list[pulumi.Resource] = []
         for inst in plan.instances:
+            if not self.mine(inst.host):
+                continue
+            s = self.steps[inst.host].steps
+            keys = [f"{inst.name}-{k}" for k in ("unit", "service", "rollout", "stop")]
             svc = VllmService(
                 f"{name}-{inst.name}",
                 VllmServiceArgs(
-                    host=inst.host,
+                    instance=inst.name,
                     connection=self.hosts[inst.host].connection,
-                    unit_name=inst.unit,
-                    unit=render.vllm_unit(stack, inst),
-                    script=render.vllm_service_script(stack, inst),
-                    health_url=f"{inst.url}/health",
-                    start_timeout_s=render.SERVICE_START_TIMEOUT_S,
-                    restart_triggers=[
-                        digest(render.ucx_env(stack, inst.host)),
-                        secrets_digest,
-                        runtime_digest,
-                        stack.model.revision,
-                    ],
+                    steps={k: s[k] for k in keys},
+                    health_url=self._resolved.apply(lambda r, n=inst.name: f"{_instance(r.plan, n).url}/health"),
+                    restart_triggers=[vllm_secrets],
                     stop_after=prefill_stoppers if inst.role == "decode" else [],
                     rollout_after=[last_of_pool[inst.role].rollout] if inst.role in last_of_pool else [],
+                    live=self.lives(inst.host, keys),
                 ),
-                pulumi.ResourceOptions(parent=self, depends_on=list(ready[inst.host])),
+                pulumi.ResourceOptions(parent=self, depends_on=list(self._chains[inst.host].ready)),
             )
             if inst.role == "prefill":
                 prefill_stoppers.append(svc.stopper)
@@ -186,40 +265,39 @@ class Cluster(pulumi.ComponentResource):
             last_of_pool[inst.role] = svc
 
         # A host's old revision goes once every instance on that host serves the new one.
-        if self.weights is not None and stack.model.source != "local":
-            for h in plan.serving_hosts:
-                cmd = [render.WEIGHTS, "prune", "--revision", stack.model.revision, "--path", stack.model.path]
-                prune = Step("prune", " ".join(shlex.quote(c) for c in cmd))
-                run_step(f"{name}-{h.name}-prune-weights", prune, self.hosts[h.name].connection, self,
-                         triggers=[stack.model.revision],
+        from .remote_step import run_step
+
+        for h in plan.serving_hosts:
+            if "prune-weights" in self.steps[h.name].steps and self.mine(h.name):
+                run_step(f"{name}-{h.name}-prune-weights", self.steps[h.name].steps["prune-weights"],
+                         self.hosts[h.name].connection, self,
                          depends_on=[self.services[i.name].rollout for i in h.instances])
 
         self.router = None
-        if plan.router is not None:
+        if plan.router is not None and self.mine(plan.router.host):
             r = plan.router
+            s = self.steps[r.host]
+            router_steps = s.only("router-")
             self.router = Router(
                 f"{name}-router",
                 RouterArgs(
                     connection=self.hosts[r.host].connection,
-                    unit_name=r.unit,
-                    unit=render.router_unit(stack, plan),
-                    script=render.router_service_script(stack, plan),
-                    url=r.url,
-                    secrets_env=secret_values.apply(render.router_secrets_env),
-                    secrets_path=render.ROUTER_SECRETS,
-                    front_conf=render.router_front_conf(stack, plan),
-                    front_keys=secret_values.apply(render.router_front_keys),
-                    front_script=render.router_front_script(plan),
-                    # vllm-router is its own wheel in the shared venv: a new vllm pin updates the venv
-                    # in place and leaves the router's files alone, so only its own pin restarts it.
-                    restart_triggers=[digest(rt.router_version, rt.venv)],
+                    steps=router_steps,
+                    url=self._resolved.apply(lambda x: x.plan.router.url),
+                    secret_files={k: self.secret_file(st) for k, st in router_steps.items() if st.secret},
                     # After every instance's health-gated start, before every stopper: the router
                     # starts last and stops first.
-                    after=[x for s in self.services.values() for x in (s.service, s.stopper)],
+                    after=[x for svc in self.services.values() for x in (svc.service, svc.stopper)],
+                    live=self.lives(r.host, router_steps),
                 ),
-                pulumi.ResourceOptions(parent=self, depends_on=list(ready[r.host])),
+                pulumi.ResourceOptions(parent=self, depends_on=list(self._chains[r.host].ready)),
             )
 
-        self.router_url = pulumi.Output.from_input(plan.router.url if plan.router else "")
-        self.facts = pulumi.Output.all(**{n: facts.get(n, h.facts) for n, h in self.hosts.items()})
-        self.register_outputs({"routerUrl": self.router_url, "facts": self.facts})
+        self.router_url = self._resolved.apply(lambda x: x.plan.router.url if x.plan.router else "")
+        self.instances = self._resolved.apply(lambda x: {
+            i.name: {"host": i.host, "url": i.url, "gpus": i.cuda_visible_devices} for i in x.plan.instances})
+        self.register_outputs({"routerUrl": self.router_url, "facts": self.facts, "instances": self.instances})
+
+
+def _instance(plan: topology.Plan, name: str) -> topology.Instance:
+    return next(i for i in plan.instances if i.name == name)

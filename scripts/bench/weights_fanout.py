@@ -22,9 +22,10 @@ import yaml
 from benchlib import ROOT, SIM_STACK, median, sim
 
 sys.path.insert(0, str(ROOT))
-from glm_infra.components.weights import ModelWeightsArgs, WeightsHost, stage_commands  # noqa: E402
-from glm_infra.config import ModelConfig, RuntimeConfig  # noqa: E402
+from glm_infra import hostplan, topology  # noqa: E402
+from glm_infra.config import ModelConfig  # noqa: E402
 from glm_infra.render import WEIGHTS, weights_source  # noqa: E402
+from glm_infra.stack import load_file  # noqa: E402
 
 CACHE = Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache/glm-infra")) / "sim"
 BRIDGE = "br-glmsim"
@@ -47,12 +48,23 @@ def model(path: str) -> ModelConfig:
     return ModelConfig.model_validate({**cfg, "revision": REVISION, "path": path, "diskMarginGb": 1})
 
 
+def stage_commands(hosts: list[tuple[str, str]], path: str) -> dict[str, str]:
+    """Host → its weights-stage command, from the per-host plan the components deploy (the sim stack
+    with these hosts, provisioned without serving, the first one the seed)."""
+    base = load_file(SIM_STACK).config
+    stack = base.model_copy(update={
+        "hosts": [base.hosts[0].model_copy(update={"name": n, "address": a}) for n, a in hosts],
+        "model": model(path).model_copy(update={"seed_host": hosts[0][0]}),
+    })
+    plan = topology.plan(stack, serve=False)
+    return {h.name: next(s for s in hostplan.weights_steps(stack, plan, h) if s.name == "weights-stage").create
+            for h in plan.hosts}
+
+
 def stage(hosts: list[tuple[str, str]], path: str, naive: bool = False) -> float:
     """Seconds until every host has the checkpoint, as the component stages it (or naively)."""
     m = model(path)
-    args = ModelWeightsArgs(model=m, runtime=RuntimeConfig(), seed=hosts[0][0],
-                            hosts=[WeightsHost(n, a, None) for n, a in hosts])  # type: ignore[arg-type]
-    cmds = dict(stage_commands(args))
+    cmds = stage_commands(hosts, path)
     if naive:  # every host a seed of its own: each downloads the whole checkpoint from the source
         cmds = {n: cmds[hosts[0][0]] for n, _ in hosts}
     src = weights_source()
@@ -95,8 +107,7 @@ def host_to_host_mbit(path: str) -> float:
     ssh("sim-2", f"rm -rf {path} {path}.revisions")
     size = int(ssh("sim-1", f"du -sb {path}.revisions/{REVISION} | cut -f1").stdout)
     t0 = time.monotonic()
-    ssh("sim-2", stage_commands(ModelWeightsArgs(model=m, runtime=RuntimeConfig(), seed="sim-1", hosts=[
-        WeightsHost(n, a, None) for n, a in HOSTS[:2]]))["sim-2"], stdin=weights_source())  # type: ignore[arg-type]
+    ssh("sim-2", stage_commands(HOSTS[:2], path)["sim-2"], stdin=weights_source())
     secs = time.monotonic() - t0
     ssh("sim-1", f"{WEIGHTS} fanout-stop")
     return size * 8 / 1e6 / secs

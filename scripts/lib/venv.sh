@@ -4,7 +4,7 @@
 ensure_venv() {
   local stamp=venv/.glm-infra-deps
   local want
-  want=$(cat pyproject.toml requirements.txt | sha256sum | cut -c1-16)
+  want=$(cat pyproject.toml requirements.txt constraints.txt | sha256sum | cut -c1-16)
   if [ -x venv/bin/python ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
     return 0
   fi

@@ -8,6 +8,7 @@ targeted: addresses outside the bridge's private /24 are refused.
     sim up [--stack sim]      build or reuse the image, boot every host, wait for SSH
     sim down [--stack sim]    stop every host and remove what ``up`` created
     sim status [--stack sim]  one line per host
+    sim inventory [--stack sim]  the running hosts as JSON {name: address}
     sim ssh HOST [CMD...]     log in (or run CMD) as root
 """
 
@@ -174,7 +175,7 @@ def start_http(gateway: ipaddress.IPv4Interface) -> None:
     servers = {
         "http": [sys.executable, "-m", "http.server", "--bind", str(gateway.ip), str(HTTP_PORT),
                  "--directory", str(SIM / "www")],
-        "models": [sys.executable, str(REPO / "glm_infra/weights.py"), "serve", "--all", "--dir", str(SIM / "models"),
+        "models": [sys.executable, str(REPO / "glm_infra/host/weights.py"), "serve", "--all", "--dir", str(SIM / "models"),
                    "--bind", f"{gateway.ip}:{MODEL_PORT}"],
     }
     for name, argv in servers.items():
@@ -237,6 +238,10 @@ def boot(h: SimHost, image: Path, hosts: list[SimHost], key: Path) -> None:
     (merged / "etc/systemd/network/10-host0.network").write_text(
         f"[Match]\nName=host0\n\n[Network]\nAddress={h.address}/24\nLinkLocalAddressing=no\n"
     )
+    # pulumi opens one SSH connection per step: many at once on one host (a destroy) must not meet
+    # sshd's default MaxStartups (10:30:100), which drops some of them (EOF).
+    sshd = merged / "etc/ssh/sshd_config.d/glm-sim.conf"
+    sshd.write_text("PermitRootLogin prohibit-password\nUseDNS no\nMaxStartups 200\nMaxSessions 200\n")
     ssh_dir = merged / "root/.ssh"
     ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     (ssh_dir / "authorized_keys").write_text(Path(str(key) + ".pub").read_text())
@@ -365,6 +370,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 1 if down else 0
 
 
+def cmd_inventory(args: argparse.Namespace) -> int:
+    """The running hosts as JSON {name: address}: an inventory for programs that learn addresses at
+    deploy time (examples/cluster-from-inventory)."""
+    import json
+
+    hosts, _ = hosts_of(args.stack)
+    print(json.dumps({h.name: h.address for h in hosts if _alive(h.dir / "launcher.pid")}, sort_keys=True))
+    return 0
+
+
 def cmd_ssh(args: argparse.Namespace) -> int:
     hosts, _ = hosts_of(args.stack)
     match = [h for h in hosts if h.name == args.host]
@@ -383,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("up").set_defaults(func=cmd_up)
     sub.add_parser("down").set_defaults(func=cmd_down)
     sub.add_parser("status").set_defaults(func=cmd_status)
+    sub.add_parser("inventory").set_defaults(func=cmd_inventory)
     s = sub.add_parser("ssh")
     s.add_argument("host")
     s.add_argument("cmd", nargs=argparse.REMAINDER)

@@ -233,7 +233,7 @@ def test_driver_change_reboots_only_when_the_module_changes(stack):
     assert all(after[h] != boots[h] for h in HOSTS), "every host rebooted once"
     for h in HOSTS:
         assert loaded_driver(h) == "580.172.08"
-        assert f"{h}: healthy (8 × NVIDIA B300 SXM6 AC, driver 580.159.04; fabric Completed on 8 GPUs; NVLink 18 of 18 links up on each of 8 GPUs; 0 pending row remaps on 8 GPUs)" in on_host(
+        assert f"{h}: healthy (8 × NVIDIA B300 SXM6 AC, driver 580.172.08; fabric Completed on 8 GPUs; NVLink 18 of 18 links up on each of 8 GPUs; 0 pending row remaps on 8 GPUs)" in on_host(
             h, "/usr/local/libexec/glm-infra/health-gate.sh check")
         assert "580.172.08" in on_host(h, "dpkg-query -W -f='${Version}' nvidia-fabricmanager")
     deadline = time.monotonic() + 120  # the instances came back with the hosts (enabled units)

@@ -235,10 +235,10 @@ def _run(cmd: list[str]) -> tuple[int, str]:
     return p.returncode, (p.stdout if p.returncode == 0 else (p.stdout + p.stderr)).strip()
 
 
-def os_release() -> dict[str, str]:
+def os_release(path: str = "/etc/os-release") -> dict[str, str]:
     out = {}
     try:
-        with open("/etc/os-release") as f:
+        with open(path) as f:
             for line in f:
                 k, _, v = line.strip().partition("=")
                 out[k] = v.strip('"')
@@ -561,39 +561,50 @@ def preflight(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="hostcheck.py", description=__doc__,
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="hostcheck.py", description=__doc__,  # pragma: no mutate
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("facts")
     f.add_argument("--model-path")
     p = sub.add_parser("preflight")
     p.add_argument("--host", required=True)
-    p.add_argument("--allowed-os", action="append", required=True, help="'ID VERSION_ID', repeatable")
-    p.add_argument("--min-kernel", default="5.12")
+    p.add_argument("--allowed-os", action="append", required=True, help="'ID VERSION_ID', repeatable")  # pragma: no mutate
+    p.add_argument("--min-kernel", required=True)
     p.add_argument("--model-path")
-    p.add_argument("--gpus", type=int, default=0)
-    p.add_argument("--gpu-model", default="")
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--gpu-model", required=True)
     p.add_argument("--require-driver", action="store_true")
-    p.add_argument("--min-free-gb", type=float, help="free (or already staged) space needed at the model path")
+    p.add_argument("--min-free-gb", type=float, help="free (or staged) room needed at the model path")  # pragma: no mutate
     h = sub.add_parser("health")
     h.add_argument("--host", required=True)
-    h.add_argument("--gpus", type=int, default=0)
-    h.add_argument("--gpu-model", default="")
-    h.add_argument("--rdma-only", action="store_true", help="check only the RDMA NICs")
+    h.add_argument("--rdma-only", action="store_true", help="check only the RDMA NICs")  # pragma: no mutate
+    h.add_argument("--gpus", type=int)
+    h.add_argument("--gpu-model")
     h.add_argument("--driver")
     h.add_argument("--fabric", action="store_true")
-    h.add_argument("--nvlinks", type=int, default=18, help="NVLink links per GPU (18 on HGX B300)")
+    h.add_argument("--nvlinks", type=int, default=18, help="NVLink links per GPU (18 on HGX B300)")  # pragma: no mutate
     h.add_argument("--nics", default="")
-    h.add_argument("--link-layer", default="Ethernet")
-    h.add_argument("--mtu", type=int, default=4096)
-    h.add_argument("--gid-index", type=int, default=3)
+    h.add_argument("--link-layer", choices=["Ethernet", "InfiniBand"])
+    h.add_argument("--mtu", type=int)
+    h.add_argument("--gid-index", type=int)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     if args.cmd == "facts":
         print(json.dumps(facts(args.model_path), sort_keys=True))
         return 0
     if args.cmd == "preflight":
         return preflight(args)
+    if not args.rdma_only and (args.gpus is None or not args.gpu_model):
+        ap.error("health needs --gpus and --gpu-model (or --rdma-only)")
+    if args.nics and None in (args.link_layer, args.mtu, args.gid_index):
+        ap.error("--nics needs --link-layer, --mtu and --gid-index")
+    if args.rdma_only and not args.nics:
+        ap.error("--rdma-only needs --nics")
     return health(args)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STANDINS = ROOT / "scripts" / "standins"
 DEBS = STANDINS / "debs"
 HW_LIB = DEBS / "glm-sim-hardware" / "usr" / "lib" / "glm-sim"

@@ -1,0 +1,294 @@
+"""The per-host plan: every step that reaches each host, with its commands and the files it writes.
+
+Pure and computed once. ``glm-infra render`` writes it out for review (``write_tree``) and the
+components register exactly these steps, so what is reviewed is what deploys (a test checks that,
+byte for byte, for every stack). Secret files hold placeholders here; the components fill in the
+real values inside Pulumi (``Step.secret_render``).
+
+Step keys per host, in the order the steps run:
+
+    preflight, <host files>, drivers-install, drivers-reboot, drivers-wait (local), drivers-back,
+    health-gate, rdma, ucx-env, facts, runtime,
+    weights-hf-cli, weights-fanout, weights-stage, weights-fanout-stop  (the seed's fan-out on the seed),
+    <instance>-unit, <instance>-service, <instance>-rollout, <instance>-stop, prune-weights,
+    router-secrets, router-unit, router-service, router-front-conf, router-front-keys, router-front
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import paths, render
+from .config import StackConfig
+from .steps import RenderedFile, ScriptStep, Step, command, digest, file_step
+from .topology import HostPlan, Instance, Plan, seed_host
+
+HOST_FILES = ("vllm-secrets", "hf-secrets")
+
+
+@dataclass(frozen=True)
+class HostSteps:
+    """Everything glm-infra runs on one host, in order."""
+
+    host: HostPlan
+    steps: dict[str, Step]
+
+    def files(self) -> dict[str, RenderedFile]:
+        """Every file the steps write on the host, by absolute path."""
+        out: dict[str, RenderedFile] = {}
+        for step in self.steps.values():
+            for f in step.files:
+                out[f.path] = f
+        return out
+
+    def only(self, *prefixes: str) -> dict[str, Step]:
+        return {k: s for k, s in self.steps.items() if k.startswith(prefixes)}
+
+
+def provisioned(h: HostPlan) -> bool:
+    """A host that serves gets the whole chain (driver … NIXL); the others only what they run."""
+    return bool(h.instances) or h.provision_only
+
+
+def host_file_slug(path: str) -> str:
+    return path.strip("/").replace("/", "-").replace(".", "-")
+
+
+def preflight_step(stack: StackConfig, h: HostPlan) -> Step:
+    """Install hostcheck.py and run its preflight: facts on stdout, what rules the host out on stderr."""
+    hc = stack.host(h.name)
+    source = render.hostcheck_source()
+    argv = [paths.HOSTCHECK, "preflight", "--host", h.name, "--min-kernel", stack.preflight.min_kernel,
+            "--gpus", str(hc.gpus), "--gpu-model", hc.gpu_model]
+    for os_id in stack.preflight.allowed_os:
+        argv += ["--allowed-os", os_id]
+    if stack.drivers.mode == "verify":
+        argv.append("--require-driver")
+    if provisioned(h):
+        argv += ["--model-path", stack.model.path]
+        if stack.preflight.min_free_disk_gb is not None:
+            argv += ["--min-free-gb", f"{stack.preflight.min_free_disk_gb:g}"]
+    create = f"install -D -m 0755 /dev/stdin {paths.HOSTCHECK} && {command(*argv)}"
+    return Step("preflight", create, f"rm -f {paths.HOSTCHECK}", source, (digest(source),),
+                files=(RenderedFile(paths.HOSTCHECK, source, 0o755),))
+
+
+def facts_step(stack: StackConfig, h: HostPlan) -> Step:
+    argv = [paths.HOSTCHECK, "facts"] + (["--model-path", stack.model.path] if provisioned(h) else [])
+    return Step("facts", command(*argv))
+
+
+def host_file_steps(stack: StackConfig, plan: Plan, h: HostPlan, secrets: Mapping[str, str]) -> list[Step]:
+    out = []
+    if h.instances:
+        out.append(file_step("vllm-secrets", paths.VLLM_SECRETS, render.vllm_secrets_env(secrets), 0o600, True,
+                             "vllm_secrets_env"))
+    if h.name == seed_host(stack, plan.serve) and stack.model.source == "huggingface" and provisioned(h):
+        out.append(file_step("hf-secrets", paths.HF_SECRETS, render.hf_secrets_env(secrets), 0o600, True,
+                             "hf_secrets_env"))
+    return out
+
+
+def driver_steps(stack: StackConfig, h: HostPlan) -> list[Step]:
+    d = stack.drivers
+    wait_timeout = f"{d.reboot_timeout + 180}s"
+    return [
+        ScriptStep("drivers", render.drivers_script(stack, h.name)).step("drivers-install", timeout="30m"),
+        Step("drivers-reboot", "bash -s", None, render.reboot_script(h.name)),
+        Step("drivers-wait", "bash -s", None, render.waitboot_script(stack, h.name), local=True, timeout=wait_timeout),
+        Step("drivers-back", "bash -s", None, render.back_script(h.name)),
+    ]
+
+
+def health_gate_step(stack: StackConfig, h: HostPlan) -> Step:
+    return ScriptStep("health-gate", render.health_script(stack, h.name), removable=False).step(
+        "health-gate", timeout=f"{stack.drivers.fabric_timeout + 120}s")
+
+
+def weights_steps(stack: StackConfig, plan: Plan, h: HostPlan) -> list[Step]:
+    """Staging of the checkpoint on one host (see ModelWeights): the seed downloads and serves the
+    others; every host verifies every file; the old revision goes once the instances moved on."""
+    m, rt = stack.model, stack.runtime
+    seed = seed_host(stack, plan.serve)
+    source = render.weights_source()
+    install = f"install -D -m 0755 /dev/stdin {paths.WEIGHTS}"
+    base = [paths.WEIGHTS, "stage", "--revision", m.revision, "--path", m.path, "--margin-gb", f"{m.disk_margin_gb:g}"]
+    if m.source == "local":
+        argv = [paths.WEIGHTS, "stage", "--source", "local", "--path", m.path]
+    elif h.name == seed:
+        argv = base + ["--role", "seed", "--source", m.source]
+        argv += ["--url", m.mirror_url or ""] if m.source == "mirror" else ["--repo", m.repo, "--token-file", paths.HF_SECRETS]
+    else:
+        seed_address = stack.host(seed).address if seed else ""
+        argv = base + ["--role", "peer", "--peer", f"http://{paths.url_host(seed_address)}:{m.fanout_port}"]
+    # Re-staged when the checkpoint, its source or the set of hosts changes, or on request (verify).
+    staged_on = sorted(x.name for x in plan.hosts if provisioned(x))
+    triggers = (m.repo, m.revision, m.source, m.mirror_url or "", m.path, m.verify, digest(*staged_on), digest(source))
+    remove = None if not m.remove_on_destroy else command(paths.WEIGHTS, "remove", "--path", m.path)
+    out = []
+    if h.name == seed and m.source == "huggingface":
+        out.append(hf_cli_step(stack))
+    if h.name == seed and m.source != "local":
+        bind = f"{stack.host(h.name).address}:{m.fanout_port}"
+        start = command(paths.WEIGHTS, "fanout-start", "--revision", m.revision, "--path", m.path, "--bind", bind)
+        out.append(Step("weights-fanout", f"{install} && {start}", None, source, triggers))
+    out.append(Step("weights-stage", f"{install} && {command(*argv)}", remove, source, triggers, timeout="24h",
+                    retain=not m.remove_on_destroy, files=(RenderedFile(paths.WEIGHTS, source, 0o755),)))
+    if h.name == seed and m.source != "local":
+        out.append(Step("weights-fanout-stop", command(paths.WEIGHTS, "fanout-stop"), triggers=triggers))
+    del rt
+    return out
+
+
+def hf_cli_step(stack: StackConfig) -> Step:
+    """The ``hf`` CLI the seed downloads with (huggingface source): a venv with the pinned
+    huggingface_hub, installed with the runtime's uv, reinstalled when the pin changes, removed on destroy."""
+    m, rt = stack.model, stack.runtime
+    uv = f"{paths.uv_dir(rt.uv_version)}/uv"
+    index = (f"--find-links {shlex.quote(rt.find_links)} --no-index" if rt.find_links
+             else f"--index-url {shlex.quote(rt.index_url)}")
+    pin = shlex.quote(m.hf_hub_version)
+    env = paths.HF_ENV
+    have = f"{env}/bin/python -c 'import importlib.metadata as m; print(m.version(\"huggingface_hub\"))' 2>/dev/null || true"
+    create = (
+        f"have=$({have}); if [ \"$have\" = {pin} ]; then echo \"hf CLI: huggingface_hub $have\"; else "
+        f"{{ [ -x {env}/bin/python ] || {uv} venv --quiet --python /usr/bin/python3 {env}; }} && "
+        f"{uv} pip install --quiet --python {env}/bin/python {index} "
+        f"{shlex.quote('huggingface_hub[hf_xet]==' + m.hf_hub_version)} && "
+        f"echo \"hf CLI: installed huggingface_hub {m.hf_hub_version} into {env}\"; fi"
+    )
+    delete = f"rm -rf {env} && {{ rmdir {paths.OPT} 2>/dev/null || true; }}"
+    return Step("weights-hf-cli", create, delete)
+
+
+def instance_steps(stack: StackConfig, inst: Instance) -> list[Step]:
+    """A vLLM instance: its unit; "service" starts it (and only starts it) so a first deploy starts
+    every instance at once; "rollout" is a no-op when created and restarts the unit when the unit or
+    what it reads changes, one instance of a pool at a time; "stop" stops it on destroy (its own
+    step, so destroy can order router → decode → prefill)."""
+    unit = render.vllm_unit(stack, inst)
+    stem = inst.unit.removesuffix(".service")
+    timeout = f"{render.SERVICE_START_TIMEOUT_S + 120}s"
+    service = ScriptStep(stem, render.vllm_service_script(stack, inst), action="start").step(
+        f"{inst.name}-service", timeout=timeout)
+    script = paths.script(stem)
+    return [
+        file_step(f"{inst.name}-unit", paths.unit(inst.unit), unit),
+        service,
+        Step(f"{inst.name}-rollout", f"echo {stem} started by its service step", update=f"{script} apply",
+             triggers=(digest(unit), digest(render.ucx_env(stack, inst.host)), stack.model.revision,
+                       digest(stack.runtime.vllm_version, stack.runtime.nixl_version, stack.runtime.venv)),
+             timeout=timeout),
+        Step(f"{inst.name}-stop", f"echo {stem} stops on destroy",
+             delete=f"if [ -x {script} ]; then {script} remove; fi"),
+    ]
+
+
+def prune_step(stack: StackConfig) -> Step:
+    m = stack.model
+    return Step("prune-weights", command(paths.WEIGHTS, "prune", "--revision", m.revision, "--path", m.path),
+                triggers=(m.revision,))
+
+
+def router_steps(stack: StackConfig, plan: Plan, secrets: Mapping[str, str]) -> list[Step]:
+    assert plan.router is not None and stack.router is not None
+    r, rt = plan.router, stack.runtime
+    unit = render.router_unit(stack, plan)
+    front_conf = render.router_front_conf(stack, plan)
+    stem = r.unit.removesuffix(".service")
+    service = ScriptStep(stem, render.router_service_script(stack, plan)).step("router-service")
+    # vllm-router is its own wheel in the shared venv: a new vllm pin leaves its files alone.
+    service = Step(**{**service.__dict__, "triggers": (digest(unit), digest(rt.router_version, rt.venv))})
+    front = ScriptStep("router-front", render.router_front_script(plan)).step("router-front")
+    front = Step(**{**front.__dict__, "triggers": (digest(front_conf),)})
+    return [
+        file_step("router-secrets", paths.ROUTER_SECRETS, render.router_secrets_env(secrets), 0o600, True,
+                  "router_secrets_env"),
+        file_step("router-unit", paths.unit(r.unit), unit),
+        service,
+        file_step("router-front-conf", paths.FRONT_CONF, front_conf),
+        file_step("router-front-keys", paths.FRONT_KEYS, render.router_front_keys(secrets), 0o600, True,
+                  "router_front_keys"),
+        front,
+    ]
+
+
+def host_steps(stack: StackConfig, plan: Plan, h: HostPlan, secrets: Mapping[str, str] | None = None) -> HostSteps:
+    if secrets is None:
+        secrets = render.placeholders(stack)
+    steps: list[Step] = [preflight_step(stack, h), *host_file_steps(stack, plan, h, secrets)]
+    if provisioned(h):
+        steps += driver_steps(stack, h)
+        steps.append(health_gate_step(stack, h))
+        steps.append(ScriptStep("rdma", render.rdma_script(stack, h.name)).step("rdma", timeout="20m"))
+        steps.append(file_step("ucx-env", paths.UCX_ENV, render.ucx_env(stack, h.name)))
+        steps.append(facts_step(stack, h))
+    if h.instances or h.runs_router or h.runtime:
+        steps.append(ScriptStep("runtime", render.runtime_script(stack, h.name)).step("runtime", timeout="60m"))
+    if provisioned(h) and seed_host(stack, plan.serve) is not None:
+        steps += weights_steps(stack, plan, h)
+    for inst in h.instances:
+        steps += instance_steps(stack, inst)
+    if h.instances and stack.model.source != "local":
+        steps.append(prune_step(stack))
+    if h.runs_router:
+        steps += router_steps(stack, plan, secrets)
+    return HostSteps(h, {s.name: s for s in steps})
+
+
+def plan_all(stack: StackConfig, plan: Plan, secrets: Mapping[str, str] | None = None) -> dict[str, HostSteps]:
+    return {h.name: host_steps(stack, plan, h, secrets) for h in plan.hosts}
+
+
+# --- the review tree -----------------------------------------------------------------------------
+
+STEPS_DIR = "_steps"  # beside the host's files in the review tree
+
+
+def step_text(index: int, host: str, step: Step) -> str:
+    """One step as the review tree shows it: where it runs, its commands, what triggers it."""
+    where = "the machine running pulumi" if step.local else host
+    lines = [f"# {host} step {index:02d}: {step.name} (runs on {where})"]
+    if step.triggers:
+        lines.append(f"# re-runs when any of these change: {', '.join(step.triggers)}")
+    if step.timeout:
+        lines.append(f"# timeout: {step.timeout}")
+    if step.retain:
+        lines.append("# kept on destroy")
+    if step.stdin is not None:
+        written = [f.path for f in step.files if f.content == step.stdin]
+        lines.append(f"# stdin: {written[0] if written else f'{index:02d}-{step.name}.stdin'}")
+    lines += ["# create:", step.create]
+    if step.update is not None and step.update != step.create:
+        lines += ["# update:", step.update]
+    if step.delete is not None:
+        lines += ["# delete:", step.delete]
+    return "\n".join(lines) + "\n"
+
+
+def tree(all_steps: Mapping[str, HostSteps]) -> dict[str, RenderedFile]:
+    """The review tree: ``<host>/<absolute path>`` for every file, ``<host>/_steps/NN-<step>.sh`` for
+    every step (and ``.stdin`` for what a step reads that is no file on the host)."""
+    out: dict[str, RenderedFile] = {}
+    for host, hs in all_steps.items():
+        for path, f in hs.files().items():
+            out[f"{host}{path}"] = f
+        for i, step in enumerate(hs.steps.values(), 1):
+            out[f"{host}/{STEPS_DIR}/{i:02d}-{step.name}.sh"] = RenderedFile("", step_text(i, host, step))
+            if step.stdin is not None and not any(f.content == step.stdin for f in step.files):
+                out[f"{host}/{STEPS_DIR}/{i:02d}-{step.name}.stdin"] = RenderedFile("", step.stdin)
+    return out
+
+
+def write_tree(out_dir: Path, all_steps: Mapping[str, HostSteps]) -> list[Path]:
+    written = []
+    for rel, f in sorted(tree(all_steps).items()):
+        target = out_dir / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(f.content)
+        target.chmod(f.mode if f.path else 0o644)
+        written.append(target)
+    return written

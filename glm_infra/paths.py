@@ -1,0 +1,40 @@
+"""Where glm-infra puts things on a host, in one place. Templates get these as ``paths``."""
+
+from __future__ import annotations
+
+LIBEXEC = "/usr/local/libexec/glm-infra"  # host scripts and the host programs
+ETC = "/etc/glm-infra"
+SECRETS_DIR = f"{ETC}/secrets"  # root-owned 0600 files, the only place secrets land
+UNIT_DIR = "/etc/systemd/system"
+OPT = "/opt/glm-infra"  # uv, the hf CLI environment (the venv's default parent too)
+STATE = "/var/lib/glm-infra"  # what survives a reboot
+RUN = "/run/glm-infra"  # what must not (reboot-required markers)
+
+HOSTCHECK = f"{LIBEXEC}/hostcheck.py"
+WEIGHTS = f"{LIBEXEC}/weights.py"
+UCX_ENV = f"{ETC}/ucx.env"
+VLLM_SECRETS = f"{SECRETS_DIR}/vllm.env"
+ROUTER_SECRETS = f"{SECRETS_DIR}/router.env"
+HF_SECRETS = f"{SECRETS_DIR}/hf.env"
+FRONT_CONF = "/etc/nginx/conf.d/glm-infra-router.conf"
+FRONT_KEYS = f"{SECRETS_DIR}/router-front-keys.conf"
+HF_ENV = f"{OPT}/hf"
+BOOT_BEFORE_REBOOT = f"{STATE}/boot-before-reboot"
+
+
+def uv_dir(version: str) -> str:
+    return f"{OPT}/uv-{version}"
+
+
+def script(name: str) -> str:
+    """Where the host script ``name`` (drivers, rdma, glm-vllm-prefill-0, …) is installed."""
+    return f"{LIBEXEC}/{name}.sh"
+
+
+def unit(name: str) -> str:
+    return f"{UNIT_DIR}/{name}"
+
+
+def url_host(address: str) -> str:
+    """An address as the host part of a URL (IPv6 in brackets)."""
+    return f"[{address}]" if ":" in address else address

@@ -1,0 +1,119 @@
+"""The components as another Pulumi program uses them (under mocks): a minimal Cluster follows the
+BRIEF, addresses may come from other resources, bad Args are refused before any resource exists,
+and Hosts provisions without serving."""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_command.local as local
+import pytest
+
+from glm_infra import Cluster, Hosts, InvalidArgsError
+from pulumi_harness import run_callable
+
+KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-real-key\n-----END OPENSSH PRIVATE KEY-----\n"
+MODEL = {"repo": "nvidia/GLM-5.2-NVFP4", "revision": "0" * 40, "path": "/mnt/model/glm/GLM-5.2-NVFP4"}
+
+
+def hosts(*addresses):
+    return [{"name": f"b300-{i}", "address": a, "compute_nics": ["mlx5_0"]} for i, a in enumerate(addresses, 1)]
+
+
+def commands(run):
+    return {r.name: r for r in run.resources if r.type.startswith("command:")}
+
+
+def test_a_minimal_cluster_is_the_brief_recipe():
+    run, url = run_callable(lambda: Cluster("glm", {"hosts": hosts("10.0.0.11", "10.0.0.12", "10.0.0.13"),
+                                                     "ssh": {"private_key": KEY}, "model": MODEL}).router_url)
+    cmds = commands(run)
+    assert url == "http://10.0.0.13:8000"
+    assert sorted(n.removesuffix("-unit") for n in cmds if n.endswith("-unit") and "router" not in n) == [
+        "glm-decode-0", "glm-prefill-0", "glm-prefill-1", "glm-prefill-2", "glm-prefill-3"]
+    decode = cmds["glm-decode-0-unit"].inputs["stdin"]
+    for flag in ("-tp 1 -dp 8", "--max-num-batched-tokens 1024", "--all2all-backend=flashinfer_nvlink_two_sided",
+                 '{"method":"mtp","num_speculative_tokens":3}', "--gpu-memory-utilization 0.90"):
+        assert flag in decode, flag
+    prefill = cmds["glm-prefill-1-unit"].inputs["stdin"]
+    assert "-tp 1 -dp 4" in prefill and "CUDA_VISIBLE_DEVICES=4,5,6,7" in prefill
+    assert all("connection" in r.secret_inputs for r in run.resources if r.type == "command:remote:Command")
+
+
+def test_host_addresses_may_come_from_another_resource():
+    """Addresses known only when the program deploys (an inventory lookup here) end up in the units,
+    the router's worker list and the SSH connections; the shape is decided from the plain values."""
+
+    def program():
+        inventory = [local.Command(f"inventory-{i}", create=f"echo 10.1.0.{i}") for i in (1, 2)]
+        cluster = Cluster("two", {
+            "hosts": [{"name": f"h{i}", "address": c.stdout, "compute_nics": ["mlx5_0"]} for i, c in enumerate(inventory, 1)],
+            "ssh": {"private_key": pulumi.Output.secret(KEY)}, "model": MODEL,
+            "prefill": {"hosts": ["h1"], "instances_per_host": 1, "dp": 8},
+            "decode": {"hosts": ["h2"]}, "router": {"host": "h2"},
+        })
+        return pulumi.Output.all(cluster.router_url, cluster.instances)
+
+    run, (url, instances) = run_callable(program)
+    cmds = commands(run)
+    assert url == "http://10.1.0.2:8000"
+    assert instances["prefill-0"]["url"] == "http://10.1.0.1:8100"
+    assert "--host 10.1.0.1 --port 8100" in cmds["two-prefill-0-unit"].inputs["stdin"]
+    assert "VLLM_NIXL_SIDE_CHANNEL_HOST=10.1.0.1" in cmds["two-prefill-0-unit"].inputs["stdin"]
+    assert "--prefill http://10.1.0.1:8100 --decode http://10.1.0.2:8200" in cmds["two-router-unit"].inputs["stdin"]
+    assert "--peer http://10.1.0.1:8090" in cmds["two-weights-h2-stage"].inputs["create"]
+    assert cmds["two-h1-preflight"].inputs["connection"]["host"] == "10.1.0.1"
+    # Nothing of the stand-in addresses used for the shape reached a resource.
+    assert not any("198.51.100." in repr(r.inputs) for r in run.resources)
+
+
+def test_bad_args_are_refused_with_the_validate_messages_before_any_resource():
+    registered = []
+
+    def program():
+        try:
+            Cluster("bad", {"hosts": hosts("10.0.0.11", "10.0.0.12"), "ssh": {"private_key": KEY}, "model": MODEL,
+                            "decode": {"hosts": ["b300-2"], "tp": 0}, "prefill": {"hosts": ["b300-9"]},
+                            "router": {"host": "b300-2"}})
+        except InvalidArgsError as e:
+            registered.append(e)
+
+    run, _ = run_callable(program)
+    (error,) = registered
+    assert str(error).startswith("Cluster 'bad': invalid stack")
+    assert "glm-infra:decode.tp: Input should be greater than or equal to 1" in str(error)
+    assert [p.path for p in error.problems] == ["glm-infra:decode.tp"]
+    assert run.resources == [], "no resource exists"
+    # Cross-field rules too (once the fields parse): an unknown host.
+    with pytest.raises(InvalidArgsError, match=r"glm-infra:prefill.hosts\[0\]: unknown host 'b300-9'"):
+        run_callable(lambda: Cluster("bad", {"hosts": hosts("10.0.0.11", "10.0.0.12"), "ssh": {"private_key": KEY},
+                                             "model": MODEL, "prefill": {"hosts": ["b300-9"]},
+                                             "decode": {"hosts": ["b300-2"]}, "router": {"host": "b300-2"}}))
+
+
+def test_an_address_known_later_is_still_checked():
+    def program():
+        same = [local.Command(f"inventory-{i}", create="echo 10.2.0.1") for i in (1, 2)]
+        return Cluster("dup", {"hosts": [{"name": f"h{i}", "address": c.stdout, "compute_nics": ["mlx5_0"]} for i, c in enumerate(same, 1)],
+                               "ssh": {"private_key": KEY}, "model": MODEL}).router_url
+
+    with pytest.raises(Exception, match=r"glm-infra:hosts\[1\].address: duplicate address '10.2.0.1'"):
+        run_callable(program)
+
+
+def test_hosts_provisions_without_serving():
+    run, facts = run_callable(lambda: Hosts("fleet", {
+        "hosts": hosts("10.0.0.41", "10.0.0.42"), "ssh": {"private_key": KEY},
+        "model": {**MODEL, "source": "mirror", "mirror_url": "http://10.0.0.1/m"},
+    }).facts)
+    names = set(commands(run))
+    for h in ("b300-1", "b300-2"):
+        assert {f"fleet-{h}-preflight", f"fleet-{h}-drivers-install", f"fleet-{h}-health-gate", f"fleet-{h}-rdma-setup",
+                f"fleet-{h}-nixl-ucx-env", f"fleet-{h}-facts", f"fleet-weights-{h}-stage"} <= names
+    assert not any("vllm" in n or "runtime" in n or "router" in n or "prune" in n for n in names)
+    assert set(facts) == {"b300-1", "b300-2"}
+    # The hub needs the runtime's uv for the hf CLI: asked for, or refused plainly.
+    with pytest.raises(InvalidArgsError, match="install_runtime=True"):
+        run_callable(lambda: Hosts("fleet", {"hosts": hosts("10.0.0.41"), "ssh": {"private_key": KEY}, "model": MODEL}))
+    run, _ = run_callable(lambda: Hosts("fleet", {"hosts": hosts("10.0.0.41"), "ssh": {"private_key": KEY},
+                                                  "model": MODEL}, install_runtime=True).facts)
+    assert {"fleet-b300-1-runtime-venv", "fleet-weights-b300-1-hf-cli"} <= set(commands(run))

@@ -1,0 +1,162 @@
+"""The programs in examples/: under the mocks (what they register), and `pulumi preview` of each
+through the real engine. The first is deployed on the simulated hosts in tests/e2e/test_examples.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from pulumi_harness import run_callable
+
+EXAMPLES = ROOT / "examples"
+KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-real-key\n-----END OPENSSH PRIVATE KEY-----\n"
+PASSPHRASE = "glm-infra-sim"
+BASE_OUTPUTS = {"hosts": {"b300-1": "10.0.0.11", "b300-2": "10.0.0.12", "b300-3": "10.0.0.13"},
+                "routerApiKey": "sk-base-router"}
+
+
+def example_config(name: str, stack: str) -> dict:
+    return yaml.safe_load((EXAMPLES / name / f"Pulumi.{stack}.yaml").read_text())["config"]
+
+
+def run_example(name: str, stack: str, extra: dict, secret: list[str], stack_outputs: dict | None = None):
+    cwd = os.getcwd()
+    os.chdir(EXAMPLES / name)  # the programs name files relative to their folder, as pulumi runs them
+    try:
+        config = {**example_config(name, stack), **extra}
+        return run_callable(lambda: runpy.run_path("__main__.py", run_name="__pulumi_main__") and None,
+                            config=config, secret_keys=secret, stack_outputs=stack_outputs)[0]
+    finally:
+        os.chdir(cwd)
+
+
+def commands(run) -> dict:
+    return {r.name: r for r in run.resources if r.type.startswith("command:")}
+
+
+def test_cluster_from_inventory_under_mocks(tmp_path):
+    key = tmp_path / "key"
+    key.write_text(KEY)
+    cfg = example_config("cluster-from-inventory", "sim")["glm-example:cluster"]
+    cfg["ssh"]["private_key_path"] = str(key)
+    run = run_example("cluster-from-inventory", "sim", {
+        "glm-example:cluster": cfg, "glm-example:apiKey": "sk-example",
+        # Under the mocks a local command answers what it echoes: the inventory.
+        "glm-example:inventoryCommand": "echo " + json.dumps({"sim-1": "10.88.0.11", "sim-2": "10.88.0.12"}),
+    }, ["glm-example:apiKey"])
+    cmds = commands(run)
+    assert set(n for n in cmds if n.endswith("-unit")) == {"small-prefill-0-unit", "small-decode-0-unit",
+                                                             "small-router-unit"}
+    prefill = cmds["small-prefill-0-unit"].inputs["stdin"]
+    assert "-tp 1 -dp 8" in prefill and "--host 10.88.0.11 --port 8100" in prefill
+    assert "--prefill http://10.88.0.11:8100 --decode http://10.88.0.12:8200" in cmds["small-router-unit"].inputs["stdin"]
+
+
+def test_hosts_only_under_mocks(tmp_path):
+    key = tmp_path / "key"
+    key.write_text(KEY)
+    hosts = example_config("hosts-only", "sim")["glm-example:hosts"]
+    hosts["ssh"]["private_key_path"] = str(key)
+    run = run_example("hosts-only", "sim", {"glm-example:hosts": hosts}, [])
+    names = set(commands(run))
+    assert {"sim-1-my-engine-ready", "fleet-weights-sim-1-stage", "fleet-sim-2-health-gate"} <= names
+    assert not any("vllm" in n or "router" in n for n in names)
+    ready = commands(run)["sim-1-my-engine-ready"]
+    assert any(d.endswith("::fleet-weights-sim-1-stage") for d in ready.dependencies)
+
+
+def test_add_decode_host_under_mocks():
+    run = run_example("add-decode-host", "extra", {"glm-example:sshPrivateKey": KEY}, ["glm-example:sshPrivateKey"],
+                      stack_outputs={"organization/glm-infra/prod-b300": BASE_OUTPUTS})
+    cmds = commands(run)
+    # Only the new host: its chain and its decode instance (the base cluster's come from its own stack).
+    hosts = {r.inputs["connection"]["host"] for r in cmds.values() if "connection" in r.inputs}
+    assert hosts == {"10.0.0.14", "10.0.0.13"}, "the new host, and the router's host for the registration"
+    assert "extra-decode-1-unit" in cmds and not any("prefill" in n for n in cmds)
+    unit = cmds["extra-decode-1-unit"].inputs["stdin"]
+    assert "--host 10.0.0.14 --port 8200" in unit and "-tp 1 -dp 8" in unit
+    assert "--role seed" in cmds["extra-weights-b300-4-stage"].inputs["create"], "downloads itself"
+    register = cmds["register-with-router"]
+    assert register.inputs["create"] == ("curl -fsS -X POST 'http://127.0.0.1:8001/add_worker?"
+                                         "url=http://10.0.0.14:8200&worker_type=decode'")
+    assert "sk-base-router" in cmds["extra-b300-4-etc-glm-infra-secrets-vllm-env"].inputs["stdin"]
+
+
+# --- through the real engine ---------------------------------------------------------------------
+
+
+def pulumi(cwd: Path, args: str, env: dict) -> subprocess.CompletedProcess:
+    e = dict(os.environ, PULUMI_CONFIG_PASSPHRASE=PASSPHRASE, **env)
+    return subprocess.run(["bash", "-c", f". {ROOT}/scripts/lib/pulumi-env.sh; cd {cwd}; pulumi {args}"],
+                          env=e, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """The examples beside the repository's venv, scripts and stacks, as they sit in a checkout."""
+    p = subprocess.run([str(ROOT / "scripts/toolchain")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    root = tmp_path_factory.mktemp("examples")
+    shutil.copytree(EXAMPLES, root / "examples")
+    for name in ("venv", "scripts", "stacks"):
+        (root / name).symlink_to(ROOT / name)
+    (root / "state").mkdir()
+    home = root / "home"
+    (home / ".cache").mkdir(parents=True)
+    cache = os.environ.get("GLM_INFRA_CACHE", os.path.expanduser("~/.cache/glm-infra"))
+    (home / ".cache" / "glm-infra").symlink_to(cache)
+    (home / ".ssh").mkdir()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(home / ".ssh/glm-infra_ed25519")], check=True)
+    env = {"PULUMI_BACKEND_URL": f"file://{root / 'state'}", "HOME": str(home), "GLM_INFRA_CACHE": cache,
+           "PULUMI_HOME": f"{cache}/pulumi-home"}
+    return root, env
+
+
+def preview(project: Path, stack: str, env: dict, *config: str) -> dict:
+    assert pulumi(project, f"stack init {stack} --secrets-provider passphrase", env).returncode == 0
+    for c in config:
+        r = pulumi(project, f"config set -s {stack} {c}", env)
+        assert r.returncode == 0, r.stderr
+    r = pulumi(project, f"preview -s {stack} --json --non-interactive", env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+def created_types(preview_json: dict) -> list[str]:
+    return [s["urn"].split("::")[-2].split("$")[-1] for s in preview_json["steps"] if s["op"] == "create"]
+
+
+def test_examples_preview_through_the_engine(workspace):
+    root, env = workspace
+    ex = root / "examples"
+    types = created_types(preview(ex / "cluster-from-inventory", "sim", env, "--secret glm-example:apiKey sk-preview"))
+    assert types.count("glm-infra:index:VllmService") == 2 and types.count("glm-infra:index:Router") == 1
+    assert "command:local:Command" in types  # the inventory lookup
+    types = created_types(preview(ex / "hosts-only", "sim", env))
+    assert types.count("glm-infra:index:Hosts") == 1 and "glm-infra:index:VllmService" not in types
+    # The base cluster's stack, with the outputs the extension reads (no resources: its outputs only).
+    base = root / "base"
+    base.mkdir()
+    (base / "Pulumi.yaml").write_text("name: glm-infra\nruntime:\n  name: python\n  options:\n    virtualenv: ../venv\n")
+    (base / "__main__.py").write_text(
+        "import pulumi\n"
+        f"pulumi.export('hosts', {BASE_OUTPUTS['hosts']!r})\n"
+        "pulumi.export('routerApiKey', pulumi.Output.secret('sk-base-router'))\n")
+    assert pulumi(base, "stack init prod-b300 --secrets-provider passphrase", env).returncode == 0
+    up = pulumi(base, "up -s prod-b300 --yes --skip-preview --non-interactive", env)
+    assert up.returncode == 0, up.stdout[-2000:]
+    extra = ex / "add-decode-host"
+    (root / "key").write_text(KEY)
+    types = created_types(preview(extra, "extra", env, f"--secret glm-example:sshPrivateKey < {root / 'key'}"))
+    assert types.count("glm-infra:index:VllmService") == 1 and types.count("glm-infra:index:Cluster") == 1
+    assert "pulumi:pulumi:StackReference" in [s["urn"].split("::")[-2] for s in
+                                              json.loads(pulumi(extra, "preview -s extra --json --non-interactive",
+                                                                env).stdout)["steps"]]

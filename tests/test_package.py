@@ -1,0 +1,48 @@
+"""glm-infra as a library: the wheel holds the package (templates, host programs, py.typed), imports
+from an installed copy, declares ranges rather than pins, and its Args stay generated from the
+stack models."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+import zipfile
+
+from conftest import ROOT
+
+
+def test_the_wheel_imports_from_its_own_files(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                    "--wheel-dir", str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True)
+    (wheel,) = (tmp_path / "dist").glob("glm_infra-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    for required in ("glm_infra/py.typed", "glm_infra/host/hostcheck.py", "glm_infra/host/weights.py",
+                     "glm_infra/templates/vllm.service.j2", "glm_infra/args.py"):
+        assert required in names, required
+    assert not any(n.startswith(("tests/", "stacks/", "scripts/")) for n in names)
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
+                    str(wheel)], check=True, capture_output=True)
+    probe = ("import glm_infra; from glm_infra import Cluster, Hosts, ClusterArgs; "
+             "from glm_infra import render; print(glm_infra.__file__); print(render.hostcheck_source().splitlines()[0])")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(target)},
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0].startswith(str(target)), "imported from the installed wheel, not the checkout"
+    assert out[1] == "#!/usr/bin/env python3"
+
+
+def test_the_library_takes_ranges_and_the_program_pins():
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for dep in meta["dependencies"]:
+        assert "==" not in dep and ">=" in dep and "<" in dep, dep
+    pins = [l for l in (ROOT / "constraints.txt").read_text().splitlines() if l and not l.startswith("#")]
+    assert pins and all("==" in p for p in pins)
+    names = {p.split("==")[0].lower().replace("_", "-") for p in pins}
+    assert {"pulumi", "pulumi-command", "pydantic", "pyyaml", "jinja2"} <= names
+    assert "-c constraints.txt" in (ROOT / "requirements.txt").read_text()
+
+
+def test_cluster_args_are_generated_from_the_stack_models():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen-args"), "--check"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

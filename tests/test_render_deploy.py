@@ -1,0 +1,86 @@
+"""What `glm-infra render` shows for review is what deploys: for every stack, the commands and stdin
+every resource sends (the Pulumi program under mocks) equal the rendered tree, byte for byte."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conftest import STACKS, stack_file
+from glm_infra import hostplan, render
+from glm_infra.cli import main as cli
+from glm_infra.stack import load_file
+from pulumi_harness import run_program
+
+TRIGGERS = re.compile(r"^: glm-infra-triggers=[0-9a-f]{16}; ")
+
+
+@pytest.fixture
+def key_file(tmp_path):
+    k = tmp_path / "id_test"
+    k.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-real-key\n-----END OPENSSH PRIVATE KEY-----\n")
+    return k
+
+
+def read_tree(root: Path) -> dict[str, Counter]:
+    """host → the steps its review tree shows, each as (create, update, delete, stdin)."""
+    out: dict[str, Counter] = {}
+    for host_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        steps = Counter()
+        for f in sorted((host_dir / hostplan.STEPS_DIR).glob("*.sh")):
+            sections: dict[str, list[str]] = {}
+            current = None
+            stdin_ref = None
+            for line in f.read_text().splitlines():
+                if line.startswith("# stdin: "):
+                    stdin_ref = line[len("# stdin: "):]
+                elif line in ("# create:", "# update:", "# delete:"):
+                    current = line[2:-1]
+                    sections[current] = []
+                elif line.startswith("# ") and current is None:
+                    continue
+                elif current is not None:
+                    sections[current].append(line)
+            create = "\n".join(sections["create"])
+            stdin = None
+            if stdin_ref is not None:
+                ref = host_dir / stdin_ref.lstrip("/") if stdin_ref.startswith("/") else host_dir / hostplan.STEPS_DIR / stdin_ref
+                stdin = ref.read_text()
+            steps[(create, "\n".join(sections.get("update", sections["create"])),
+                   "\n".join(sections["delete"]) if "delete" in sections else None, stdin)] += 1
+        out[host_dir.name] = steps
+    return out
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_resource_sends_what_the_render_shows(stack, key_file, tmp_path, capsys):
+    cfg = load_file(stack_file(stack)).config
+    # Secrets as the review tree shows them: the placeholders.
+    secrets = {key.removeprefix("glm-infra:"): value for key, value in
+               ((k, render.placeholders(cfg)[n]) for n, k in render.configured_secrets(cfg).items())}
+    run = run_program(stack_file(stack), key_file, secrets={f"glm-infra:{k}": v for k, v in secrets.items()})
+    assert cli(["render", str(stack_file(stack)), "--out", str(tmp_path / "tree")]) == 0
+    capsys.readouterr()
+    shown = read_tree(tmp_path / "tree")
+
+    addresses = {h.address: h.name for h in cfg.hosts}
+    sent: dict[str, Counter] = {h: Counter() for h in shown}
+    for r in run.resources:
+        if r.type not in ("command:remote:Command", "command:local:Command"):
+            continue
+        if r.type == "command:local:Command":  # the wait for a reboot: its script names the host
+            (host,) = [h for a, h in addresses.items() if f"({a}:" in r.inputs["stdin"]]
+        else:
+            host = addresses[r.inputs["connection"]["host"]]
+        create = TRIGGERS.sub("", r.inputs["create"])
+        update = TRIGGERS.sub("", r.inputs["update"])
+        sent[host][(create, update, r.inputs.get("delete"), r.inputs.get("stdin"))] += 1
+    for host in shown:
+        missing = shown[host] - sent[host]
+        extra = sent[host] - shown[host]
+        assert not missing and not extra, (host, list(missing)[:2], list(extra)[:2])
+    assert sum(sum(c.values()) for c in shown.values()) == len(
+        [r for r in run.resources if r.type.startswith("command:")])
