@@ -78,8 +78,8 @@ def split(args: Mapping[str, Any]) -> SplitArgs:
             if value is None:
                 continue
             if isinstance(value, str) or is_input(value):
-                out.secrets[name] = pulumi.Output.secret(value)
-                block[key] = "<secret>"  # validated as set; the value travels as a secret Output
+                out.secrets[name] = value  # the component wraps it as a secret Output
+                block[key] = "<secret>"  # validated as set
     ssh = raw.get("ssh")
     if isinstance(ssh, dict):
         out.private_key_path = _get(ssh, "private_key_path", "privateKeyPath")

@@ -64,11 +64,9 @@ def _pool_shape(stack: StackConfig) -> list[Problem]:
     has_p, has_d, has_c = stack.prefill is not None, stack.decode is not None, stack.colocated is not None
     if has_c and (has_p or has_d):
         out.append(Problem(_key("colocated"), "a colocated pool cannot be combined with prefill/decode pools"))
-    elif has_p != has_d:
+    elif has_p != has_d:  # (with no pool at all, the stack model lays out the BRIEF's)
         present, missing = ("prefill", "decode") if has_p else ("decode", "prefill")
         out.append(Problem(_key(missing), f"P/D needs both pools: {present} is set but {missing} is missing"))
-    elif not (has_p or has_c):
-        out.append(Problem(_key("prefill"), "no vLLM pool: set prefill and decode (P/D) or colocated"))
     if stack.disaggregated and stack.router is None:
         out.append(Problem(_key("router"), "P/D needs a router in front of the prefill and decode pools"))
     for role, pool in stack.pools():

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from conftest import STACKS, stack_file
 from glm_infra.cli import main
 from glm_infra.stack import load_file
-from glm_infra.topology import plan
+from glm_infra.topology import format_table, plan
 
 
 def _plan(name):
@@ -96,3 +99,22 @@ def test_plan_command_prints_the_table(capsys):
     assert any("decode-0" in l and "0,1,2,3,4,5,6,7" in l and "8200" in l and "5700-5707" in l for l in lines)
     assert "GPU use: b300-1: 8/8 GPUs, b300-2: 8/8 GPUs, b300-3: 8/8 GPUs" in out
     assert "router: http://10.0.0.13:8000 (P/D; 5 workers)" in out
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_plan_tables_match_their_golden_copies(stack, capsys):
+    """The review table, word for word (regenerate with GLM_INFRA_REGEN_GOLDEN=1, then review the diff)."""
+    assert main(["plan", stack]) == 0
+    out = capsys.readouterr().out
+    golden = Path(__file__).parent / "golden" / f"plan-{stack}.txt"
+    if os.environ.get("GLM_INFRA_REGEN_GOLDEN"):
+        golden.write_text(out)
+    assert out == golden.read_text()
+
+
+def test_a_host_with_nothing_to_run_shows_its_idle_gpus(write_stack, prod_config):
+    prod_config["glm-infra:hosts"].append({"name": "spare", "address": "10.0.0.99"})
+    out = format_table(load_file(write_stack(prod_config)).config, plan(load_file(write_stack(prod_config)).config))
+    row = next(l for l in out.splitlines() if l.startswith("spare"))
+    assert row.split() == ["spare", "10.0.0.99", "-", "-", "0/8", "used", "-", "-", "-"]
+    assert "spare: 0/8 GPUs" in out

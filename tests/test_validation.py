@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -70,12 +72,24 @@ BAD = [
     ("plaintext-secret", [("glm-infra:router.apiKey", "hunter2")], "glm-infra:router.apiKey", "plaintext in the stack file"),
     ("mtp-mismatch", [("glm-infra:prefill.speculativeTokens", 0)], "glm-infra:decode.speculativeTokens", "both use MTP"),
     ("bad-extra-arg", [("glm-infra:decode.extraArgs", ["--x=$HOME"])], "glm-infra:decode.extraArgs", "cannot go in a unit"),
+    ("colocated-with-pd", [("glm-infra:colocated", {"hosts": ["b300-1"]})], "glm-infra:colocated", "cannot be combined"),
+    ("tp-dp-beyond-a-host", [("glm-infra:decode.tp", 4)], "glm-infra:decode.dp", "tp×dp = 32 GPUs, more than one host has"),
+    ("seed-not-serving", [("glm-infra:model.seedHost", "b300-9")], "glm-infra:model.seedHost", "runs no vLLM instance"),
+    ("port-above-65535", [("glm-infra:prefill.httpPort", 65535)], "glm-infra:prefill.httpPort", "above 65535"),
+    ("router-internal-collision", [("glm-infra:router.internalPort", 8200)], "glm-infra:router.internalPort", "router internal"),
+    ("fanout-collision", [("glm-infra:model.fanoutPort", 8100)], "glm-infra:model.fanoutPort", "weights fan-out"),
+    ("kv-host-without-nics", [("glm-infra:hosts[2].computeNics", [])], "glm-infra:hosts[2].computeNics", "KV cache over RDMA"),
+    ("unknown-seed-of-nothing", [("glm-infra:model.seedHost", "nope")], "glm-infra:model.seedHost", "'nope' runs no vLLM instance"),
 ]
+
+
+GOLDEN = ROOT / "tests" / "golden" / "bad-stacks.json"  # every problem of every case, word for word
+_golden: dict = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
 
 
 @pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
 def test_bad_stack_is_refused_naming_the_key(case, prod_config, write_stack, capsys):
-    _, edits, key, reason = case
+    name, edits, key, reason = case
     for path, value in edits:
         _set(prod_config, path, value)
     path = write_stack(prod_config)
@@ -85,6 +99,13 @@ def test_bad_stack_is_refused_naming_the_key(case, prod_config, write_stack, cap
     assert str(path) in msg
     assert f"{key}:" in msg, msg
     assert reason in msg, msg
+    # The whole message, as users read it (regenerate with GLM_INFRA_REGEN_GOLDEN=1, then review the diff).
+    lines = [line.split(": ", 1)[1] for line in msg.splitlines()[1:]]
+    if os.environ.get("GLM_INFRA_REGEN_GOLDEN"):
+        _golden[name] = lines
+        GOLDEN.write_text(json.dumps(_golden, indent=1, sort_keys=True) + "\n")
+    assert msg.splitlines()[0] == f"{path}: invalid stack ({len(lines)} problem{'s' if len(lines) > 1 else ''})"
+    assert lines == _golden[name]
     # The CLI prints the same message and exits non-zero, without a traceback.
     assert main(["validate", str(path)]) == 1
     out = capsys.readouterr()

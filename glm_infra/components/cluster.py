@@ -76,13 +76,14 @@ class _Deployment(pulumi.ComponentResource):
         resolved = inputs.resolve(loaded, self._split, source, serve, runtime)
         self._live = resolved.apply(lambda r: hostplan.plan_all(r.stack, r.plan)) if self._split.later else None
         self._resolved = resolved
-        secrets = {k: v for k, v in self._split.secrets.items() if k != "private_key"}
+        secrets = {k: pulumi.Output.secret(v) for k, v in self._split.secrets.items() if k != "private_key"}
         self.secrets: dict[str, pulumi.Output[str]] = secrets
         """The secret values given (router_api_key, hf_token), as secret Outputs."""
         self._secret_values = pulumi.Output.secret(pulumi.Output.all(**secrets)) if secrets else \
             pulumi.Output.from_input({})
-        self._private_key = self._split.secrets.get("private_key") or pulumi.Output.secret(
-            _read_key(self._split.private_key_path or "", source))
+        key = self._split.secrets.get("private_key")
+        self._private_key = pulumi.Output.secret(key if key is not None else
+                                                 _read_key(self._split.private_key_path or "", source))
         self.hosts = {}
         chains = {h.name: self._provision(name, self.steps[h.name]) for h in self.plan.hosts if self.mine(h.name)}
         self.hosts = {n: c.host for n, c in chains.items()}

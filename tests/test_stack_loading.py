@@ -1,0 +1,157 @@
+"""Loading a stack: from a file, from a Pulumi run's config, or as component Args — every way a stack
+can be unreadable gets its own clear message, and lines point into the file."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pulumi
+import pytest
+import yaml
+
+from conftest import ROOT, stack_config, stack_file
+from glm_infra import stack as st
+from glm_infra.stack import StackError, load_file
+from glm_infra.validate import Problem
+
+
+def problems(path: Path) -> list[str]:
+    with pytest.raises(StackError) as e:
+        load_file(path)
+    return str(e.value).splitlines()
+
+
+def test_a_file_that_cannot_be_read(tmp_path):
+    assert problems(tmp_path / "nope.yaml") == [
+        f"{tmp_path / 'nope.yaml'}: invalid stack (1 problem)",
+        f"  {tmp_path / 'nope.yaml'}: (file): cannot read: No such file or directory",
+    ]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("config:\n  glm-infra:hosts: [a\n", "(yaml): YAML syntax error at line 3, column 1: expected ',' or ']', but got '<stream end>'"),
+    ("- a list\n", "(file): a stack file is a mapping with a 'config' key"),
+    ("config: [1, 2]\n", "config: must be a mapping of keys to values"),
+])
+def test_a_file_that_is_not_a_stack(tmp_path, text, expected):
+    p = tmp_path / "Pulumi.x.yaml"
+    p.write_text(text)
+    lines = problems(p)
+    assert lines[1].split(": ", 1)[1] == expected, lines
+
+
+def test_an_empty_file_lacks_the_required_keys(tmp_path):
+    p = tmp_path / "Pulumi.x.yaml"
+    p.write_text("")
+    assert {l.split(": ", 2)[2] for l in problems(p)[1:]} == {"required key is missing"}
+    assert [l.split(": ", 2)[1] for l in problems(p)[1:]] == ["glm-infra:hosts", "glm-infra:ssh", "glm-infra:model"]
+
+
+def test_lines_point_at_the_key_or_its_nearest_parent(tmp_path):
+    text = "config:\n  glm-infra:hosts:\n    - name: a\n      address: 10.0.0.1\n    - name: b\n      address: x..y\n"
+    lines = st._key_lines(text)
+    assert lines == {"glm-infra:hosts": 2, "glm-infra:hosts[0]": 3, "glm-infra:hosts[0].name": 3,
+                     "glm-infra:hosts[0].address": 4, "glm-infra:hosts[1]": 5, "glm-infra:hosts[1].name": 5,
+                     "glm-infra:hosts[1].address": 6}
+    assert st._line_for(lines, "glm-infra:hosts[1].address") == 6
+    assert st._line_for(lines, "glm-infra:hosts[1].gpus") == 5, "a key not in the file: its parent's line"
+    assert st._line_for(lines, "glm-infra:prefill.tp") is None
+    assert st._line_for(lines, "glm-infra:hosts") == 2
+    assert st._key_lines("- not a mapping\n") == {} and st._key_lines("other: 1\n") == {}
+    e = StackError("f.yaml", [Problem("glm-infra:hosts[1].address", "bad"), Problem("glm-infra:ssh", "missing")], lines)
+    assert str(e) == "f.yaml: invalid stack (2 problems)\n  f.yaml:6: glm-infra:hosts[1].address: bad\n  f.yaml: glm-infra:ssh: missing"
+
+
+@pytest.mark.parametrize("err, expected", [
+    ({"loc": ("hosts", 0, "gpus"), "msg": "Input should be a valid integer", "type": "int_parsing", "input": "x"},
+     ("glm-infra:hosts[0].gpus", "Input should be a valid integer (got 'x')")),
+    ({"loc": ("prefill", "tpp"), "msg": "Extra inputs are not permitted", "type": "extra_forbidden", "input": 1},
+     ("glm-infra:prefill.tpp", "unknown key")),
+    ({"loc": ("model", "repo"), "msg": "Field required", "type": "missing", "input": {}},
+     ("glm-infra:model.repo", "required key is missing")),
+    ({"loc": ("ssh",), "msg": "Value error, set exactly one", "type": "value_error", "input": {"user": "x"}},
+     ("glm-infra:ssh", "set exactly one")),
+    ({"loc": ("router", "apiKey"), "msg": "Value error, must be a secret", "type": "value_error", "input": "hunter2"},
+     ("glm-infra:router.apiKey", "must be a secret")),
+    ({"loc": ("hosts", "function-after[_name()]", 1), "msg": "bad", "type": "x", "input": [1]},
+     ("glm-infra:hosts[1]", "bad")),
+    ({"loc": (), "msg": "bad", "type": "x"}, ("glm-infra:(root)", "bad")),
+])
+def test_pydantic_errors_read_as_key_paths_without_echoing_secrets(err, expected):
+    p = st._from_pydantic(err)
+    assert (p.path, p.message) == expected
+
+
+def test_unknown_top_keys_get_a_suggestion_or_the_list():
+    assert st._closest("prefil", st.STACK_KEYS) == " (did you mean glm-infra:prefill?)"
+    assert st._closest("zzz", st.STACK_KEYS) == " (known keys: " + ", ".join(st.STACK_KEYS) + ")"
+
+
+def test_warnings_name_the_key():
+    loaded = load_file(stack_file("prod-b300"))
+    assert loaded.warnings == (
+        "glm-infra:router.apiKey is not set: the router's public port accepts any client",
+        "glm-infra:model.revision: 'main' is not a commit SHA; pin a commit so every host serves the same bytes",
+    )
+    assert load_file(stack_file("sim")).warnings == ()
+
+
+def test_stack_names_resolve_in_the_project_around_the_current_directory(tmp_path, monkeypatch):
+    (tmp_path / "Pulumi.yaml").write_text("name: mine\n")
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "Pulumi.own.yaml").write_text("config: {}\n")
+    (tmp_path / "deep").mkdir()
+    monkeypatch.chdir(tmp_path / "deep")
+    assert st.resolve_stack_file("own").resolve() == (tmp_path / "stacks" / "Pulumi.own.yaml")
+    assert st.resolve_stack_file("prod-b300").resolve() == stack_file("prod-b300"), "then this source tree's"
+    assert st.resolve_stack_file("x.yaml") == Path("x.yaml") and st.resolve_stack_file("a/b") == Path("a/b")
+    assert st.resolve_stack_file("nope") == tmp_path / "stacks" / "Pulumi.nope.yaml", "missing: named in the project"
+    monkeypatch.chdir(ROOT)
+    assert st.resolve_stack_file("sim") == Path("stacks/Pulumi.sim.yaml"), "shown relative to the current directory"
+    assert st.resolve_stack_file("own", project_dir=tmp_path) == tmp_path / "stacks" / "Pulumi.own.yaml"
+
+
+def pulumi_run_config(monkeypatch, config: dict, secret: list[str], stack: str = "t") -> None:
+    monkeypatch.setattr(pulumi, "get_stack", lambda: stack)
+    pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}, secret)
+
+
+def test_the_config_of_a_pulumi_run(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    cfg = stack_config("sim")
+    cfg["glm-infra:router"]["apiKey"] = "sk-decrypted"
+    cfg["command:other"] = "left alone"
+    pulumi_run_config(monkeypatch, cfg, ["glm-infra:router"])
+    loaded = st.load_pulumi_config()
+    assert loaded.source == "stacks/Pulumi.t.yaml" and loaded.config.router.api_key.plaintext == "sk-decrypted"
+    # A secret set in plaintext (`config set` without --secret) is refused, naming the fix.
+    pulumi_run_config(monkeypatch, cfg, [])
+    with pytest.raises(StackError) as e:
+        st.load_pulumi_config()
+    assert "glm-infra:router.apiKey: is not a secret; set it with: pulumi config set --secret --path " \
+           "'glm-infra:router.apiKey' < FILE" in str(e.value)
+    assert "sk-decrypted" not in str(e.value)
+    # Lines come from the stack file when there is one.
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "Pulumi.t.yaml").write_text(yaml.safe_dump({"config": {**cfg, "glm-infra:prefill": {
+        **cfg["glm-infra:prefill"], "tp": 0}}}, sort_keys=False))
+    bad = {**cfg, "glm-infra:prefill": {**cfg["glm-infra:prefill"], "tp": 0}}
+    pulumi_run_config(monkeypatch, bad, ["glm-infra:router"])
+    with pytest.raises(StackError) as e:
+        st.load_pulumi_config()
+    line = next(i for i, l in enumerate((tmp_path / "stacks/Pulumi.t.yaml").read_text().splitlines(), 1) if "tp: 0" in l)
+    assert f"stacks/Pulumi.t.yaml:{line}: glm-infra:prefill.tp:" in str(e.value)
+
+
+def test_run_config_from_the_environment_and_unknown_keys(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    cfg = stack_config("sim")
+    model = cfg.pop("glm-infra:model")
+    pulumi_run_config(monkeypatch, {**cfg, "glm-infra:modell": "x"}, ["glm-infra:router"])
+    monkeypatch.setenv("PULUMI_CONFIG", json.dumps({"glm-infra:model": json.dumps(model)}))
+    with pytest.raises(StackError) as e:
+        st.load_pulumi_config()
+    assert [p.path for p in e.value.problems] == ["glm-infra:modell"], "the model came from PULUMI_CONFIG"
+    assert e.value.problems[0].message == "unknown key (did you mean glm-infra:model?)"
