@@ -545,3 +545,136 @@ def test_the_scripts_command_lines_parse_as_meant(monkeypatch):
         8, "B300", "580.159.04", True, 18, False)
     assert (rdma["rdma_only"], rdma["nics"], rdma["link_layer"], rdma["mtu"], rdma["gid_index"]) == (
         True, ",".join(f"mlx5_{i}" for i in range(8)), "Ethernet", 4096, 3)
+
+
+# --- edges of the checks, each with the exact message a user reads -------------------------------
+
+
+def test_a_row_remapping_failure_and_a_gpu_of_another_model(sim):
+    out = b300_outputs(sim)
+    q = re.sub(r"(Remapping Failure Occurred\s+: )No", r"\1Yes", out["q"], count=1)
+    assert q != out["q"]
+    query = out["query"].replace("NVIDIA B300 SXM6 AC", "NVIDIA B200", 1)
+    problems = hc.gpu_problems(query, q, out["nvlink"], 8, "B300", "580.159.04", True)
+    assert problems == [("gpus", "GPU 0 is 'NVIDIA B200', stack expects B300"),
+                        ("remapped-rows", "GPU 0 (00000000:1A:00.0) had a row remapping failure")]
+    assert hc.gpu_summary(query, q, out["nvlink"], True).startswith(
+        "8 × NVIDIA B200, NVIDIA B300 SXM6 AC, driver 580.159.04; fabric Completed on 8 GPUs")
+    no_fabric = hc.gpu_summary(out["query"], out["q"], "", False)
+    assert no_fabric == "8 × NVIDIA B300 SXM6 AC, driver 580.159.04; 0 pending row remaps on 8 GPUs"
+    assert hc.gpu_problems(out["query"], out["q"], "", 8, "B300", None, False) == [], "no NVLink check without --fabric"
+
+
+def test_a_gpu_without_a_fabric_section_and_mixed_link_counts(sim):
+    out = b300_outputs(sim)
+    q = re.sub(r"\n    Fabric\n(        .*\n)+", "\n", out["q"], count=1)
+    assert ("fabric", "GPU 0 (00000000:1A:00.0) fabric state is 'missing' (fabric manager or NVLSM not ready)") in \
+        hc.gpu_problems(out["query"], q, out["nvlink"], 8, "B300", None, True)
+    assert "fabric Completed/missing on 8 GPUs" in hc.gpu_summary(out["query"], q, out["nvlink"], True)
+    sim.fault(NVLINK_DOWN="3:5")
+    down = sim.out("nvidia-smi", "nvlink", "-s")
+    assert "NVLink 17/18 of 18 links up on each of 8 GPUs" in hc.gpu_summary(out["query"], out["q"], down, True)
+    short = "\n".join(l for l in out["nvlink"].splitlines() if "Link 17:" not in l)
+    assert "NVLink 17 of 17 links up" in hc.gpu_summary(out["query"], out["q"], short, True)
+    pending = re.sub(r"(    Remapped Rows\n(?:        .*\n)*?        Pending\s+: )No", r"\1Yes", out["q"], count=1)
+    assert hc.gpu_summary(out["query"], pending, out["nvlink"], True).endswith("; 1 pending row remaps on 8 GPUs")
+
+
+def test_the_gate_and_rdma_together_and_a_driver_pin(tools, capsys):
+    rc, out, err = health(capsys, *GPU_ARGS, "--nics", "mlx5_0", "--link-layer", "Ethernet",
+                          "--mtu", "4096", "--gid-index", "3")
+    assert rc == 0 and err == ""
+    assert out == ("b300-1: healthy (8 × NVIDIA B300 SXM6 AC, driver 580.159.04; fabric Completed on 8 GPUs; NVLink 18 "
+                   "of 18 links up on each of 8 GPUs; 0 pending row remaps on 8 GPUs; RDMA mlx5_0: 1 ports PORT_ACTIVE "
+                   "Ethernet active_mtu 4096, GID 3 RoCE v2 IPv4 on 1 NICs)\n")
+    rc, out, err = health(capsys, "--gpus", "8", "--gpu-model", "B300", "--driver", "580.172.08", "--fabric",
+                          "--nics", "mlx5_9", "--link-layer", "Ethernet", "--mtu", "4096", "--gid-index", "3")
+    assert rc == 1 and out == ""
+    assert err.splitlines()[0] == "b300-1: driver: GPU 0 runs driver 580.159.04, stack pins 580.172.08"
+    assert err.splitlines()[-1].startswith("b300-1: rdma: mlx5_9 not found (devices: mlx5_0, mlx5_1,")
+    assert len(err.splitlines()) == 9, "8 GPUs on another driver, and the NIC"
+    rc, out, _ = health(capsys, "--gpus", "8", "--gpu-model", "B300", "--nvlinks", "20", "--fabric")
+    assert rc == 1
+
+
+def test_rdma_without_show_gids_reads_the_gid_table_of_ibv_devinfo(tools, capsys, monkeypatch):
+    monkeypatch.setattr(hc.shutil, "which", lambda name: None if name == "show_gids" else f"/usr/bin/{name}")
+    tools[("show_gids",)] = (1, "must not run")
+    rc, out, _ = health(capsys, *RDMA_ARGS)
+    assert rc == 0 and out.endswith("GID 3 RoCE v2 IPv4 on 8 NICs)\n")
+    # InfiniBand needs no GID check at all.
+    rc, out, _ = health(capsys, "--rdma-only", "--nics", "mlx5_8", "--link-layer", "InfiniBand", "--mtu", "4096",
+                        "--gid-index", "0")
+    assert rc == 0 and out == "b300-1: healthy (RDMA mlx5_8: 1 ports PORT_ACTIVE InfiniBand active_mtu 4096)\n"
+
+
+def test_rdma_problems_of_unreadable_ports():
+    text = "hca_id:\tmlx5_0\n\t\tport:\t1\n\t\t\tlink_layer:\t\tEthernet\n"
+    assert hc.rdma_problems(text, {"mlx5_0": {3: {"gid": "fe80::1", "ver": "", "ipv4": ""}}}, ["mlx5_0"], "Ethernet",
+                            4096, 3) == [
+        ("rdma", "mlx5_0 port 1 is of unknown state, expected PORT_ACTIVE"),
+        ("rdma", "mlx5_0 port 1 active_mtu unknown, expected 4096"),
+        ("rdma", "mlx5_0 GID index 3 is not a RoCE v2 GID with an IPv4 address (fe80::1, no RoCE version)"),
+    ]
+    assert hc.rdma_problems("hca_id:\tmlx5_0\n\t\tport:\t1\n", {}, ["mlx5_0"], "InfiniBand", 4096, 0)[1] == (
+        "rdma", "mlx5_0 port 1 link layer unknown, expected InfiniBand")
+    assert hc.rdma_problems("", {}, ["mlx5_0", "mlx5_1"], "InfiniBand", 4096, 0) == [
+        ("rdma", "mlx5_0 not found (devices: none)"), ("rdma", "mlx5_1 not found (devices: none)")]
+    assert hc.rdma_summary("", {}, ["mlx5_0"], "Ethernet", 3) == \
+        "RDMA mlx5_0: 0 ports  Ethernet active_mtu , GID 3 RoCE  IPv4 on 0 NICs"
+
+
+def test_show_gids_rows_without_ipv4_or_netdev_and_ibstat_firmware():
+    rows = hc.parse_show_gids("DEV\tPORT\tINDEX\tGID\n---\t----\nmlx5_8\t1\t0\tfe80:0000:0000:0000:a088:c203:004f:bd0a\t\t\tv1\t\n"
+                              "short line\nmlx5_0\tx\t0\tg\tv2\n")
+    assert rows == [{"dev": "mlx5_8", "port": "1", "index": "0", "gid": "fe80:0000:0000:0000:a088:c203:004f:bd0a",
+                     "ipv4": "", "ver": "v1", "netdev": ""}]
+    assert hc.gid_table("", "mlx5_0\t2\t3\tfe80::1\t\tv2\tens1\n") == {}, "port 2 is not the port checked"
+    ca = hc.parse_ibstat("CA 'mlx5_0'\n\tCA type: MT4129\n\tFirmware version: 28.39.1002\n\tPort 1:\n\t\tRate: 400\n"
+                         "\t\tBase lid: 12\n\t\tState: Active\nnoise: x\n")
+    assert ca == {"mlx5_0": {"type": "MT4129", "firmware": "28.39.1002",
+                             "ports": {1: {"rate": 400, "base_lid": "12", "state": "Active"}}}}
+    assert hc.parse_ibstat("Port 1:\n\t\tRate: 400\n") == {}, "nothing before the first CA"
+    assert hc.parse_ibstat("CA 'x'\n\tPort 1:\n\t\tRate: n/a\n")["x"]["ports"][1]["rate"] == "n/a"
+
+
+def test_ibv_devinfo_ports_without_values_and_nvlink_lines_outside_a_gpu():
+    d = hc.parse_ibv_devinfo("hca_id:\tmlx5_0\n\t\tport:\t1\n\t\t\tstate:\n\t\t\tactive_mtu:\t\tunknown\n")
+    assert d == {"mlx5_0": {1: {"gids": {}, "state": ""}}}
+    assert hc.parse_nvlink_status("\t Link 0: 53.125 GB/s\nGPU 0: X (UUID: y)\n\t Link 1: <inactive>\n") == {0: {1: None}}
+    assert hc.parse_smi_q("GPU 00000000:1A:00.0\n    Product Name : NVIDIA B300\n") == {
+        "gpus": [{"bus_id": "00000000:1A:00.0", "name": "NVIDIA B300"}]}
+    assert hc.parse_smi_q("GPU 0000000a:1a:00.0\n")["gpus"][0]["bus_id"] == "0000000a:1a:00.0"
+
+
+@pytest.mark.parametrize("missing", ["--host", "--allowed-os", "--min-kernel", "--gpus", "--gpu-model"])
+def test_preflight_needs_each_of_its_arguments(missing, capsys):
+    argv = {"--host": "h", "--allowed-os": "ubuntu 24.04", "--min-kernel": "5.12", "--gpus": "8", "--gpu-model": "B300"}
+    words = ["preflight"] + [w for k, v in argv.items() if k != missing for w in (k, v)]
+    with pytest.raises(SystemExit) as e:
+        hc.main(words)
+    assert e.value.code == 2 and f"the following arguments are required: {missing}" in capsys.readouterr().err
+
+
+def test_the_command_lines_the_steps_run(monkeypatch, capsys, tmp_path):
+    """What hostplan's preflight and facts steps run reaches hostcheck with the stack's values."""
+    from glm_infra import hostplan
+    from glm_infra.stack import load_file
+    from glm_infra.topology import plan as make_plan
+
+    from conftest import stack_file
+
+    cfg = load_file(stack_file("prod-b300")).config
+    steps = hostplan.host_steps(cfg, make_plan(cfg), make_plan(cfg).host("b300-1")).steps
+    seen = []
+    monkeypatch.setattr(hc, "preflight", lambda args: seen.append(vars(args)) or 0)
+    words = shlex.split(steps["preflight"].create.split(" && ", 1)[1])
+    assert hc.main(words[1:]) == 0
+    assert seen == [{"cmd": "preflight", "host": "b300-1", "allowed_os": ["ubuntu 24.04"], "min_kernel": "5.12",
+                     "model_path": "/mnt/model/glm/GLM-5.2-NVFP4", "gpus": 8, "gpu_model": "B300",
+                     "require_driver": False, "min_free_gb": 485.0}]
+    monkeypatch.setattr(hc, "facts", lambda model_path: {"model_path": model_path})
+    assert hc.main(shlex.split(steps["facts"].create)[1:]) == 0
+    assert json.loads(capsys.readouterr().out) == {"model_path": "/mnt/model/glm/GLM-5.2-NVFP4"}
+    with pytest.raises(SystemExit):
+        hc.main([])

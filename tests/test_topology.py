@@ -10,7 +10,7 @@ import pytest
 from conftest import STACKS, stack_file
 from glm_infra.cli import main
 from glm_infra.stack import load_file
-from glm_infra.topology import format_table, plan
+from glm_infra.topology import format_table, plan, pool_of, seed_host
 
 
 def _plan(name):
@@ -118,3 +118,36 @@ def test_a_host_with_nothing_to_run_shows_its_idle_gpus(write_stack, prod_config
     row = next(l for l in out.splitlines() if l.startswith("spare"))
     assert row.split() == ["spare", "10.0.0.99", "-", "-", "0/8", "used", "-", "-", "-"]
     assert "spare: 0/8 GPUs" in out
+
+
+def test_hosts_provisioned_without_serving(prod_config, write_stack):
+    cfg = load_file(write_stack(prod_config)).config
+    p = plan(cfg, serve=False, runtime=True)
+    assert p.instances == () and p.router is None and not p.serve
+    assert [(h.name, h.address, h.gpus, h.instances, h.runs_router, h.provision_only, h.runtime) for h in p.hosts] == [
+        (h.name, h.address, 8, (), False, True, True) for h in cfg.hosts]
+    assert all(not h.runtime for h in plan(cfg, serve=False).hosts)
+    assert seed_host(cfg, serve=False) == "b300-1" and seed_host(cfg) == "b300-1"
+    cfg2 = cfg.model_copy(update={"model": cfg.model.model_copy(update={"seed_host": "b300-2"})})
+    assert seed_host(cfg2, serve=False) == "b300-2"
+    assert plan(cfg).serve
+
+
+def test_a_colocated_pool_behind_the_router_round_robin(write_stack):
+    cfg = load_file(write_stack({
+        "glm-infra:hosts": [{"name": "a", "address": "10.0.0.1"}, {"name": "b", "address": "10.0.0.2"}],
+        "glm-infra:ssh": {"privateKeyPath": "/k"},
+        "glm-infra:model": {"repo": "o/m", "revision": "0" * 40, "path": "/m"},
+        "glm-infra:colocated": {"hosts": ["a", "b"], "ep": False},
+        "glm-infra:router": {"host": "b"},
+    })).config
+    p = plan(cfg)
+    assert p.router.worker_urls == ("http://10.0.0.1:8100", "http://10.0.0.2:8100")
+    assert p.router.prefill_urls == () == p.router.decode_urls and not p.disaggregated
+    assert [(i.name, i.slot, i.address, i.nixl_host) for i in p.instances] == [
+        ("colocated-0", 0, "10.0.0.1", "10.0.0.1"), ("colocated-1", 0, "10.0.0.2", "10.0.0.2")]
+    table = format_table(cfg, p)
+    assert "colocated-0 (tp1 dp8)  " in table and "router: http://10.0.0.2:8000 (round robin; 2 workers)" in table
+    assert table.splitlines()[0] == table.splitlines()[0].rstrip() and table.startswith("host ")
+    with pytest.raises(KeyError):
+        pool_of(cfg, "prefill")
