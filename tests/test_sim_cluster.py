@@ -15,9 +15,10 @@ import pytest
 import yaml
 
 from conftest import ROOT, stack_file
-from glm_infra import render
+from glm_infra import hostplan, paths
 from glm_infra.config import StackConfig
-from glm_infra.steps import ScriptStep, Step
+from glm_infra.steps import Step
+from glm_infra.topology import plan as plan_of
 
 SIM = ROOT / "scripts" / "sim"
 KEY = Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache/glm-infra")) / "sim/ssh/id_ed25519"
@@ -71,17 +72,23 @@ def test_hosts_boot_with_systemd_and_sshd_on_their_addresses(cluster):
     assert ssh("simt-1", "curl -fsS -o /dev/null -w '%{http_code}' http://10.88.0.1:8088/apt/InRelease").stdout == "200"
 
 
+def host_steps(stack: StackConfig, host: str) -> dict[str, Step]:
+    """The steps the components run on ``host``, from the one per-host plan."""
+    p = plan_of(stack)
+    return hostplan.host_steps(stack, p, next(h for h in p.hosts if h.name == host)).steps
+
+
 def test_host_chain_on_a_real_host(cluster):
-    """preflight → drivers → health gate → RDMA → runtime, as the components chain them."""
+    """preflight → drivers → health gate → RDMA → runtime: the plan's own steps, as the components
+    chain them (the reboot steps are tested through the engine in tests/e2e)."""
     _, stack = cluster
     host = "simt-1"
-    pre = run_step(host, Step("preflight", f"install -D -m 0755 /dev/stdin {render.HOSTCHECK} && "
-                              f"{render.HOSTCHECK} preflight --host {host} --allowed-os 'debian 12' --gpus 8 "
-                              "--gpu-model B300", None, render.hostcheck_source()))
+    steps = host_steps(stack, host)
+    pre = run_step(host, steps["preflight"])
     assert pre.returncode == 0, pre.stderr
     assert '"os": "debian 12"' in pre.stdout and '"container": "systemd-nspawn"' in pre.stdout
 
-    drivers = ScriptStep("drivers", render.drivers_script(stack, host)).step()
+    drivers = steps["drivers-install"]
     first = run_step(host, drivers)
     assert first.returncode == 0, first.stderr
     assert f"{host}: drivers: installing nvidia-driver-pinning-580=580.159.04-1" in first.stdout
@@ -89,16 +96,16 @@ def test_host_chain_on_a_real_host(cluster):
     assert second.returncode == 0 and "packages already at 580.159.04" in second.stdout
     assert "wrote" not in second.stdout and "installing" not in second.stdout
 
-    gate = ScriptStep("health-gate", render.health_script(stack, host), removable=False).step()
-    health = run_step(host, gate)
+    health = run_step(host, steps["health-gate"])
     assert health.returncode == 0, health.stderr
     assert f"{host}: healthy (8 × NVIDIA B300 SXM6 AC, driver 580.159.04; fabric Completed on 8 GPUs; NVLink 18 of 18 links up on each of 8 GPUs; 0 pending row remaps on 8 GPUs)" in health.stdout
 
-    rdma = run_step(host, ScriptStep("rdma", render.rdma_script(stack, host)).step())
+    rdma = run_step(host, steps["rdma"])
     assert rdma.returncode == 0, rdma.stderr
-    assert "RDMA mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7 Ethernet active_mtu 4096" in rdma.stdout
+    assert ("RDMA mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7: 8 ports PORT_ACTIVE Ethernet active_mtu 4096, "
+            "GID 3 RoCE v2 IPv4 on 8 NICs") in rdma.stdout
 
-    runtime = ScriptStep("runtime", render.runtime_script(stack, host)).step()
+    runtime = steps["runtime"]
     r = run_step(host, runtime)
     assert r.returncode == 0, r.stderr
     assert ssh(host, "/opt/glm-infra/venv/bin/vllm --version").stdout.strip() == stack.runtime.vllm_version
@@ -107,9 +114,8 @@ def test_host_chain_on_a_real_host(cluster):
 
 
 def test_stand_in_faults_fail_the_gate_naming_host_and_check(cluster):
-    _, stack = cluster
     host = "simt-1"
-    gate = render.script_path("health-gate")
+    gate = paths.script("health-gate")
     try:
         ssh(host, "echo GPU_COUNT=7 > /etc/glm-sim/hardware.conf.d/50-test.conf")
         r = ssh(host, f"{gate} check")

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ROOT
 
-WEIGHTS = ROOT / "glm_infra" / "weights.py"
+WEIGHTS = ROOT / "glm_infra" / "host" / "weights.py"
 MAKE = ROOT / "scripts" / "standins" / "make-checkpoint"
 
 
