@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -139,3 +140,25 @@ def test_a_host_reboots_like_a_server(cluster):
         assert time.monotonic() < deadline, "the host came back"
         time.sleep(1)
     assert "stale" not in r.stdout, "/run is empty after a reboot"
+
+
+def test_an_interrupted_image_build_is_discarded_without_touching_the_machine(tmp_path):
+    """debootstrap killed midway leaves /proc mounted in the half-built image; discarding it must
+    unmount first and never walk into the machine's own /proc."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from simlib.cluster import discard_partial_image
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    partial = tmp_path / "rootfs-bookworm-x.tmp"
+    (partial / "proc").mkdir(parents=True)
+    (partial / "etc").mkdir()
+    (partial / "etc/os-release").write_text("ID=debian\n")
+    subprocess.run(["mount", "-t", "proc", "proc", str(partial / "proc")], check=True)
+    try:
+        discard_partial_image(partial)
+    finally:
+        subprocess.run(["umount", "-l", str(partial / "proc")], capture_output=True)
+    assert not partial.exists()
+    assert str(partial) not in Path("/proc/self/mountinfo").read_text()
+    assert Path("/proc/self/status").read_text().startswith("Name:")

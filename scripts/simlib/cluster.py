@@ -105,7 +105,7 @@ def rootfs() -> Path:
         if shutil.which(tool) is None:
             raise SimError(f"{tool} is missing: apt-get install debootstrap systemd-container")
     tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    discard_partial_image(tmp)
     say(f"building the host image with debootstrap ({SUITE}, about a minute; cached in {target})")
     run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(tmp), MIRROR],
         stdout=subprocess.DEVNULL)
@@ -125,6 +125,18 @@ def rootfs() -> Path:
     (tmp / ".complete").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime()))
     tmp.rename(target)
     return target
+
+
+def discard_partial_image(tmp: Path) -> None:
+    """Remove an image build that was interrupted. debootstrap mounts /proc (and may mount /sys)
+    inside it: unmount those first and never cross into another file system, or ``rm`` would walk
+    into the machine's own /proc and /sys."""
+    prefix = str(tmp) + "/"
+    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    for point in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
+        run(["umount", "-l", point], check=False)
+    if tmp.exists():
+        run(["rm", "-rf", "--one-file-system", str(tmp)])
 
 
 # --- the machine's side: bridge, nspawn propagation dir, HTTP server -----------------------------
