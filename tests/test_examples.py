@@ -110,11 +110,13 @@ def workspace(tmp_path_factory):
         (root / name).symlink_to(ROOT / name)
     (root / "state").mkdir()
     home = root / "home"
-    (home / ".cache").mkdir(parents=True)
     cache = os.environ.get("GLM_INFRA_CACHE", os.path.expanduser("~/.cache/glm-infra"))
-    (home / ".cache" / "glm-infra").symlink_to(cache)
-    (home / ".ssh").mkdir()
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(home / ".ssh/glm-infra_ed25519")], check=True)
+    # The keys the stacks name (~/.ssh/… for prod-b300, the sim key under ~/.cache/glm-infra/…), of
+    # this home's own: a preview reads them and contacts no host, and the suite may run before any
+    # simulated host (and so the sim key) exists.
+    for key in (home / ".ssh/glm-infra_ed25519", home / ".cache/glm-infra/sim/ssh/id_ed25519"):
+        key.parent.mkdir(parents=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     env = {"PULUMI_BACKEND_URL": f"file://{root / 'state'}", "HOME": str(home), "GLM_INFRA_CACHE": cache,
            "PULUMI_HOME": f"{cache}/pulumi-home"}
     return root, env
