@@ -105,6 +105,8 @@ def refused(port: int) -> bool:
             return False
     except ConnectionRefusedError:
         return True
+    except ConnectionResetError:  # caught in the backlog as the listener closed: ask again
+        return False
 
 
 def answers(port: int, path: str = "/health", status: int = 200) -> bool:
@@ -387,8 +389,10 @@ def test_prefill_then_decode_behind_the_real_router(launch, tmp_path, api_key):
     instance_env = {"VLLM_API_KEY": api_key} if api_key else {}
     prefill = launch("--kv-transfer-config", PRODUCER, "-ep", "-tp", "1", "-dp", "2", gpus="0,1",
                      env={**nixl_env(free_port_range(2)), **instance_env}, name="prefill")
-    decode = launch("--kv-transfer-config", CONSUMER, "-ep", "-tp", "1", "-dp", "4", gpus="0,1,2,3",
-                    env={**nixl_env(free_port_range(4)), **instance_env}, name="decode")
+    decode = launch("--kv-transfer-config", CONSUMER, "-ep", "-tp", "1", "-dp", "4",
+                    "--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 3}), gpus="0,1,2,3",
+                    env={**nixl_env(free_port_range(4)), **instance_env, "GLM_SIM_MTP_ACCEPTANCE": "0.5",
+                         "GLM_SIM_KV_TRANSFER_MS": "30"}, name="decode")
     prefill.wait_healthy()
     decode.wait_healthy()
 
@@ -425,6 +429,27 @@ def test_prefill_then_decode_behind_the_real_router(launch, tmp_path, api_key):
         decode_line)
     request_id = re.search(r"request_id=(\S+)", prefill_line).group(1)
     assert f"request_id={request_id}" in decode_line
+
+    # vLLM's families the simulator lacks: one KV pull of 30 ms on decode, MTP counters from the
+    # tokens decode generated at 50 % acceptance of 3-token drafts, the engine's resident memory.
+    text = request(decode.port, "GET", "/metrics")[1].decode()
+    series = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line and not line.startswith("#")}
+    labels = f'engine="0",model_name="{MODEL_NAME}"'
+    assert series[f"vllm:nixl_xfer_time_seconds_count{{{labels}}}"] == 1
+    assert series[f"vllm:nixl_xfer_time_seconds_sum{{{labels}}}"] == pytest.approx(0.03)
+    assert series[f'vllm:nixl_xfer_time_seconds_bucket{{{labels},le="0.025"}}'] == 0
+    assert series[f'vllm:nixl_xfer_time_seconds_bucket{{{labels},le="0.05"}}'] == 1
+    assert series[f"vllm:nixl_num_failed_transfers_total{{{labels}}}"] == 0
+    generated = sum(v for k, v in series.items() if k.startswith("vllm:generation_tokens_total"))
+    assert generated > 0
+    drafted = series[f"vllm:spec_decode_num_draft_tokens_total{{{labels}}}"]
+    accepted = series[f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}}"]
+    assert accepted / drafted == pytest.approx(0.5, abs=0.01)
+    assert series[f"vllm:spec_decode_num_drafts_total{{{labels}}}"] + accepted == pytest.approx(generated, abs=0.2)
+    assert series["process_resident_memory_bytes"] > 10 * 2**20
+    prefill_text = request(prefill.port, "GET", "/metrics")[1].decode()
+    assert "vllm:nixl_xfer_time_seconds" not in prefill_text and "spec_decode" not in prefill_text
 
 
 def test_port_refuses_connections_while_loading(launch):

@@ -84,8 +84,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=port, default=8000)
     p.add_argument("--data-parallel-rpc-port", type=port)
     p.add_argument("--max-num-seqs", type=positive_int, default=256)
-    # Room for the SLA's 256K-token contexts (a real vLLM takes it from the model's config.json).
-    p.add_argument("--max-model-len", type=positive_int, default=262144)
+    # Default: the model's context, from its config.json, as vLLM takes it.
+    p.add_argument("--max-model-len", type=positive_int, default=None)
 
 
 def build_parser() -> argparse.ArgumentParser:

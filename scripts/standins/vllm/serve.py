@@ -75,12 +75,22 @@ def check_devices(args: argparse.Namespace) -> None:
                          f"{args.tensor_parallel_size} × -dp {args.data_parallel_size} needs {needed}")
 
 
+# GLM-5.2's context, for a config.json that does not say.
+DEFAULT_CONTEXT = 1048576
+
+
 def check_model(args: argparse.Namespace) -> None:
     model = Path(args.model)
     if not model.is_dir():
         raise ServeError(f"model {args.model} is not a directory (weights not staged?)")
     if not (model / "config.json").is_file():
         raise ServeError(f"model {args.model} has no config.json (weights not staged?)")
+    if args.max_model_len is None:  # as vLLM: the model's own context length
+        try:
+            config = json.loads((model / "config.json").read_text())
+        except ValueError as e:
+            raise ServeError(f"model {args.model}: config.json is not JSON: {e}") from None
+        args.max_model_len = int(config.get("max_position_embeddings", DEFAULT_CONTEXT))
 
 
 def kv_role(args: argparse.Namespace) -> str | None:
@@ -117,6 +127,11 @@ class Simulation:
     itl_ms: float
     kv_transfer_ms: float
     startup_seconds: float
+    mtp_acceptance: float  # share of MTP draft tokens accepted
+    # Latencies that grow with the prompt (0: the constant ones above): prefill time per prompt
+    # token (after ttft_ms of overhead), and decode's KV pull per prompt token.
+    prefill_us_per_token: float
+    kv_transfer_us_per_token: float
 
     @classmethod
     def from_env(cls) -> Simulation:
@@ -125,7 +140,23 @@ class Simulation:
             itl_ms=env_number("GLM_SIM_ITL_MS", 10),
             kv_transfer_ms=env_number("GLM_SIM_KV_TRANSFER_MS", 20),
             startup_seconds=env_number("GLM_SIM_STARTUP_SECONDS", 2),
+            mtp_acceptance=min(env_number("GLM_SIM_MTP_ACCEPTANCE", 0.8), 1.0),
+            prefill_us_per_token=env_number("GLM_SIM_PREFILL_US_PER_TOKEN", 0),
+            kv_transfer_us_per_token=env_number("GLM_SIM_KV_TRANSFER_US_PER_TOKEN", 0),
         )
+
+    def latency_flags(self) -> list[str]:
+        """llm-d-inference-sim's latency flags: its constant TTFT (or KV pull) wins over the per-token
+        one, so only one of the two is given."""
+        if self.prefill_us_per_token:
+            flags = [f"--prefill-overhead={self.ttft_ms:g}ms", f"--prefill-time-per-token={self.prefill_us_per_token:g}us"]
+        else:
+            flags = [f"--time-to-first-token={self.ttft_ms:g}ms"]
+        if self.kv_transfer_us_per_token:
+            flags.append(f"--kv-cache-transfer-time-per-token={self.kv_transfer_us_per_token:g}us")
+        else:
+            flags.append(f"--kv-cache-transfer-latency={self.kv_transfer_ms:g}ms")
+        return flags + [f"--inter-token-latency={self.itl_ms:g}ms"]
 
 
 def listen(host: str, port: int, what: str) -> socket.socket:
@@ -177,11 +208,12 @@ def start_simulator(binary: Path, args: argparse.Namespace, simulation: Simulati
         str(binary),
         f"--port={port}",
         f"--model={args.model}",
-        f"--time-to-first-token={simulation.ttft_ms:g}ms",
-        f"--inter-token-latency={simulation.itl_ms:g}ms",
-        f"--kv-cache-transfer-latency={simulation.kv_transfer_ms:g}ms",
+        *simulation.latency_flags(),
         f"--max-num-seqs={args.max_num_seqs}",
         f"--max-model-len={args.max_model_len}",
+        # It sizes buffers by (max-num-seqs + this) × max-model-len; the default 1000 would reserve
+        # gigabytes per instance at a 1M-token context.
+        "--max-waiting-queue-length=64",
         # vLLM's -dp N serves one API port; the simulator's would listen on port, port+1, …
         "--data-parallel-size=1",
         # Otherwise it asks huggingface.co whether the model name is a real model.
@@ -210,6 +242,7 @@ class Instance:
         self.drain_signal = ""
         self._lock = threading.Lock()
         self._in_flight = 0
+        self.engine = EngineMetrics(args, role, simulation)
 
     def admit(self) -> None:
         """Count a request in flight (also while draining: it was accepted before the socket closed)."""
@@ -247,6 +280,70 @@ class Instance:
             return False
         finally:
             conn.close()
+
+
+NIXL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class EngineMetrics:
+    """vLLM 0.33's metric families that llm-d-inference-sim does not have, appended to its /metrics:
+    MTP (spec decode) counters derived from the tokens it generated and the configured acceptance,
+    NIXL transfer time and failures per KV pull a decode instance made, and the engine process's
+    resident memory (what vLLM's process collector reports)."""
+
+    def __init__(self, args: argparse.Namespace, role: str, simulation: Simulation) -> None:
+        spec = args.speculative_config or {}
+        self.draft_len = int(spec.get("num_speculative_tokens", 0) or 0)
+        self.acceptance = simulation.mtp_acceptance
+        self.kv_transfer_s = simulation.kv_transfer_ms / 1000
+        self.model = (args.served_model_name or [args.model])[0]
+        self.role = role
+        self.simulator_pid: int | None = None
+        self._lock = threading.Lock()
+        self.transfers = 0
+        self.failed = 0
+
+    def kv_pulled(self, ok: bool) -> None:
+        with self._lock:
+            self.transfers += ok
+            self.failed += not ok
+
+    def exposition(self, simulator_metrics: str) -> str:
+        labels = f'engine="0",model_name="{self.model}"'
+        out = []
+        if self.draft_len:
+            generated = sum(float(line.rsplit(" ", 1)[1]) for line in simulator_metrics.splitlines()
+                            if line.startswith("vllm:generation_tokens_total"))
+            # Each step drafts draft_len tokens and emits the accepted ones plus one of its own.
+            drafts = generated / (1 + self.draft_len * self.acceptance)
+            for name, value, text in (
+                ("vllm:spec_decode_num_drafts", drafts, "Number of spec decoding drafts."),
+                ("vllm:spec_decode_num_draft_tokens", drafts * self.draft_len, "Number of draft tokens."),
+                ("vllm:spec_decode_num_accepted_tokens", drafts * self.draft_len * self.acceptance,
+                 "Number of accepted tokens."),
+            ):
+                out.append(f"# HELP {name}_total {text}\n# TYPE {name}_total counter\n{name}_total{{{labels}}} {value:.1f}\n")
+        if self.role == "decode":
+            with self._lock:
+                n, failed = self.transfers, self.failed
+            name = "vllm:nixl_xfer_time_seconds"
+            out.append(f"# HELP {name} Histogram of transfer duration for NIXL KV Cache transfers.\n# TYPE {name} histogram\n")
+            for le in NIXL_BUCKETS:
+                out.append(f'{name}_bucket{{{labels},le="{le}"}} {n if self.kv_transfer_s <= le else 0}\n')
+            out.append(f'{name}_bucket{{{labels},le="+Inf"}} {n}\n{name}_sum{{{labels}}} {n * self.kv_transfer_s}\n'
+                       f"{name}_count{{{labels}}} {n}\n")
+            out.append("# HELP vllm:nixl_num_failed_transfers_total Number of failed NIXL KV Cache transfers.\n"
+                       "# TYPE vllm:nixl_num_failed_transfers_total counter\n"
+                       f"vllm:nixl_num_failed_transfers_total{{{labels}}} {failed}\n")
+        rss = 0
+        for pid in (os.getpid(), self.simulator_pid):
+            try:
+                rss += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            except (OSError, TypeError, ValueError, IndexError):
+                pass
+        out.append("# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+                   f"# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes {rss}\n")
+        return "".join(out)
 
 
 class ProxyServer(ThreadingHTTPServer):
@@ -337,13 +434,36 @@ class ProxyHandler(BaseHTTPRequestHandler):
             if instance.api_key and path not in OPEN_PATHS and not self.authorized(instance.api_key):
                 return self.reply(401, {"error": "Unauthorized"}), " (no valid API key)"
             note = kv_flags(body) if path in GENERATION_PATHS else ""
+            if path == "/metrics" and self.command == "GET":
+                return self.metrics(instance), note
             try:
-                return self.forward(instance.upstream_port, body), note
+                status = self.forward(instance.upstream_port, body)
+                if "do_remote_prefill=true" in note:
+                    instance.engine.kv_pulled(status < 500)
+                return status, note
             except (OSError, http.client.HTTPException) as e:
                 self.close_connection = True
                 return 499, f"{note} (connection lost: {e!r})"
         finally:
             instance.release()
+
+    def metrics(self, instance: Instance) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", instance.upstream_port, timeout=10)
+        try:
+            conn.request("GET", "/metrics")
+            upstream = conn.getresponse()
+            text = upstream.read().decode()
+        except (OSError, http.client.HTTPException) as e:
+            return self.reply(502, {"error": f"engine unreachable: {e}"})
+        finally:
+            conn.close()
+        body = (text + instance.engine.exposition(text)).encode()
+        self.send_response_only(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        return 200
 
     def authorized(self, api_key: str) -> bool:
         given = self.headers.get("Authorization", "")
@@ -432,6 +552,7 @@ def serve(args: argparse.Namespace) -> int:
     upstream_port = free_port()
     simulator = start_simulator(binary, args, simulation, upstream_port)
     instance = Instance(args, role, simulation, upstream_port)
+    instance.engine.simulator_pid = simulator.pid
     server.instance = instance
 
     def begin_drain(signum: int, _frame: object) -> None:
