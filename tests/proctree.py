@@ -119,18 +119,34 @@ def watched(p: Proc) -> bool:
     return p.program in WATCHED_PROGRAMS or any(a in arg for arg in p.argv[:3] for a in WATCHED_ARGS)
 
 
+def under_older(pid: int, table: dict[int, Proc], since: float, keep: set[int]) -> bool:
+    """Whether an ancestor of pid (below init, other than pytest and its ancestors) was running before
+    ``since``: pid belongs to something that was there before the session (simulated hosts someone
+    booted by hand, a demo), not to it."""
+    seen = set()
+    pid = table[pid].ppid if pid in table else 0
+    while pid in table and pid not in seen and pid > 1:
+        seen.add(pid)
+        if pid not in keep and table[pid].started < since:
+            return True
+        pid = table[pid].ppid
+    return False
+
+
 def leftovers(session: str, since: float, keep: set[int]) -> list[Proc]:
     """Processes still alive that this session started: they or an ancestor carry its id in their
-    environment, or they are a watched program started since the session began that no other test
-    session owns (another suite running beside this one is left alone). ``keep``: pytest and its
-    ancestors."""
+    environment, or they are a watched program started since the session began, below nothing older
+    than the session (an orphan, or a tree the session started with a bare environment), that no
+    other test session owns (another suite or a cluster booted by hand is left alone). ``keep``:
+    pytest and its ancestors."""
     table = processes()
     out = []
     for p in table.values():
         if p.pid in keep or p.pid == os.getpid():
             continue
         who = owner(p.pid, table)
-        if who == session or (who is None and watched(p) and p.started >= since):
+        if who == session or (who is None and watched(p) and p.started >= since
+                                 and not under_older(p.pid, table, since, keep)):
             out.append(p)
     return out
 

@@ -77,3 +77,24 @@ def test_another_sessions_processes_are_left_alone():
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_tree_older_than_the_session_is_left_alone(tmp_path):
+    """Simulated hosts booted by hand before the suite: their servers start (and restart) during the
+    session, with no session id, below a launcher older than the session; not the suite's."""
+    fake = tmp_path / "llm-d-inference-sim"
+    shutil.copy("/bin/sleep", fake)
+    older = subprocess.Popen(["bash", "-c", f"sleep 1; {fake} 305 & wait"], start_new_session=True,
+                             env={k: v for k, v in os.environ.items() if k != proctree.SESSION_VAR})
+    time.sleep(0.3)
+    session, since = proctree.new_session_id(), time.time()
+    try:
+        deadline = time.monotonic() + 10
+        while not any(p.program == fake.name and p.argv[-1] == "305" for p in proctree.processes().values()):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        left = proctree.leftovers(session, since, proctree.ancestors(os.getpid()))
+        assert not [p for p in left if p.program == fake.name], "a server of a tree older than the session"
+    finally:
+        proctree.kill_tree(older.pid)
+        older.wait()
