@@ -10,6 +10,7 @@ cluster = Cluster("glm", load())
 pulumi.export("hosts", {n: h.address for n, h in cluster.hosts.items()})
 pulumi.export("instances", cluster.instances)
 pulumi.export("routerUrl", cluster.router_url)
+pulumi.export("prometheusUrl", cluster.prometheus_url)
 if "router_api_key" in cluster.secrets:
     pulumi.export("routerApiKey", cluster.secrets["router_api_key"])  # a secret output
 pulumi.export("hostFacts", cluster.facts)

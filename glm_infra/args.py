@@ -310,6 +310,70 @@ class NixlInput(TypedDict, total=False):
     """UCX_TLS for NIXL. Default: 'rc,cuda_copy,cuda_ipc'."""
 
 
+class MonitoringInput(TypedDict, total=False):
+    """Prometheus and Alertmanager (the distribution's packages) on one host, the node exporter on every host, NVIDIA's DCGM exporter on every host whose driver step installs DCGM; scrape targets, rules and alert thresholds come from the plan and this block."""
+
+    enabled: bool
+    """Deploy the monitoring (false: none of it). Default: True."""
+    host: str
+    """Host that runs Prometheus and Alertmanager (default: the router host, else the last host)."""
+    stack_label: str
+    """Value of the 'stack' label on every series (default: the stack name)."""
+    prometheus_port: int
+    """Prometheus web and API port. Default: 9090."""
+    alertmanager_port: int
+    """Alertmanager port. Default: 9093."""
+    node_exporter_port: int
+    """prometheus-node-exporter port on every host. Default: 9100."""
+    dcgm_exporter_port: int
+    """DCGM exporter port on every provisioned host. Default: 9400."""
+    dcgm_exporter_package: str
+    """Package of NVIDIA's DCGM exporter in the driver repository (None: no DCGM exporter). Default: 'datacenter-gpu-manager-exporter'."""
+    scrape_interval: str
+    """How often every target is scraped. Default: '15s'."""
+    evaluation_interval: str
+    """How often the rules run. Default: '15s'."""
+    retention: str
+    """How long Prometheus keeps samples. Default: '15d'."""
+    webhook_url: pulumi.Input[str]
+    """Alertmanager webhook receiver URL, a Pulumi secret (it often carries a token). None: alerts stay in Alertmanager."""
+    group_wait: str
+    """How long Alertmanager waits to group a new alert before sending it. Default: '30s'."""
+    repeat_interval: str
+    """How often a firing alert is sent again. Default: '4h'."""
+    mtp_acceptance_min: float
+    """Alert when MTP draft acceptance falls below this. Default: 0.5."""
+    kv_transfer_p99_seconds: float
+    """Alert when NIXL's p99 KV transfer time exceeds this. Default: 1.0."""
+    memory_growth_window: str
+    """Window over which a vLLM process's resident memory growing without pause is a leak. Default: '6h'."""
+    memory_growth_bytes: float
+    """Growth over that window that fires the leak alert. Default: 2000000000.0."""
+
+
+class SlaInput(TypedDict, total=False):
+    """The service level the deployment holds, checked by the alert rules (over ``window``) and by ``glm-infra sla`` (a benchmark client, NVIDIA AIPerf, through the router)."""
+
+    ttft_seconds: float
+    """Mean time to first token the SLA allows. Default: 2.5."""
+    tpot_seconds: float
+    """Mean time per output token (after the first) the SLA allows. Default: 0.02."""
+    window: str
+    """Window of the SLA burn alerts' means. Default: '10m'."""
+    contexts: Sequence[int]
+    """Input lengths (tokens) the SLA gate measures, one bucket each."""
+    output_tokens: int
+    """Output tokens per request in the SLA gate. Default: 256."""
+    concurrency: int
+    """Requests in flight in the SLA gate. Default: 4."""
+    requests_per_context: int
+    """Requests per bucket in the SLA gate. Default: 16."""
+    tokenizer: str
+    """Tokenizer the gate builds prompts with: a Hugging Face repository or a folder on the machine running the gate (default: the model's repository at its revision)."""
+    prometheus_tolerance: float
+    """How far Prometheus's mean TTFT of a bucket may be from the client's (a share of the client's) before the gate says they disagree. Default: 0.15."""
+
+
 class ClusterArgs(TypedDict, total=False):
     """A whole deployment: the ``glm-infra:*`` keys of a stack file, as Pulumi inputs."""
 
@@ -337,3 +401,7 @@ class ClusterArgs(TypedDict, total=False):
     """RDMA for the KV transfer."""
     nixl: NixlInput
     """NIXL / UCX settings."""
+    monitoring: MonitoringInput
+    """Prometheus, exporters, alerts."""
+    sla: SlaInput
+    """The service level and its gate."""

@@ -1,4 +1,5 @@
-"""``glm-infra validate | plan | render | schema``: review a stack without the Pulumi engine."""
+"""``glm-infra validate | plan | render | schema``: review a stack without the Pulumi engine;
+``glm-infra sla`` (the SLA gate) and ``glm-infra doctor`` (the drift check) on a deployed one."""
 
 from __future__ import annotations
 
@@ -57,13 +58,31 @@ def cmd_render(args: argparse.Namespace) -> int:
             print(f"{out}: exists and is not empty (use --force to replace it)", file=sys.stderr)
             return EXIT_USAGE
         shutil.rmtree(out)
-    steps = hostplan.plan_all(loaded.config, topology.plan(loaded.config))
+    steps = hostplan.plan_all(loaded.config, topology.plan(loaded.config), stack_name=loaded.name)
     written = hostplan.write_tree(out, steps)
     for path in written:
         print(path)
     print(f"{len(written)} files for {len(steps)} hosts under {out}: what lands on each host, and each step's "
           f"commands in <host>/{hostplan.STEPS_DIR}/ (secrets are placeholders)", file=sys.stderr)
     return EXIT_OK
+
+
+def cmd_sla(args: argparse.Namespace) -> int:
+    from . import sla
+
+    loaded = _load(args.stack)
+    try:
+        return sla.run(loaded.config, loaded.name, args)
+    except sla.SlaError as e:
+        print(f"{loaded.source}: sla: {e}", file=sys.stderr)
+        return sla.EXIT_ERROR
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from . import doctor
+
+    loaded = _load(args.stack)
+    return doctor.run(loaded.config, loaded.name, args)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -88,6 +107,14 @@ def parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_render)
     s = sub.add_parser("schema", help="print the JSON Schema of the glm-infra config keys")
     s.set_defaults(func=cmd_schema)
+    from .sla import add_parser as add_sla
+
+    from .doctor import add_parser as add_doctor
+
+    add_sla(sub)
+    sub.choices["sla"].set_defaults(func=cmd_sla)
+    add_doctor(sub)
+    sub.choices["doctor"].set_defaults(func=cmd_doctor)
     return ap
 
 

@@ -40,10 +40,24 @@ STACK_KEYS = (
     "drivers",
     "rdma",
     "nixl",
+    "monitoring",
+    "sla",
 )
 
-# Paths (top key, nested key) whose values must be Pulumi secrets.
-SECRET_PATHS = (("ssh", "privateKey"), ("model", "hfToken"), ("router", "apiKey"))
+# The values that must be Pulumi secrets, in one place: the name templates and components know each
+# by → (top key, nested key) in the stack file.
+SECRETS = {
+    "private_key": ("ssh", "privateKey"),
+    "hf_token": ("model", "hfToken"),
+    "router_api_key": ("router", "apiKey"),
+    "webhook_url": ("monitoring", "webhookUrl"),
+}
+SECRET_PATHS = tuple(SECRETS.values())
+
+
+def snake(key: str) -> str:
+    """A camelCase stack key as its Python field name."""
+    return re.sub(r"(?<!^)([A-Z])", lambda m: "_" + m[1].lower(), key)
 
 _HOST_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 _DNS_NAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
@@ -255,6 +269,15 @@ class PoolConfig(StrictModel):
             seen.add(h)
         return v
 
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_scalars(cls, v: Any) -> Any:
+        """A number or boolean in YAML (``FOO: 5``) is the string the environment gets."""
+        if isinstance(v, dict):
+            return {k: (str(x).lower() if isinstance(x, bool) else str(x)) if isinstance(x, (int, float)) else x
+                    for k, x in v.items()}
+        return v
+
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
@@ -440,6 +463,70 @@ class NixlConfig(StrictModel):
     ucx_tls: str = Field("rc,cuda_copy,cuda_ipc", pattern=r"^[a-z0-9_,]+$", description="UCX_TLS for NIXL.")
 
 
+Duration = Annotated[str, Field(pattern=r"^[1-9][0-9]*(ms|s|m|h|d|w|y)$")]
+
+
+class MonitoringConfig(StrictModel):
+    """Prometheus and Alertmanager (the distribution's packages) on one host, the node exporter on
+    every host, NVIDIA's DCGM exporter on every host whose driver step installs DCGM; scrape targets,
+    rules and alert thresholds come from the plan and this block."""
+
+    enabled: bool = Field(True, description="Deploy the monitoring (false: none of it).")
+    host: str | None = Field(None, description="Host that runs Prometheus and Alertmanager (default: the router "
+                                               "host, else the last host).")
+    stack_label: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$",
+                                    description="Value of the 'stack' label on every series (default: the stack name).")
+    prometheus_port: Port = Field(9090, description="Prometheus web and API port.")
+    alertmanager_port: Port = Field(9093, description="Alertmanager port.")
+    node_exporter_port: Port = Field(9100, description="prometheus-node-exporter port on every host.")
+    dcgm_exporter_port: Port = Field(9400, description="DCGM exporter port on every provisioned host.")
+    dcgm_exporter_package: str | None = Field(
+        "datacenter-gpu-manager-exporter", pattern=r"^[a-z0-9][a-z0-9.+-]*$",
+        description="Package of NVIDIA's DCGM exporter in the driver repository (None: no DCGM exporter).")
+    scrape_interval: Duration = Field("15s", description="How often every target is scraped.")
+    evaluation_interval: Duration = Field("15s", description="How often the rules run.")
+    retention: Duration = Field("15d", description="How long Prometheus keeps samples.")
+    webhook_url: Secret | None = Field(None, description="Alertmanager webhook receiver URL, a Pulumi secret "
+                                                         "(it often carries a token). None: alerts stay in Alertmanager.")
+    group_wait: Duration = Field("30s", description="How long Alertmanager waits to group a new alert before "
+                                                    "sending it.")
+    repeat_interval: Duration = Field("4h", description="How often a firing alert is sent again.")
+    mtp_acceptance_min: float = Field(0.5, gt=0, lt=1, description="Alert when MTP draft acceptance falls below this.")
+    kv_transfer_p99_seconds: float = Field(1.0, gt=0, description="Alert when NIXL's p99 KV transfer time exceeds this.")
+    memory_growth_window: Duration = Field("6h", description="Window over which a vLLM process's resident memory "
+                                                             "growing without pause is a leak.")
+    memory_growth_bytes: float = Field(2e9, gt=0, description="Growth over that window that fires the leak alert.")
+
+
+class SlaConfig(StrictModel):
+    """The service level the deployment holds, checked by the alert rules (over ``window``) and by
+    ``glm-infra sla`` (a benchmark client, NVIDIA AIPerf, through the router)."""
+
+    ttft_seconds: float = Field(2.5, gt=0, description="Mean time to first token the SLA allows.")
+    tpot_seconds: float = Field(0.020, gt=0, description="Mean time per output token (after the first) the SLA "
+                                                         "allows.")
+    window: Duration = Field("10m", description="Window of the SLA burn alerts' means.")
+    contexts: list[Annotated[int, Field(ge=16, le=2_000_000)]] = Field(
+        default_factory=lambda: [16384, 65536, 131072, 262144], min_length=1,
+        description="Input lengths (tokens) the SLA gate measures, one bucket each.")
+    output_tokens: int = Field(256, ge=2, le=65536, description="Output tokens per request in the SLA gate.")
+    concurrency: int = Field(4, ge=1, le=1024, description="Requests in flight in the SLA gate.")
+    requests_per_context: int = Field(16, ge=1, le=100000, description="Requests per bucket in the SLA gate.")
+    tokenizer: str | None = Field(
+        None, description="Tokenizer the gate builds prompts with: a Hugging Face repository or a folder on the "
+                          "machine running the gate (default: the model's repository at its revision).")
+    prometheus_tolerance: float = Field(
+        0.15, ge=0, le=1, description="How far Prometheus's mean TTFT of a bucket may be from the client's "
+                                      "(a share of the client's) before the gate says they disagree.")
+
+    @field_validator("contexts")
+    @classmethod
+    def _distinct(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v):
+            raise ValueError("a context length is listed twice")
+        return sorted(v)
+
+
 class StackConfig(StrictModel):
     """One stack file's ``glm-infra:*`` keys."""
 
@@ -455,6 +542,8 @@ class StackConfig(StrictModel):
     drivers: DriversConfig = Field(default_factory=DriversConfig, description="NVIDIA driver and fabric.")
     rdma: RdmaConfig = Field(default_factory=RdmaConfig, description="RDMA for the KV transfer.")
     nixl: NixlConfig = Field(default_factory=NixlConfig, description="NIXL / UCX settings.")
+    monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig, description="Prometheus, exporters, alerts.")
+    sla: SlaConfig = Field(default_factory=SlaConfig, description="The service level and its gate.")
 
     @model_validator(mode="before")
     @classmethod
@@ -492,6 +581,14 @@ class StackConfig(StrictModel):
     @property
     def disaggregated(self) -> bool:
         return self.prefill is not None and self.decode is not None
+
+    @property
+    def monitoring_host(self) -> str | None:
+        """Where Prometheus runs: the stack's choice, else the router host, else the last host."""
+        m = self.monitoring
+        if not m.enabled:
+            return None
+        return m.host or (self.router.host if self.router is not None else self.hosts[-1].name)
 
 
 def dump_json(value: Any) -> str:

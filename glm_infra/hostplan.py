@@ -11,7 +11,8 @@ Step keys per host, in the order the steps run:
     health-gate, rdma, ucx-env, facts, runtime,
     weights-hf-cli, weights-fanout, weights-stage, weights-fanout-stop  (the seed's fan-out on the seed),
     <instance>-unit, <instance>-service, <instance>-rollout, <instance>-stop, prune-weights,
-    router-secrets, router-unit, router-service, router-front-conf, router-front-keys, router-front
+    router-secrets, router-unit, router-service, router-front-conf, router-front-keys, router-front,
+    node-exporter, dcgm-exporter, prometheus, alertmanager-webhook, alertmanager  (monitoring)
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import paths, render
+from . import monitoring, paths, render
 from .config import StackConfig
 from .steps import RenderedFile, ScriptStep, Step, command, digest, file_step
 from .topology import HostPlan, Instance, Plan, seed_host
@@ -48,11 +49,6 @@ class HostSteps:
         return {k: s for k, s in self.steps.items() if k.startswith(prefixes)}
 
 
-def provisioned(h: HostPlan) -> bool:
-    """A host that serves gets the whole chain (driver … NIXL); the others only what they run."""
-    return bool(h.instances) or h.provision_only
-
-
 def host_file_slug(path: str) -> str:
     return path.strip("/").replace("/", "-").replace(".", "-")
 
@@ -67,17 +63,17 @@ def preflight_step(stack: StackConfig, h: HostPlan) -> Step:
         argv += ["--allowed-os", os_id]
     if stack.drivers.mode == "verify":
         argv.append("--require-driver")
-    if provisioned(h):
+    if h.provisioned:
         argv += ["--model-path", stack.model.path]
         if stack.preflight.min_free_disk_gb is not None:
             argv += ["--min-free-gb", f"{stack.preflight.min_free_disk_gb:g}"]
     create = f"install -D -m 0755 /dev/stdin {paths.HOSTCHECK} && {command(*argv)}"
     return Step("preflight", create, f"rm -f {paths.HOSTCHECK}", source, (digest(source),),
-                files=(RenderedFile(paths.HOSTCHECK, source, 0o755),))
+                files=(RenderedFile(paths.HOSTCHECK, source, 0o755),), check=f"{command(*argv)} >/dev/null")
 
 
 def facts_step(stack: StackConfig, h: HostPlan) -> Step:
-    argv = [paths.HOSTCHECK, "facts"] + (["--model-path", stack.model.path] if provisioned(h) else [])
+    argv = [paths.HOSTCHECK, "facts"] + (["--model-path", stack.model.path] if h.provisioned else [])
     return Step("facts", command(*argv))
 
 
@@ -86,7 +82,7 @@ def host_file_steps(stack: StackConfig, plan: Plan, h: HostPlan, secrets: Mappin
     if h.instances:
         out.append(file_step("vllm-secrets", paths.VLLM_SECRETS, render.vllm_secrets_env(secrets), 0o600, True,
                              "vllm_secrets_env"))
-    if h.name == seed_host(stack, plan.serve) and stack.model.source == "huggingface" and provisioned(h):
+    if h.name == seed_host(stack, plan.serve) and stack.model.source == "huggingface" and h.provisioned:
         out.append(file_step("hf-secrets", paths.HF_SECRETS, render.hf_secrets_env(secrets), 0o600, True,
                              "hf_secrets_env"))
     return out
@@ -125,7 +121,7 @@ def weights_steps(stack: StackConfig, plan: Plan, h: HostPlan) -> list[Step]:
         seed_address = stack.host(seed).address if seed else ""
         argv = base + ["--role", "peer", "--peer", f"http://{paths.url_host(seed_address)}:{m.fanout_port}"]
     # Re-staged when the checkpoint, its source or the set of hosts changes, or on request (verify).
-    staged_on = sorted(x.name for x in plan.hosts if provisioned(x))
+    staged_on = sorted(x.name for x in plan.hosts if x.provisioned)
     triggers = (m.repo, m.revision, m.source, m.mirror_url or "", m.path, m.verify, digest(*staged_on), digest(source))
     remove = None if not m.remove_on_destroy else command(paths.WEIGHTS, "remove", "--path", m.path)
     out = []
@@ -135,8 +131,11 @@ def weights_steps(stack: StackConfig, plan: Plan, h: HostPlan) -> list[Step]:
         bind = f"{stack.host(h.name).address}:{m.fanout_port}"
         start = command(paths.WEIGHTS, "fanout-start", "--revision", m.revision, "--path", m.path, "--bind", bind)
         out.append(Step("weights-fanout", f"{install} && {start}", None, source, triggers))
+    verify = (command(*argv) if m.source == "local" else
+              command(paths.WEIGHTS, "verify", "--revision", m.revision, "--path", m.path) + "${GLM_DOCTOR_QUICK:+ --quick}")
     out.append(Step("weights-stage", f"{install} && {command(*argv)}", remove, source, triggers, timeout="24h",
-                    retain=not m.remove_on_destroy, files=(RenderedFile(paths.WEIGHTS, source, 0o755),)))
+                    retain=not m.remove_on_destroy, files=(RenderedFile(paths.WEIGHTS, source, 0o755),),
+                    check=verify))
     if h.name == seed and m.source != "local":
         out.append(Step("weights-fanout-stop", command(paths.WEIGHTS, "fanout-stop"), triggers=triggers))
     del rt
@@ -216,11 +215,13 @@ def router_steps(stack: StackConfig, plan: Plan, secrets: Mapping[str, str]) -> 
     ]
 
 
-def host_steps(stack: StackConfig, plan: Plan, h: HostPlan, secrets: Mapping[str, str] | None = None) -> HostSteps:
+def host_steps(stack: StackConfig, plan: Plan, h: HostPlan, secrets: Mapping[str, str] | None = None, *,
+               stack_name: str) -> HostSteps:
+    """Every step of one host. ``stack_name`` labels its metrics (unless the stack sets monitoring.stackLabel)."""
     if secrets is None:
         secrets = render.placeholders(stack)
     steps: list[Step] = [preflight_step(stack, h), *host_file_steps(stack, plan, h, secrets)]
-    if provisioned(h):
+    if h.provisioned:
         steps += driver_steps(stack, h)
         steps.append(health_gate_step(stack, h))
         steps.append(ScriptStep("rdma", render.rdma_script(stack, h.name)).step("rdma", timeout="20m"))
@@ -228,7 +229,7 @@ def host_steps(stack: StackConfig, plan: Plan, h: HostPlan, secrets: Mapping[str
         steps.append(facts_step(stack, h))
     if h.instances or h.runs_router or h.runtime:
         steps.append(ScriptStep("runtime", render.runtime_script(stack, h.name)).step("runtime", timeout="60m"))
-    if provisioned(h) and seed_host(stack, plan.serve) is not None:
+    if h.provisioned and seed_host(stack, plan.serve) is not None:
         steps += weights_steps(stack, plan, h)
     for inst in h.instances:
         steps += instance_steps(stack, inst)
@@ -236,11 +237,13 @@ def host_steps(stack: StackConfig, plan: Plan, h: HostPlan, secrets: Mapping[str
         steps.append(prune_step(stack))
     if h.runs_router:
         steps += router_steps(stack, plan, secrets)
+    steps += monitoring.host_steps(stack, plan, h, stack_name, secrets)
     return HostSteps(h, {s.name: s for s in steps})
 
 
-def plan_all(stack: StackConfig, plan: Plan, secrets: Mapping[str, str] | None = None) -> dict[str, HostSteps]:
-    return {h.name: host_steps(stack, plan, h, secrets) for h in plan.hosts}
+def plan_all(stack: StackConfig, plan: Plan, secrets: Mapping[str, str] | None = None, *,
+             stack_name: str) -> dict[str, HostSteps]:
+    return {h.name: host_steps(stack, plan, h, secrets, stack_name=stack_name) for h in plan.hosts}
 
 
 # --- the review tree -----------------------------------------------------------------------------
@@ -266,6 +269,8 @@ def step_text(index: int, host: str, step: Step) -> str:
         lines += ["# update:", step.update]
     if step.delete is not None:
         lines += ["# delete:", step.delete]
+    if step.check is not None:
+        lines += ["# check:", step.check]
     return "\n".join(lines) + "\n"
 
 

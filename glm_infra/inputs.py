@@ -15,15 +15,13 @@ from typing import Any
 import pulumi
 
 from . import topology
-from .config import StackConfig
+from .config import SECRETS, StackConfig, snake
 from .stack import LoadedStack, StackError, load_dict
 from .validate import Problem
 
 # Stand-ins while a value is unknown: TEST-NET-2 addresses, which no real host has.
 _PLACEHOLDER_NET = "198.51.100."
 _PLACEHOLDER_URL = "http://198.51.100.254/mirror"
-SECRET_KEYS = {("ssh", "private_key"): "private_key", ("model", "hf_token"): "hf_token",
-               ("router", "api_key"): "router_api_key"}
 
 
 def is_input(value: Any) -> bool:
@@ -68,12 +66,11 @@ def split(args: Mapping[str, Any]) -> SplitArgs:
             if is_input(model.get(key)):
                 out.mirror_url = model[key]
                 model[key] = _PLACEHOLDER_URL
-    for (top, sub), name in SECRET_KEYS.items():
+    for name, (top, camel) in SECRETS.items():
         block = raw.get(top)
         if not isinstance(block, dict):
             continue
-        camel = sub.split("_")[0] + "".join(w.title() for w in sub.split("_")[1:])
-        for key in (sub, camel):
+        for key in (snake(camel), camel):
             value = block.get(key)
             if value is None:
                 continue

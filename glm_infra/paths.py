@@ -21,6 +21,27 @@ FRONT_KEYS = f"{SECRETS_DIR}/router-front-keys.conf"
 HF_ENV = f"{OPT}/hf"
 BOOT_BEFORE_REBOOT = f"{STATE}/boot-before-reboot"
 
+# The monitoring, where the Debian and Ubuntu packages look (prometheus, prometheus-alertmanager,
+# prometheus-node-exporter) and NVIDIA's datacenter-gpu-manager-exporter.
+PROMETHEUS_CONFIG = "/etc/prometheus/prometheus.yml"
+PROMETHEUS_RULES = "/etc/prometheus/glm-infra-rules.yml"
+ALERTMANAGER_CONFIG = "/etc/prometheus/alertmanager.yml"
+PROMETHEUS_DEFAULTS = "/etc/default/prometheus"
+ALERTMANAGER_DEFAULTS = "/etc/default/prometheus-alertmanager"
+NODE_EXPORTER_DEFAULTS = "/etc/default/prometheus-node-exporter"
+DCGM_EXPORTER_COUNTERS = "/etc/dcgm-exporter/glm-infra-counters.csv"
+WEBHOOK_SECRET = f"{SECRETS_DIR}/alertmanager-webhook-url"
+
+
+def dropin(unit: str) -> str:
+    """glm-infra's drop-in for a unit another package owns."""
+    return f"{UNIT_DIR}/{unit}.d/glm-infra.conf"
+
+
+def credential(unit: str, name: str) -> str:
+    """Where systemd shows a unit the credential ``name`` it loads (LoadCredential=)."""
+    return f"/run/credentials/{unit}/{name}"
+
 
 def uv_dir(version: str) -> str:
     return f"{OPT}/uv-{version}"

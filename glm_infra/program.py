@@ -12,7 +12,7 @@ from typing import Any
 import pulumi
 
 from .args import ClusterArgs
-from .config import SECRET_PATHS, StackConfig
+from .config import SECRET_PATHS, StackConfig, snake
 from .stack import StackError, load_pulumi_config
 
 
@@ -32,12 +32,12 @@ def cluster_args(stack: StackConfig) -> ClusterArgs:
     out: dict[str, Any] = stack.model_dump(exclude_none=True)
     for top, sub in SECRET_PATHS:
         block = getattr(stack, top)
-        snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in sub)
-        value = getattr(block, snake, None) if block is not None else None
+        field = snake(sub)
+        value = getattr(block, field, None) if block is not None else None
         if value is None:
             continue
         if value.plaintext is None:
-            out[top].pop(snake, None)
+            out[top].pop(field, None)
             continue
-        out[top][snake] = pulumi.Output.secret(value.plaintext)
+        out[top][field] = pulumi.Output.secret(value.plaintext)
     return out  # type: ignore[return-value]

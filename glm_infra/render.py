@@ -15,7 +15,7 @@ from pathlib import Path
 import jinja2
 
 from . import paths
-from .config import StackConfig, dump_json
+from .config import SECRETS, StackConfig, dump_json, snake
 from .paths import (  # noqa: F401  (re-exported: where things land, for callers of render)
     FRONT_CONF, FRONT_KEYS, HF_SECRETS, HOSTCHECK, ROUTER_SECRETS, SECRETS_DIR, UCX_ENV, UNIT_DIR, VLLM_SECRETS,
     WEIGHTS,
@@ -31,12 +31,13 @@ ROUTER_START_TIMEOUT_S = 300
 
 
 def configured_secrets(stack: StackConfig) -> dict[str, str]:
-    """The secrets this stack sets, by template name, mapped to their stack key."""
+    """The secrets this stack sets that reach hosts (all but the SSH key), by template name, mapped
+    to their stack key."""
     out = {}
-    if stack.router is not None and stack.router.api_key is not None:
-        out["router_api_key"] = "glm-infra:router.apiKey"
-    if stack.model.hf_token is not None:
-        out["hf_token"] = "glm-infra:model.hfToken"
+    for name, (top, sub) in SECRETS.items():
+        block = getattr(stack, top)
+        if name != "private_key" and block is not None and getattr(block, snake(sub)) is not None:
+            out[name] = f"glm-infra:{top}.{sub}"
     return out
 
 
@@ -212,6 +213,11 @@ def router_secrets_env(secrets: Mapping[str, str]) -> str:
 
 def hf_secrets_env(secrets: Mapping[str, str]) -> str:
     return render_template("hf-secrets.env.j2", secrets=secrets)
+
+
+def alertmanager_webhook(secrets: Mapping[str, str]) -> str:
+    """The file Alertmanager's webhook URL is read from (its whole content is the URL)."""
+    return secrets["webhook_url"]
 
 
 # --- host scripts: one function each, used by the components and by offline render --------------

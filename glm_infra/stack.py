@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,14 @@ class LoadedStack:
     config: StackConfig
     source: str
     warnings: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The stack's name: ``prod-b300`` for ``stacks/Pulumi.prod-b300.yaml`` (a file of another name:
+        its stem)."""
+        base = Path(self.source).name
+        m = re.fullmatch(r"Pulumi\.(.+)\.ya?ml", base)
+        return m[1] if m else Path(base).stem
 
 
 def resolve_stack_file(stack: str, project_dir: Path | None = None) -> Path:

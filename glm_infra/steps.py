@@ -61,6 +61,9 @@ class Step:
     files: tuple[RenderedFile, ...] = field(default=())  # what it writes on the host
     # The stdin with real secret values: ``render.<secret_render>(secrets)`` (stdin holds placeholders).
     secret_render: str | None = None
+    # A read-only command that succeeds only if what the step made is still in place (glm-infra
+    # doctor runs it, beside a check of every file in ``files``).
+    check: str | None = None
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ class ScriptStep:
         else:
             delete = f"rm -f {self.path}"
         return Step(key or self.name, create, delete, self.script, self.triggers, timeout=timeout,
-                    files=(RenderedFile(self.path, self.script, 0o755),))
+                    files=(RenderedFile(self.path, self.script, 0o755),), check=f"{self.path} check{args}")
 
 
 def file_step(name: str, path: str, content: str, mode: int = 0o644, secret: bool = False,

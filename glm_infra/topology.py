@@ -91,6 +91,11 @@ class HostPlan:
     def gpus_used(self) -> int:
         return sum(len(i.gpus) for i in self.instances)
 
+    @property
+    def provisioned(self) -> bool:
+        """A host that serves gets the whole chain (driver … NIXL); the others only what they run."""
+        return bool(self.instances) or self.provision_only
+
 
 @dataclass(frozen=True)
 class Plan:

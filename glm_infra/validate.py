@@ -96,6 +96,9 @@ def _host_references(stack: StackConfig, serve: bool = True) -> list[Problem]:
                 out.append(Problem(_key(role, f".hosts[{i}]"), f"unknown host {h!r} (hosts are: {known})"))
     if stack.router is not None and stack.router.host not in names:
         out.append(Problem(_key("router", ".host"), f"unknown host {stack.router.host!r} (hosts are: {known})"))
+    mon = stack.monitoring.host
+    if stack.monitoring.enabled and mon is not None and mon not in names:
+        out.append(Problem(_key("monitoring", ".host"), f"unknown host {mon!r} (hosts are: {known})"))
     seed = stack.model.seed_host
     serving = [h for _, pool in stack.pools() for h in pool.hosts]
     if seed is not None and seed not in serving:
@@ -156,6 +159,17 @@ def _port_collisions(stack: StackConfig, serve: bool = True) -> list[Problem]:
         claim(stack.router.host, stack.router.port, "router http", _key("router", ".port"))
         claim(stack.router.host, stack.router.metrics_port, "router metrics", _key("router", ".metricsPort"))
         claim(stack.router.host, stack.router.internal_port, "router internal", _key("router", ".internalPort"))
+    m = stack.monitoring
+    if m.enabled and serve:
+        serving = {i.host for i in allocate(stack)}
+        for h in stack.hosts:
+            claim(h.name, m.node_exporter_port, "node exporter", _key("monitoring", ".nodeExporterPort"))
+            if h.name in serving and m.dcgm_exporter_package is not None and stack.drivers.mode == "install":
+                claim(h.name, m.dcgm_exporter_port, "DCGM exporter", _key("monitoring", ".dcgmExporterPort"))
+        mon = stack.monitoring_host
+        assert mon is not None
+        claim(mon, m.prometheus_port, "prometheus", _key("monitoring", ".prometheusPort"))
+        claim(mon, m.alertmanager_port, "alertmanager", _key("monitoring", ".alertmanagerPort"))
     for (path, host, prev, owner), ports in clashes.items():
         span = str(ports[0]) if len(ports) == 1 else f"{ports[0]}-{ports[-1]}"
         word = "port" if len(ports) == 1 else "ports"

@@ -32,7 +32,7 @@ RUNTIME_DIRS = ["/opt", "/var/lib/glm-infra"]
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_rendered_host_script_is_shellcheck_clean(stack, tmp_path):
     cfg = load_file(stack_file(stack)).config
-    for host, hs in hostplan.plan_all(cfg, plan(cfg)).items():
+    for host, hs in hostplan.plan_all(cfg, plan(cfg), stack_name=stack).items():
         scripts = {path: f.content for path, f in hs.files().items() if path.endswith(".sh")}
         # And the scripts steps run from stdin (reboot, wait for the reboot, back on a new boot).
         scripts.update({f"step {k}": st.stdin for k, st in hs.steps.items() if st.create == "bash -s"})

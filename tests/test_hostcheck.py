@@ -665,7 +665,7 @@ def test_the_command_lines_the_steps_run(monkeypatch, capsys, tmp_path):
     from conftest import stack_file
 
     cfg = load_file(stack_file("prod-b300")).config
-    steps = hostplan.host_steps(cfg, make_plan(cfg), make_plan(cfg).host("b300-1")).steps
+    steps = hostplan.host_steps(cfg, make_plan(cfg), make_plan(cfg).host("b300-1"), stack_name="prod-b300").steps
     seen = []
     monkeypatch.setattr(hc, "preflight", lambda args: seen.append(vars(args)) or 0)
     words = shlex.split(steps["preflight"].create.split(" && ", 1)[1])

@@ -33,8 +33,12 @@ def _expected_commands(stack: str) -> int:
     # Weights (huggingface source in the committed stacks): the seed's token file, hf CLI and fan-out
     # start and stop; a staging step and, after the services, a prune step per serving host.
     weights = 4 + 2 * len(p.serving_hosts)
+    # Monitoring: the node exporter on every host, the DCGM exporter where the driver step installs
+    # DCGM, Prometheus and Alertmanager on one host.
+    cfg = load_file(stack_file(stack)).config
+    monitoring = len(p.hosts) + (len(p.serving_hosts) if cfg.drivers.mode == "install" else 0) + 2
     return (len(p.serving_hosts) * per_serving_host + router_only + bare + len(p.instances) * per_instance + router
-            + weights)
+            + weights + monitoring)
 
 
 @pytest.mark.parametrize("stack", PROD_STACKS)

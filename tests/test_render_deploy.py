@@ -37,7 +37,7 @@ def read_tree(root: Path) -> dict[str, Counter]:
             for line in f.read_text().splitlines():
                 if line.startswith("# stdin: "):
                     stdin_ref = line[len("# stdin: "):]
-                elif line in ("# create:", "# update:", "# delete:"):
+                elif line in ("# create:", "# update:", "# delete:", "# check:"):
                     current = line[2:-1]
                     sections[current] = []
                 elif line.startswith("# ") and current is None:
@@ -61,7 +61,7 @@ def test_every_resource_sends_what_the_render_shows(stack, key_file, tmp_path, c
     # Secrets as the review tree shows them: the placeholders.
     secrets = {key.removeprefix("glm-infra:"): value for key, value in
                ((k, render.placeholders(cfg)[n]) for n, k in render.configured_secrets(cfg).items())}
-    run = run_program(stack_file(stack), key_file, secrets={f"glm-infra:{k}": v for k, v in secrets.items()})
+    run = run_program(stack_file(stack), key_file, stack=stack, secrets={f"glm-infra:{k}": v for k, v in secrets.items()})
     assert cli(["render", str(stack_file(stack)), "--out", str(tmp_path / "tree")]) == 0
     capsys.readouterr()
     shown = read_tree(tmp_path / "tree")

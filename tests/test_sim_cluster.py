@@ -76,7 +76,7 @@ def test_hosts_boot_with_systemd_and_sshd_on_their_addresses(cluster):
 def host_steps(stack: StackConfig, host: str) -> dict[str, Step]:
     """The steps the components run on ``host``, from the one per-host plan."""
     p = plan_of(stack)
-    return hostplan.host_steps(stack, p, next(h for h in p.hosts if h.name == host)).steps
+    return hostplan.host_steps(stack, p, next(h for h in p.hosts if h.name == host), stack_name="sim").steps
 
 
 def test_host_chain_on_a_real_host(cluster):

@@ -13,7 +13,7 @@ from typing import Any
 import pulumi
 import pulumi_command.remote as remote
 
-from .. import hostplan, inputs, render, topology
+from .. import hostplan, inputs, paths, render, topology
 from ..args import ClusterArgs
 from ..hostplan import HostSteps
 from ..stack import StackError
@@ -22,6 +22,7 @@ from ..validate import Problem
 from .drivers import Drivers, DriversArgs
 from .host import Host, HostArgs
 from .host_step import HostStep, HostStepArgs
+from .monitoring import STEP_KEYS, MonitoredHost, Monitoring, MonitoringArgs
 from .router import Router, RouterArgs
 from .vllm_service import VllmService, VllmServiceArgs
 from .weights import ModelWeights, ModelWeightsArgs, WeightsHost
@@ -72,9 +73,10 @@ class _Deployment(pulumi.ComponentResource):
             pulumi.log.warn(w, self)
         self.stack = loaded.config
         self.plan = topology.plan(self.stack, serve, runtime)
-        self.steps = hostplan.plan_all(self.stack, self.plan)
+        self.steps = hostplan.plan_all(self.stack, self.plan, stack_name=pulumi.get_stack())
         resolved = inputs.resolve(loaded, self._split, source, serve, runtime)
-        self._live = resolved.apply(lambda r: hostplan.plan_all(r.stack, r.plan)) if self._split.later else None
+        self._live = resolved.apply(lambda r: hostplan.plan_all(r.stack, r.plan, stack_name=pulumi.get_stack())) \
+            if self._split.later else None
         self._resolved = resolved
         secrets = {k: pulumi.Output.secret(v) for k, v in self._split.secrets.items() if k != "private_key"}
         self.secrets: dict[str, pulumi.Output[str]] = secrets
@@ -134,7 +136,7 @@ class _Deployment(pulumi.ComponentResource):
         chain = _Chain(host)
         previous: pulumi.Resource = host.preflight
         conn = host.connection
-        if hostplan.provisioned(h):
+        if h.provisioned:
             drivers = Drivers(
                 f"{name}-{h.name}-drivers",
                 DriversArgs(conn, hostplan_subset(s, "drivers-"), self.lives(h.name, [k for k in s if k.startswith("drivers-")])),
@@ -165,6 +167,25 @@ class _Deployment(pulumi.ComponentResource):
             # Same resources as before the steps shared one component type.
             pulumi.ResourceOptions(parent=self, depends_on=after,
                                    aliases=[pulumi.Alias(type_=f"glm-infra:index:{old_type}")]),
+        )
+
+    def _monitor(self, name: str, after: Sequence[pulumi.Resource] = ()) -> Monitoring | None:
+        """The exporters on every host and Prometheus and Alertmanager on the monitoring host, once
+        each host is provisioned (the driver step installs DCGM)."""
+        hosts = [
+            MonitoredHost(h.name, self.hosts[h.name].connection, self.steps[h.name].only(*STEP_KEYS),
+                          [*self._chains[h.name].ready, *after], self.lives(h.name, self.steps[h.name].only(*STEP_KEYS)))
+            for h in self.plan.hosts if self.mine(h.name) and self.steps[h.name].only(*STEP_KEYS)
+        ]
+        if not hosts:
+            return None
+        port = self.stack.monitoring.prometheus_port
+        mon = self.stack.monitoring_host
+        url = self._resolved.apply(lambda r: f"http://{paths.url_host(r.stack.host(mon).address)}:{port}")
+        return Monitoring(
+            f"{name}-monitoring",
+            MonitoringArgs(hosts, self._split.secrets.get("webhook_url"), url),
+            pulumi.ResourceOptions(parent=self),
         )
 
     def _stage_weights(self, name: str, chains: dict[str, _Chain]) -> ModelWeights | None:
@@ -212,7 +233,9 @@ class Hosts(_Deployment):
                  opts: pulumi.ResourceOptions | None = None) -> None:
         args = {k: v for k, v in dict(args).items() if k not in ("prefill", "decode", "colocated", "router")}
         super().__init__("glm-infra:index:Hosts", name, args, False, opts, install_runtime)
-        self.register_outputs({"facts": self.facts})
+        self.monitoring = self._monitor(name)
+        self.prometheus_url = self.monitoring.prometheus_url if self.monitoring else pulumi.Output.from_input("")
+        self.register_outputs({"facts": self.facts, "prometheusUrl": self.prometheus_url})
 
 
 class Cluster(_Deployment):
@@ -294,10 +317,13 @@ class Cluster(_Deployment):
                 pulumi.ResourceOptions(parent=self, depends_on=list(self._chains[r.host].ready)),
             )
 
+        self.monitoring = self._monitor(name)
+        self.prometheus_url = self.monitoring.prometheus_url if self.monitoring else pulumi.Output.from_input("")
         self.router_url = self._resolved.apply(lambda x: x.plan.router.url if x.plan.router else "")
         self.instances = self._resolved.apply(lambda x: {
             i.name: {"host": i.host, "url": i.url, "gpus": i.cuda_visible_devices} for i in x.plan.instances})
-        self.register_outputs({"routerUrl": self.router_url, "facts": self.facts, "instances": self.instances})
+        self.register_outputs({"routerUrl": self.router_url, "facts": self.facts, "instances": self.instances,
+                               "prometheusUrl": self.prometheus_url})
 
 
 def _instance(plan: topology.Plan, name: str) -> topology.Instance:

@@ -496,18 +496,26 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    """Read-only: the revision is staged, the model path serves it, and every file is there with its
+    size and (unless --quick) its sha256."""
     root = revision_dir(args.path, args.revision)
     try:
         manifest = read_json(os.path.join(root, MANIFEST))
     except OSError:
         print(f"{HOST}: weights: {args.revision} is not staged at {args.path}", file=sys.stderr)
         return 1
-    bad = check_files(root, manifest, full=True)
-    for b in bad:
-        print(f"{HOST}: weights: {b}: missing or corrupt", file=sys.stderr)
-    if not bad:
-        log(f"{args.revision}: all {len(manifest['files'])} files match their sha256")
-    return 1 if bad else 0
+    problems = []
+    if os.path.realpath(args.path) != os.path.realpath(root):
+        serving = os.path.basename(os.path.realpath(args.path)) if os.path.islink(args.path) else "nothing glm-infra staged"
+        problems.append(f"{args.path} serves {serving}, not {args.revision}")
+    bad = check_files(root, manifest, full=not args.quick)
+    problems += [f"{b}: missing or {'of the wrong size' if args.quick else 'corrupt'}" for b in bad]
+    for p in problems:
+        print(f"{HOST}: weights: {p}", file=sys.stderr)
+    if not problems:
+        what = "size" if args.quick else "sha256"
+        log(f"{args.revision}: all {len(manifest['files'])} files match their {what}")
+    return 1 if problems else 0
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
@@ -605,6 +613,8 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name)
         p.add_argument("--revision", required=True)
         p.add_argument("--path", required=True)
+        if name == "verify":
+            p.add_argument("--quick", action="store_true", help="sizes only, no sha256")
     r = sub.add_parser("remove")
     r.add_argument("--path", required=True)
     f = sub.add_parser("fanout-start")

@@ -392,6 +392,18 @@ def cmd_inventory(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tokenizer(args: argparse.Namespace) -> int:
+    """The tokenizer the sim stack's SLA gate builds prompts with (sla.tokenizer), made with the SLA
+    client's own environment (glm-infra sla makes it once)."""
+    sys.path.insert(0, str(REPO))
+    from glm_infra.sla import client_env
+
+    python = client_env()
+    run([str(python), str(REPO / "scripts/standins/make-tokenizer"), str(SIM / "tokenizer")])
+    print(SIM / "tokenizer")
+    return 0
+
+
 def cmd_ssh(args: argparse.Namespace) -> int:
     hosts, _ = hosts_of(args.stack)
     match = [h for h in hosts if h.name == args.host]
@@ -411,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("down").set_defaults(func=cmd_down)
     sub.add_parser("status").set_defaults(func=cmd_status)
     sub.add_parser("inventory").set_defaults(func=cmd_inventory)
+    sub.add_parser("tokenizer").set_defaults(func=cmd_tokenizer)
     s = sub.add_parser("ssh")
     s.add_argument("host")
     s.add_argument("cmd", nargs=argparse.REMAINDER)

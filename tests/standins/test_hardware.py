@@ -42,7 +42,7 @@ TOOLS = {
 
 # The brief's package table.
 EXPECTED_VERSIONS = {
-    "glm-sim-hardware": "1.0-1",
+    "glm-sim-hardware": "1.1-1",
     "glm-sim-rdma-tools": "1.0-1",
     "nvidia-driver-pinning-580": "580.159.04-1",
     "nvidia-driver-580-open": "580.159.04-0ubuntu1",
@@ -52,6 +52,7 @@ EXPECTED_VERSIONS = {
     "libnvsdm": "580.159.04-1",
     "infiniband-diags": "2507mlnx56-1",
     "datacenter-gpu-manager-4-cuda13": "1:4.4.1-1",
+    "datacenter-gpu-manager-exporter": "4.4.1-4.5.2-1",
     "doca-ofed": "3.1.0-091000",
     "rdma-core": "50.0-2glmsim1",
     "ibverbs-utils": "50.0-2glmsim1",

@@ -450,6 +450,15 @@ def test_prefill_then_decode_behind_the_real_router(launch, tmp_path, api_key):
     assert series["process_resident_memory_bytes"] > 10 * 2**20
     prefill_text = request(prefill.port, "GET", "/metrics")[1].decode()
     assert "vllm:nixl_xfer_time_seconds" not in prefill_text and "spec_decode" not in prefill_text
+    # TTFT from the request's arrival, as vLLM measures it (the simulator's counts only its sleep):
+    # one family, decode's at least its 30 ms KV pull, prefill's at least its 50 ms prefill.
+    prefill_series = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in prefill_text.splitlines()
+                      if line and not line.startswith("#")}
+    for exposition, values, floor in ((text, series, 0.03), (prefill_text, prefill_series, 0.05)):
+        assert exposition.count("# TYPE vllm:time_to_first_token_seconds histogram") == 1
+        assert values[f"vllm:time_to_first_token_seconds_count{{{labels}}}"] == 1
+        assert values[f"vllm:time_to_first_token_seconds_sum{{{labels}}}"] >= floor
+        assert values[f'vllm:time_to_first_token_seconds_bucket{{{labels},le="+Inf"}}'] == 1
 
 
 def test_port_refuses_connections_while_loading(launch):

@@ -18,6 +18,7 @@ import hmac
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -283,6 +284,11 @@ class Instance:
 
 
 NIXL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# vLLM's buckets of vllm:time_to_first_token_seconds (vllm/v1/metrics/buckets.py).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+TTFT = "vllm:time_to_first_token_seconds"
+FIRST_TOKEN = re.compile(rb'"(content|text)":"[^"]')
 
 
 class EngineMetrics:
@@ -302,15 +308,27 @@ class EngineMetrics:
         self._lock = threading.Lock()
         self.transfers = 0
         self.failed = 0
+        self.ttft: list[float] = []  # seconds from a request's arrival to its first token
 
     def kv_pulled(self, ok: bool) -> None:
         with self._lock:
             self.transfers += ok
             self.failed += not ok
 
+    def first_token(self, seconds: float) -> None:
+        with self._lock:
+            self.ttft.append(seconds)
+
     def exposition(self, simulator_metrics: str) -> str:
+        """What to append to the simulator's /metrics (``without_ttft`` of it: the stand-in measures
+        TTFT itself, from the request's arrival as vLLM does; the simulator's counts only its sleep)."""
         labels = f'engine="0",model_name="{self.model}"'
-        out = []
+        with self._lock:
+            ttft = list(self.ttft)
+        out = [f"# HELP {TTFT} Histogram of time to first token in seconds.\n# TYPE {TTFT} histogram\n"]
+        out += [f'{TTFT}_bucket{{{labels},le="{le}"}} {sum(1 for t in ttft if t <= le)}\n' for le in TTFT_BUCKETS]
+        out.append(f'{TTFT}_bucket{{{labels},le="+Inf"}} {len(ttft)}\n{TTFT}_sum{{{labels}}} {sum(ttft)}\n'
+                   f"{TTFT}_count{{{labels}}} {len(ttft)}\n")
         if self.draft_len:
             generated = sum(float(line.rsplit(" ", 1)[1]) for line in simulator_metrics.splitlines()
                             if line.startswith("vllm:generation_tokens_total"))
@@ -344,6 +362,17 @@ class EngineMetrics:
         out.append("# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
                    f"# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes {rss}\n")
         return "".join(out)
+
+
+def without_family(exposition: str, family: str) -> str:
+    """A Prometheus text exposition without the lines of one metric family (its HELP, TYPE and samples)."""
+    kept = []
+    for line in exposition.splitlines():
+        words = line.split()
+        name = words[2] if line.startswith("# ") and len(words) > 2 else line.split("{", 1)[0].split(" ", 1)[0]
+        if name != family and not name.startswith(family + "_"):
+            kept.append(line)
+    return "\n".join(kept) + "\n"
 
 
 class ProxyServer(ThreadingHTTPServer):
@@ -418,6 +447,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
             self.reply(200 if instance.healthy() else 503)
             return
         started = time.monotonic()
+        self.arrival = started
         status, note = self.dispatch(instance, path)
         # The P/D router sends the same X-Request-Id to prefill and decode: it pairs the two lines.
         request_id = self.headers.get("X-Request-Id")
@@ -437,7 +467,10 @@ class ProxyHandler(BaseHTTPRequestHandler):
             if path == "/metrics" and self.command == "GET":
                 return self.metrics(instance), note
             try:
+                self.first_token_at: float | None = None
                 status = self.forward(instance.upstream_port, body)
+                if path in GENERATION_PATHS and status == 200 and self.first_token_at is not None:
+                    instance.engine.first_token(self.first_token_at - self.arrival)
                 if "do_remote_prefill=true" in note:
                     instance.engine.kv_pulled(status < 500)
                 return status, note
@@ -457,7 +490,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
             return self.reply(502, {"error": f"engine unreachable: {e}"})
         finally:
             conn.close()
-        body = (text + instance.engine.exposition(text)).encode()
+        body = (without_family(text, TTFT) + instance.engine.exposition(text)).encode()
         self.send_response_only(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
@@ -500,10 +533,15 @@ class ProxyHandler(BaseHTTPRequestHandler):
         if chunked:
             self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        streaming = "text/event-stream" in (upstream.getheader("Content-Type") or "")
         while data := upstream.read1(65536):
+            if streaming and self.first_token_at is None and FIRST_TOKEN.search(data):
+                self.first_token_at = time.monotonic()
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
         if chunked:
             self.wfile.write(b"0\r\n\r\n")
+        if not streaming:  # the whole answer at once: its tokens came with it
+            self.first_token_at = time.monotonic()
 
     def reply(self, status: int, payload: dict | None = None) -> int:
         body = json.dumps(payload).encode() if payload is not None else b""

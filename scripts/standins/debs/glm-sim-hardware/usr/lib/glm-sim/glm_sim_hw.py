@@ -28,6 +28,8 @@ DEFAULTS = {
     "NVLINK_DOWN": "",
     "REMAPPED_PENDING": "",
     "DCGM_FAIL": "",
+    "XID_ERRORS": "",
+    "NVLINK_CRC_ERRORS": "",
     "RDMA_DEVICES": " ".join(f"mlx5_{i}" for i in range(9)),
     "RDMA_MGMT_DEVICES": "mlx5_8",
     "RDMA_DOWN": "",
@@ -239,6 +241,17 @@ def dcgm_failures(conf: dict[str, str]) -> dict[int, set[str] | None]:
         elif failures.get(gpu, set()) is not None:
             failures.setdefault(gpu, set()).add(test)
     return failures
+
+
+def gpu_counts(conf: dict[str, str], key: str) -> dict[int, int]:
+    """``gpu:value`` pairs of ``key`` (XID_ERRORS, NVLINK_CRC_ERRORS) as GPU index -> value."""
+    out: dict[int, int] = {}
+    for entry in conf[key].split():
+        m = re.fullmatch(r"(\d+):(\d+)", entry)
+        if not m:
+            raise ConfigError(f"{key} entries are gpu:number, got {entry!r}")
+        out[int(m[1])] = int(m[2])
+    return out
 
 
 @dataclass(frozen=True)

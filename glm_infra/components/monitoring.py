@@ -1,0 +1,71 @@
+"""The monitoring of a deployment: the node exporter on every host, NVIDIA's DCGM exporter where the
+driver step installed DCGM, Prometheus and Alertmanager on the monitoring host. The steps (and every
+file they write) come from the per-host plan (``glm_infra.monitoring.host_steps``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pulumi
+import pulumi_command.remote as remote
+
+from ..steps import Step, digest
+from .remote_step import inherited, run_step
+
+STEP_KEYS = ("node-exporter", "dcgm-exporter", "prometheus", "alertmanager-webhook", "alertmanager")
+
+
+@dataclass
+class MonitoredHost:
+    name: str
+    """Host name from the stack."""
+    connection: remote.ConnectionArgs
+    """SSH connection."""
+    steps: Mapping[str, Step]
+    """Its monitoring steps (keys of ``STEP_KEYS``) from the per-host plan."""
+    after: Sequence[pulumi.Resource] = field(default_factory=list)
+    """What must be in place first (the host's provisioning: the driver step installs DCGM)."""
+    live: Mapping[str, pulumi.Output[Step]] = field(default_factory=dict)
+    """The steps as resolved at deploy time, when they depend on values other resources produce."""
+
+
+@dataclass
+class MonitoringArgs:
+    hosts: Sequence[MonitoredHost]
+    """Every host with its monitoring steps."""
+    webhook_url: pulumi.Input[str] | None = None
+    """The Alertmanager webhook URL (a secret) when the plan has an ``alertmanager-webhook`` step."""
+    prometheus_url: pulumi.Input[str] = ""
+    """Where Prometheus answers (an output, for the SLA gate and operators)."""
+
+
+class Monitoring(pulumi.ComponentResource):
+    """``glm-infra:index:Monitoring``: exporters, Prometheus and Alertmanager as systemd services of
+    the distribution's packages, configured from the plan. ``commands[host][step]`` are the steps."""
+
+    commands: dict[str, dict[str, remote.Command]]
+
+    def __init__(self, name: str, args: MonitoringArgs, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("glm-infra:index:Monitoring", name, None, opts)
+        deps = inherited(opts)
+        self.commands = {}
+        for h in args.hosts:
+            made: dict[str, remote.Command] = {}
+            for key in STEP_KEYS:
+                step = h.steps.get(key)
+                if step is None:
+                    continue
+                # One after the other on a host: each installs packages.
+                stdin, triggers, after = None, [], [*deps, *h.after, *list(made.values())[-1:]]
+                if key == "alertmanager-webhook":
+                    assert args.webhook_url is not None, "a webhook step needs the webhook URL"
+                    stdin = pulumi.Output.secret(args.webhook_url)
+                elif key == "alertmanager" and "alertmanager-webhook" in made:
+                    # A new URL restarts Alertmanager (systemd hands it the credential at start).
+                    triggers = [pulumi.Output.unsecret(pulumi.Output.secret(args.webhook_url).apply(digest))]
+                made[key] = run_step(f"{name}-{h.name}-{key}", step, h.connection, self, live=h.live.get(key),
+                                     stdin=stdin, triggers=triggers, depends_on=after)
+            self.commands[h.name] = made
+        self.prometheus_url = pulumi.Output.from_input(args.prometheus_url)
+        self.register_outputs({"prometheusUrl": self.prometheus_url})

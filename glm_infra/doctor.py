@@ -1,0 +1,183 @@
+"""``glm-infra doctor STACK``: the drift check. For every host of the stack, over SSH, every step of
+the per-host plan is checked as it stands: each file a step writes is still the one glm-infra
+rendered (content and mode; a secret file: present, root-owned, 0600), and the step's own read-only
+``check`` passes (packages at their pins and held, services running and healthy, every weights file
+present and matching its sha256, …). Prints per host and step ``ok`` or what differs; exits 1 on any
+drift, 2 when a host cannot be reached. Changes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import hashlib
+import os
+import shlex
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+
+from . import hostplan, topology
+from .config import StackConfig
+from .steps import Step
+
+EXIT_OK, EXIT_DRIFT, EXIT_UNREACHABLE = 0, 1, 2
+BEGIN, END = "@@glm-doctor-begin", "@@glm-doctor-end"
+MAX_LINES = 10  # of what a drifted step said (a service's check appends its journal)
+
+
+def checks_of(step: Step) -> list[str]:
+    """Bash lines that succeed only if the step's files and its own check hold."""
+    lines = []
+    for f in step.files:
+        q = shlex.quote(f.path)
+        if f.secret:  # its content is a secret doctor does not know: where, whose and how readable
+            lines.append(f'secret_file {q}')
+        else:
+            lines.append(f"same_file {q} {hashlib.sha256(f.content.encode()).hexdigest()} {f.mode:o}")
+    if step.check is not None:
+        lines.append(f"( {step.check} ) || failed")  # a subshell: an exit in the check ends only the check
+    return lines
+
+
+def host_program(steps: dict[str, Step], quick: bool) -> str:
+    """What runs on one host: each step's checks, its output framed by BEGIN/END lines."""
+    out = [
+        "set -u",
+        "export LC_ALL=C" + (" GLM_DOCTOR_QUICK=1" if quick else ""),
+        "rc=0",
+        "failed() { rc=1; }",
+        'same_file() {  # PATH SHA256 MODE',
+        '  if [ ! -f "$1" ]; then echo "$1 is missing"; rc=1; return; fi',
+        '  [ "$(sha256sum < "$1" | cut -d" " -f1)" = "$2" ] || { echo "$1 differs from what glm-infra wrote (edited by hand?)"; rc=1; }',
+        '  [ "$(stat -c %a "$1")" = "$3" ] || { echo "$1 has mode $(stat -c %a "$1"), glm-infra writes $3"; rc=1; }',
+        "}",
+        'secret_file() {',
+        '  if [ ! -s "$1" ]; then echo "$1 is missing or empty"; rc=1; return; fi',
+        '  [ "$(stat -c "%a %U" "$1")" = "600 root" ] || { echo "$1 is $(stat -c "%a %U" "$1"), not 600 root"; rc=1; }',
+        "}",
+    ]
+    for name, step in steps.items():
+        lines = checks_of(step)
+        if not lines:
+            continue
+        out.append(f"echo {BEGIN} {shlex.quote(name)}")
+        out.append("rc=0")
+        out.append("{")
+        out += [f"  {line}" for line in lines]
+        out.append("} 2>&1 </dev/null")
+        out.append(f'echo "{END} {shlex.quote(name)} $rc"')
+    return "\n".join(out) + "\n"
+
+
+@dataclass
+class StepResult:
+    step: str
+    ok: bool
+    lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class HostResult:
+    host: str
+    steps: list[StepResult] = field(default_factory=list)
+    error: str | None = None  # unreachable, or the program did not finish
+
+
+def parse(host: str, output: str) -> HostResult:
+    result = HostResult(host)
+    current: StepResult | None = None
+    for line in output.splitlines():
+        if line.startswith(BEGIN + " "):
+            current = StepResult(line[len(BEGIN) + 1:], False)
+        elif line.startswith(END + " ") and current is not None:
+            current.ok = line.rsplit(" ", 1)[1] == "0"
+            result.steps.append(current)
+            current = None
+        elif current is not None and line.strip():
+            current.lines.append(line)
+    if current is not None:
+        result.error = f"the checks stopped in step {current.step}"
+    return result
+
+
+def ssh_argv(stack: StackConfig, host: str, identity: str | None, options: list[str]) -> list[str]:
+    h = stack.host(host)
+    key = identity or (os.path.expanduser(stack.ssh.private_key_path) if stack.ssh.private_key_path else None)
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "StrictHostKeyChecking=accept-new",
+            "-p", str(h.ssh_port)]
+    for o in options:
+        argv += ["-o", o]
+    if key:
+        argv += ["-i", key, "-o", "IdentitiesOnly=yes"]
+    return [*argv, f"{stack.ssh.user}@{h.address}", "bash -s"]
+
+
+def check_host(stack: StackConfig, host: str, steps: dict[str, Step], args: argparse.Namespace,
+               report: threading.Lock) -> HostResult:
+    proc = subprocess.Popen(ssh_argv(stack, host, args.identity, args.ssh_option or []), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(host_program(steps, args.quick))
+    proc.stdin.close()
+    lines = []
+    for line in proc.stdout:  # progress: each step as it is checked
+        lines.append(line)
+        if line.startswith(END + " "):
+            name, rc = line.split()[1:3]
+            with report:
+                print(f"  {host}: {name}: {'ok' if rc == '0' else 'DRIFT'}", file=sys.stderr, flush=True)
+    err = proc.stderr.read() if proc.stderr else ""
+    proc.wait()
+    result = parse(host, "".join(lines))
+    if proc.returncode == 255 and not result.steps:
+        result.error = f"cannot reach {host} over SSH: {err.strip().splitlines()[-1] if err.strip() else 'ssh failed'}"
+    return result
+
+
+def run(stack: StackConfig, stack_name: str, args: argparse.Namespace) -> int:
+    plan = topology.plan(stack)
+    all_steps = hostplan.plan_all(stack, plan, stack_name=stack_name)
+    hosts = args.host or [h.name for h in plan.hosts]
+    unknown = [h for h in hosts if h not in all_steps]
+    if unknown:
+        print(f"doctor: unknown host {unknown[0]!r} (hosts are: {', '.join(all_steps)})", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    print(f"==> checking {len(hosts)} host(s) of {stack_name} against the stack (changes nothing)", file=sys.stderr)
+    lock = threading.Lock()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+        results = list(pool.map(lambda h: check_host(stack, h, all_steps[h].steps, args, lock), hosts))
+    status = EXIT_OK
+    for r in results:
+        if r.error:
+            print(f"{r.host}: {r.error}")
+            status = EXIT_UNREACHABLE
+        drifted = [s for s in r.steps if not s.ok]
+        for s in r.steps:
+            if s.ok:
+                print(f"{r.host}  {s.step:<24} ok")
+            else:
+                shown = s.lines[:MAX_LINES] or ["check failed (no output)"]
+                if len(s.lines) > MAX_LINES:
+                    shown.append(f"({len(s.lines) - MAX_LINES} more lines)")
+                for i, line in enumerate(shown):
+                    print(f"{r.host}  {(s.step if i == 0 else ''):<24} {line}")
+        if drifted and status == EXIT_OK:
+            status = EXIT_DRIFT
+    drift = sum(1 for r in results for s in r.steps if not s.ok)
+    checked = sum(len(r.steps) for r in results)
+    print(f"{drift} of {checked} steps drifted on {sum(1 for r in results if any(not s.ok for s in r.steps))} "
+          f"of {len(results)} hosts" if drift else f"no drift: {checked} steps on {len(results)} hosts as the stack says",
+          file=sys.stderr)
+    return status
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="check every step on every host over SSH; exit 1 on drift (changes nothing)")
+    p.add_argument("stack", metavar="STACK")
+    p.add_argument("--host", action="append", metavar="NAME", help="only this host (repeatable)")
+    p.add_argument("--identity", metavar="FILE", help="SSH key (default: ssh.privateKeyPath of the stack, else "
+                                                       "your SSH agent and keys)")
+    p.add_argument("--ssh-option", action="append", metavar="OPTION", help="an ssh -o option (repeatable)")
+    p.add_argument("--quick", action="store_true", help="weights: sizes only, no sha256 of every file")

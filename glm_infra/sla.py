@@ -1,0 +1,393 @@
+"""``glm-infra sla STACK``: the SLA gate. NVIDIA AIPerf drives the router's public port with synthetic
+prompts, one bucket per context length (default 16K, 64K, 128K, 256K input tokens) at the stack's
+concurrency; each bucket's mean/p50/p99 TTFT and TPOT are judged against the stack's targets (the
+SLA is on the means), and Prometheus's view of the same run (prefill's plus decode's mean TTFT) is
+held against the client's. Writes ``sla.json`` and ``sla.png`` (latency against context length with
+the SLA lines); exits 1 naming each bucket and metric that failed.
+
+AIPerf (and matplotlib for the plot) run in an environment of their own, made once under
+``$GLM_INFRA_CACHE/sla/`` from ``sla-client.txt`` (exact versions). TPOT is AIPerf's inter-token
+latency: (request latency − TTFT) / (output tokens − 1), vLLM's definition.
+
+The API key comes from an environment variable (default ``GLM_INFRA_API_KEY``), never from the command
+line; AIPerf reads it from its own environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import paths, topology
+from .config import StackConfig
+
+HERE = Path(__file__).resolve().parent
+CLIENT_REQUIREMENTS = HERE / "sla-client.txt"
+PLOT_SCRIPT = HERE / "sla_plot.py"
+EXIT_PASS, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
+
+
+class SlaError(Exception):
+    """The gate could not run (no client, no key, the client failed): exit 2."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache" / "glm-infra"))
+
+
+def say(msg: str) -> None:
+    print(f"==> {msg}", file=sys.stderr, flush=True)
+
+
+def client_env() -> Path:
+    """The benchmark client's environment (made once, remade when ``sla-client.txt`` changes); its
+    python."""
+    lock = CLIENT_REQUIREMENTS.read_bytes()
+    env = cache_dir() / "sla" / f"client-{hashlib.sha256(lock).hexdigest()[:12]}"
+    python = env / "bin" / "python"
+    if (env / ".complete").is_file():
+        return python
+    say(f"SLA client: installing NVIDIA AIPerf into {env} (once; a few hundred MB)")
+    shutil.rmtree(env, ignore_errors=True)
+    env.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
+    uv = shutil.which("uv")
+    cmd = ([uv, "pip", "install", "--quiet", "--python", str(python)] if uv else
+           [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+    p = subprocess.run([*cmd, "-r", str(CLIENT_REQUIREMENTS)], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SlaError(f"could not install the SLA client from {CLIENT_REQUIREMENTS.name}: {p.stderr.strip()[-1500:]}")
+    (env / ".complete").write_text(lock.decode())
+    return python
+
+
+def bucket_name(tokens: int) -> str:
+    return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
+
+
+@dataclass
+class Settings:
+    """One run of the gate."""
+
+    url: str
+    model: str
+    tokenizer: str
+    tokenizer_revision: str | None
+    contexts: list[int]
+    output_tokens: int
+    concurrency: int
+    requests: int
+    ttft_target: float
+    tpot_target: float
+    tolerance: float
+    stack_label: str
+    prometheus: str | None
+    scrape_interval_s: float
+    disaggregated: bool
+
+
+@dataclass
+class Bucket:
+    context: int
+    ttft: dict[str, float]  # seconds: mean, p50, p99
+    tpot: dict[str, float]
+    requests: int
+    errors: int
+    error_summary: list[Any] = field(default_factory=list)
+    prometheus: dict[str, Any] | None = None
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return bucket_name(self.context)
+
+
+def judge(b: Bucket, s: Settings) -> list[str]:
+    """What fails in one bucket, each naming the bucket and the metric."""
+    out = []
+    if b.errors or b.requests == 0:
+        out.append(f"{b.name}: {b.errors} of {b.requests + b.errors} requests failed{_error_text(b.error_summary)}")
+    if b.requests and b.ttft["mean"] > s.ttft_target:
+        out.append(f"{b.name}: mean TTFT {b.ttft['mean']:.3f} s > {s.ttft_target:g} s")
+    if b.requests and b.tpot["mean"] > s.tpot_target:
+        out.append(f"{b.name}: mean TPOT {b.tpot['mean'] * 1000:.1f} ms > {s.tpot_target * 1000:g} ms")
+    p = b.prometheus
+    if p is not None and p.get("agrees") is False:
+        out.append(f"{b.name}: Prometheus's mean TTFT {p['ttft_mean']:.3f} s is {p['difference']:+.0%} from the "
+                   f"client's {b.ttft['mean']:.3f} s (tolerance {s.tolerance:.0%})")
+    return out
+
+
+def aiperf_config(s: Settings, context: int, out: Path) -> dict[str, Any]:
+    tokenizer: dict[str, Any] = {"name": s.tokenizer}
+    if s.tokenizer_revision:
+        tokenizer["revision"] = s.tokenizer_revision
+    return {
+        "schemaVersion": "2.0",
+        "randomSeed": 42,
+        "benchmark": {
+            "model": s.model,
+            "endpoint": {
+                "url": s.url, "type": "chat", "streaming": True,
+                "api_key": "${OPENAI_API_KEY}",  # from the client's environment, never written here
+                "use_server_token_count": True, "timeout": 3600, "extra": {"ignore_eos": True},
+            },
+            "tokenizer": tokenizer,
+            "dataset": {"type": "synthetic", "entries": s.requests,
+                        "prompts": {"isl": {"mean": context, "stddev": 0}, "osl": {"mean": s.output_tokens, "stddev": 0}}},
+            "phases": {"type": "concurrency", "concurrency": s.concurrency, "requests": s.requests},
+            "artifacts": {"dir": str(out)},
+        },
+    }
+
+
+def _stat(d: dict[str, Any], key: str) -> dict[str, float]:
+    m = d.get(key) or {}
+    scale = 0.001 if m.get("unit", "ms") == "ms" else 1.0
+    return {k: float(m.get(src, 0) or 0) * scale for k, src in (("mean", "avg"), ("p50", "p50"), ("p99", "p99"))}
+
+
+def read_result(path: Path, context: int) -> Bucket:
+    d = json.loads(path.read_text())
+    requests = int((d.get("request_count") or {}).get("avg", 0) or 0)
+    rate = float((d.get("request_error_rate") or {}).get("avg", 0) or 0)
+    total = int((d.get("completed_request_count") or {}).get("avg", requests) or requests)
+    errors = max(total - requests, round(total * rate / 100)) if rate else max(total - requests, 0)
+    return Bucket(context, _stat(d, "time_to_first_token"), _stat(d, "inter_token_latency"), requests, errors,
+                  list(d.get("error_summary") or []))
+
+
+def failed_records(path: Path, context: int) -> Bucket:
+    """A bucket of requests that all failed, from AIPerf's per-request records."""
+    errors = [json.loads(line).get("error") for line in path.read_text().splitlines() if line.strip()]
+    zero = {"mean": 0.0, "p50": 0.0, "p99": 0.0}
+    return Bucket(context, dict(zero), dict(zero), 0, len(errors), [e for e in errors if e][:1])
+
+
+def _error_text(summary: list[Any]) -> str:
+    if not summary:
+        return ""
+    e = summary[0].get("error_details", summary[0]) if isinstance(summary[0], dict) else summary[0]
+    if isinstance(e, dict):
+        return f" ({' '.join(str(e[k]) for k in ('code', 'type') if e.get(k))}: {str(e.get('message', ''))[:200]})"
+    return f" ({str(e)[:200]})"
+
+
+def run_client(python: Path, s: Settings, context: int, out: Path, api_key: str, progress: bool) -> Bucket:
+    """One bucket: AIPerf with its config in ``out``; its output in ``out/aiperf.log``."""
+    import yaml
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "aiperf.yaml").write_text(yaml.safe_dump(aiperf_config(s, context, out / "artifacts"), sort_keys=False))
+    aiperf = python.parent / "aiperf"
+    argv = [str(aiperf), "profile", "-f", str(out / "aiperf.yaml"), "--no-server-metrics", "--no-gpu-telemetry",
+            "--ui-type", "simple" if progress else "none"]
+    env = dict(os.environ, OPENAI_API_KEY=api_key)
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # AIPerf then refuses a local tokenizer folder
+        env.pop(var, None)
+    with open(out / "aiperf.log", "w") as log:
+        proc = subprocess.Popen(argv, stdout=None if progress else log, stderr=subprocess.STDOUT if not progress else None,
+                                env=env, start_new_session=True)
+        start, done = time.monotonic(), threading.Event()
+
+        def heartbeat() -> None:
+            while not done.wait(15):
+                say(f"    {bucket_name(context)}: running for {time.monotonic() - start:.0f} s")
+
+        if not progress:
+            threading.Thread(target=heartbeat, daemon=True).start()
+        try:
+            rc = proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            done.set()
+    result = out / "artifacts" / "profile_export_aiperf.json"
+    records = out / "artifacts" / "profile_export.jsonl"
+    if not result.is_file() and records.is_file():  # AIPerf writes no summary when every request failed
+        return failed_records(records, context)
+    if not result.is_file():
+        tail = (out / "aiperf.log").read_text()[-1500:] if (out / "aiperf.log").is_file() else ""
+        raise SlaError(f"{bucket_name(context)}: AIPerf exited {rc} without results ({out / 'aiperf.log'}):\n{tail}")
+    return read_result(result, context)
+
+
+# --- Prometheus's view -----------------------------------------------------------------------------
+
+
+def prometheus_query(base: str, query: str, at: float) -> list[dict[str, Any]]:
+    url = f"{base.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": query, "time": f"{at:.3f}"})
+    with urllib.request.urlopen(url, timeout=30) as r:
+        body = json.load(r)
+    if body.get("status") != "success":
+        raise SlaError(f"Prometheus refused {query!r}: {body.get('error')}")
+    return body["data"]["result"]
+
+
+def pools_of(s: Settings) -> tuple[str, ...]:
+    return ("prefill", "decode") if s.disaggregated else ("colocated",)
+
+
+def prometheus_ttft(s: Settings, start: float, end: float) -> dict[str, Any]:
+    """The mean TTFT Prometheus saw between ``start`` and ``end``: per pool Δsum/Δcount of vLLM's
+    TTFT histogram, summed over the pools a request crosses (prefill, then decode)."""
+    assert s.prometheus is not None
+    by_pool: dict[str, float] = {}
+    for pool in pools_of(s):
+        values = {}
+        for part in ("sum", "count"):
+            q = f'sum(vllm:time_to_first_token_seconds_{part}{{stack="{s.stack_label}",pool="{pool}"}})'
+            samples = [prometheus_query(s.prometheus, q, t) for t in (start, end)]
+            values[part] = [float(x[0]["value"][1]) if x else 0.0 for x in samples]
+        dc = values["count"][1] - values["count"][0]
+        if dc <= 0:
+            raise SlaError(f"Prometheus ({s.prometheus}) saw no {pool} request between the bucket's start and end")
+        by_pool[pool] = (values["sum"][1] - values["sum"][0]) / dc
+    return {"ttft_mean": sum(by_pool.values()), "by_pool": by_pool}
+
+
+# --- the gate --------------------------------------------------------------------------------------
+
+
+def settings(stack: StackConfig, stack_name: str, args: argparse.Namespace) -> Settings:
+    plan = topology.plan(stack)
+    if plan.router is None:
+        raise SlaError("the stack has no router: nothing to drive")
+    sla, m = stack.sla, stack.monitoring
+    prometheus = None
+    if m.enabled and not args.no_prometheus:
+        mon = stack.host(stack.monitoring_host)  # type: ignore[arg-type]
+        prometheus = args.prometheus or f"http://{paths.url_host(mon.address)}:{m.prometheus_port}"
+    tokenizer = args.tokenizer or sla.tokenizer or stack.model.repo
+    return Settings(
+        url=args.url or plan.router.url,
+        model=stack.model.served_model_name,
+        tokenizer=os.path.expanduser(tokenizer) if tokenizer.startswith(("~", "/", ".")) else tokenizer,
+        tokenizer_revision=None if (args.tokenizer or sla.tokenizer) else stack.model.revision,
+        contexts=sorted(args.contexts or sla.contexts),
+        output_tokens=args.output_tokens or sla.output_tokens,
+        concurrency=args.concurrency or sla.concurrency,
+        requests=args.requests or sla.requests_per_context,
+        ttft_target=sla.ttft_seconds,
+        tpot_target=sla.tpot_seconds,
+        tolerance=sla.prometheus_tolerance,
+        stack_label=m.stack_label or stack_name,
+        prometheus=prometheus,
+        scrape_interval_s=_seconds(m.scrape_interval),
+        disaggregated=plan.disaggregated,
+    )
+
+
+def _seconds(duration: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+    for suffix in ("ms", "s", "m", "h", "d", "w", "y"):
+        if duration.endswith(suffix):
+            return float(duration[: -len(suffix)]) * units[suffix]
+    raise ValueError(duration)
+
+
+def run(stack: StackConfig, stack_name: str, args: argparse.Namespace) -> int:
+    s = settings(stack, stack_name, args)
+    api_key = os.environ.get(args.api_key_env)
+    if stack.router is not None and stack.router.api_key is not None and not api_key:
+        raise SlaError(f"the router wants its API key: set {args.api_key_env} (e.g. export {args.api_key_env}="
+                       f"$(pulumi stack output routerApiKey --show-secrets -s {stack_name}))")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    python = client_env()
+    progress = sys.stderr.isatty() and not args.quiet
+    say(f"SLA gate of {stack_name} through {s.url}: {len(s.contexts)} buckets "
+        f"({', '.join(bucket_name(c) for c in s.contexts)} input tokens), {s.requests} requests each at concurrency "
+        f"{s.concurrency}, {s.output_tokens} output tokens; targets mean TTFT ≤ {s.ttft_target:g} s, "
+        f"mean TPOT ≤ {s.tpot_target * 1000:g} ms" + (f"; Prometheus {s.prometheus}" if s.prometheus else ""))
+    buckets: list[Bucket] = []
+    started = time.time()
+    for n, context in enumerate(s.contexts, 1):
+        say(f"[{n}/{len(s.contexts)}] {bucket_name(context)}: {s.requests} requests")
+        t0 = time.time()
+        b = run_client(python, s, context, out / bucket_name(context), api_key or "", progress)
+        t1 = time.time()
+        if s.prometheus:
+            time.sleep(s.scrape_interval_s * 2 + 1)  # the last samples of the bucket, scraped
+            t_end = time.time()
+            try:
+                view = prometheus_ttft(s, t0 - 0.001, t_end)
+            except (OSError, urllib.error.URLError, SlaError) as e:
+                view = {"error": str(e)}
+            if "ttft_mean" in view and b.requests:
+                diff = (view["ttft_mean"] - b.ttft["mean"]) / b.ttft["mean"]
+                view.update(difference=diff, agrees=abs(diff) <= s.tolerance)
+            b.prometheus = view
+        b.failures = judge(b, s)
+        buckets.append(b)
+        say(f"    {line(b, s)}  ({t1 - t0:.0f} s)")
+    failures = [f for b in buckets for f in b.failures]
+    report = {
+        "stack": stack_name, "url": s.url, "model": s.model, "tokenizer": s.tokenizer,
+        "started": started, "finished": time.time(),
+        "targets": {"ttft_seconds": s.ttft_target, "tpot_seconds": s.tpot_target},
+        "settings": {"output_tokens": s.output_tokens, "concurrency": s.concurrency, "requests": s.requests,
+                     "prometheus": s.prometheus, "prometheus_tolerance": s.tolerance},
+        "buckets": [{"context": b.context, "name": b.name, "requests": b.requests, "errors": b.errors,
+                     "error_summary": b.error_summary, "ttft_seconds": b.ttft, "tpot_seconds": b.tpot,
+                     "prometheus": b.prometheus, "pass": not b.failures, "failures": b.failures} for b in buckets],
+        "pass": not failures,
+        "failures": failures,
+    }
+    (out / "sla.json").write_text(json.dumps(report, indent=2) + "\n")
+    plot = subprocess.run([str(python), str(PLOT_SCRIPT), str(out / "sla.json"), str(out / "sla.png")],
+                          capture_output=True, text=True)
+    if plot.returncode != 0:
+        raise SlaError(f"the plot failed: {plot.stderr.strip()[-1000:]}")
+    say(f"wrote {out / 'sla.json'} and {out / 'sla.png'}")
+    if failures:
+        for f in failures:
+            print(f"FAIL {f}")
+        return EXIT_FAIL
+    print(f"PASS: every bucket within mean TTFT {s.ttft_target:g} s and mean TPOT {s.tpot_target * 1000:g} ms")
+    return EXIT_PASS
+
+
+def line(b: Bucket, s: Settings) -> str:
+    ok = "ok" if not b.failures else "FAIL"
+    text = (f"{b.name}: TTFT mean {b.ttft['mean']:.3f} s (p50 {b.ttft['p50']:.3f}, p99 {b.ttft['p99']:.3f}); "
+            f"TPOT mean {b.tpot['mean'] * 1000:.1f} ms (p50 {b.tpot['p50'] * 1000:.1f}, p99 {b.tpot['p99'] * 1000:.1f}); "
+            f"{b.requests} ok, {b.errors} failed")
+    p = b.prometheus
+    if p is not None:
+        text += (f"; Prometheus TTFT {p['ttft_mean']:.3f} s ({p['difference']:+.0%})" if "difference" in p
+                 else f"; Prometheus: {p.get('error', 'no view')}")
+    return f"{text} — {ok}"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sla", help="drive the router with AIPerf per context length; exit 1 if the SLA fails")
+    p.add_argument("stack", metavar="STACK")
+    p.add_argument("--out", default="sla-report", metavar="DIR", help="where sla.json, sla.png and the client's "
+                                                                        "files go (default: sla-report)")
+    p.add_argument("--url", help="the router's public URL (default: from the stack)")
+    p.add_argument("--api-key-env", default="GLM_INFRA_API_KEY", metavar="VAR",
+                   help="environment variable holding the router's API key (default: GLM_INFRA_API_KEY)")
+    p.add_argument("--contexts", type=int, nargs="+", metavar="TOKENS", help="input lengths (default: sla.contexts)")
+    p.add_argument("--requests", type=int, metavar="N", help="requests per bucket (default: sla.requestsPerContext)")
+    p.add_argument("--concurrency", type=int, metavar="N", help="requests in flight (default: sla.concurrency)")
+    p.add_argument("--output-tokens", type=int, metavar="N", help="output tokens per request (default: sla.outputTokens)")
+    p.add_argument("--tokenizer", help="tokenizer folder or hub repository (default: sla.tokenizer, else the model's)")
+    p.add_argument("--prometheus", metavar="URL", help="Prometheus to compare with (default: the stack's)")
+    p.add_argument("--no-prometheus", action="store_true", help="skip the comparison with Prometheus")
+    p.add_argument("--quiet", action="store_true", help="no AIPerf progress display, a line every 15 s instead")
