@@ -1,0 +1,256 @@
+"""Operating the sim stack through the real engine: Prometheus scrapes every instance with its pool,
+an alert reaches the stack's webhook (whose URL, a secret, lands nowhere in plaintext), the SLA gate
+(AIPerf through the router) passes inside the SLA and fails for the right bucket and metric outside
+it while Prometheus agrees with the client, every dashboard query returns series, `glm-infra doctor`
+finds each drift planted by hand and changes nothing, and destroy removes the monitoring.
+
+The tests run in file order against one stack; the hosts keep the driver and the weights from the
+module before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from e2e.harness import ROOT, on_host, sh
+
+HOSTS = ("sim-1", "sim-2", "sim-3")
+PROMETHEUS = "http://10.88.0.13:9090"
+BRIDGE = "10.88.0.1"  # the machine's own address on the hosts' bridge
+SSH_OPTIONS = ["--ssh-option", "StrictHostKeyChecking=no", "--ssh-option", "UserKnownHostsFile=/dev/null"]
+INSTANCES = {"prefill-0": "sim-1", "prefill-1": "sim-1", "prefill-2": "sim-2", "prefill-3": "sim-2", "decode-0": "sim-3"}
+API_KEY: list[str] = []
+
+
+def query(q: str) -> list[dict]:
+    url = f"{PROMETHEUS}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+    with urllib.request.urlopen(url, timeout=30) as r:
+        body = json.load(r)
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def eventually(check, timeout: float, what: str, interval: float = 2):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what}"
+        time.sleep(interval)
+
+
+class Webhook:
+    """Alertmanager's receiver: an HTTP server on the bridge address recording what it is sent."""
+
+    def __init__(self) -> None:
+        self.token = secrets.token_hex(16)
+        self.received: list[dict] = []
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path == f"/alerts/{hook.token}":
+                    hook.received.append(json.loads(body))
+                self.send_response(200 if self.path == f"/alerts/{hook.token}" else 404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((BRIDGE, 0), Handler)
+        self.url = f"http://{BRIDGE}:{self.server.server_address[1]}/alerts/{self.token}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def alerts(self, name: str) -> list[dict]:
+        return [a for payload in self.received for a in payload.get("alerts", []) if a["labels"].get("alertname") == name]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def webhook():
+    hook = Webhook()
+    try:
+        yield hook
+    finally:
+        hook.close()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(toolchain):
+    """The word-level tokenizer the sim stack's SLA gate uses (and the SLA client it is made with)."""
+    p = subprocess.run([str(ROOT / "scripts/sim"), "tokenizer"], capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, p.stderr[-3000:]
+
+
+def sla(out, *extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, GLM_INFRA_API_KEY=API_KEY[0])
+    return subprocess.run([str(ROOT / "venv/bin/glm-infra"), "sla", "sim", "--out", str(out), "--quiet", *extra],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+
+
+def doctor(*extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(ROOT / "venv/bin/glm-infra"), "doctor", "sim", *SSH_OPTIONS, *extra], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_up_monitors_every_instance_with_its_pool(stack, webhook):
+    sh(f"pulumi config set -s sim --secret --path glm-infra:monitoring.webhookUrl {webhook.url}")
+    # TTFT that grows with the prompt, as a real prefill's does: 5 µs a token (1.3 s at 256K).
+    stack.config_set("glm-infra:prefill.env.GLM_SIM_PREFILL_US_PER_TOKEN", "5")
+    stack.up()
+    out = stack.outputs()
+    API_KEY.append(out["routerApiKey"])
+    assert out["prometheusUrl"] == PROMETHEUS
+
+    def all_up():
+        targets = json.load(urllib.request.urlopen(f"{PROMETHEUS}/api/v1/targets", timeout=30))["data"]["activeTargets"]
+        return targets if targets and all(t["health"] == "up" for t in targets) else None
+
+    targets = eventually(all_up, 120, "every target up")
+    vllm = {t["labels"]["instance"]: t for t in targets if t["labels"]["job"] == "vllm"}
+    assert set(vllm) == set(INSTANCES)
+    for name, t in vllm.items():
+        assert t["labels"]["pool"] == name.split("-")[0] and t["labels"]["host"] == INSTANCES[name]
+        assert t["labels"]["stack"] == "sim"
+    jobs = sorted(t["labels"]["job"] for t in targets)
+    assert jobs.count("node") == 3 and jobs.count("dcgm") == 3 and jobs.count("vllm-router") == 1
+    # The router's own view of its workers, each named with its pool.
+    health = eventually(lambda: query("vllm_router_worker_health"), 60, "the router's worker health")
+    assert {(r["metric"]["pool"], r["metric"]["backend"]) for r in health} == {(n.split("-")[0], n) for n in INSTANCES}
+
+
+def test_the_webhook_url_is_a_secret_everywhere(stack, webhook):
+    am = on_host("sim-3", "cat /etc/prometheus/alertmanager.yml")
+    assert "url_file: /run/credentials/prometheus-alertmanager.service/webhook-url" in am
+    assert on_host("sim-3", "stat -c '%a %U' /etc/glm-infra/secrets/alertmanager-webhook-url").strip() == "600 root"
+    for h in HOSTS:
+        for where in ("cat /etc/prometheus/* /etc/default/prometheus* 2>/dev/null || true",
+                      "cat /etc/systemd/system/*.service /etc/systemd/system/*/*.conf 2>/dev/null || true",
+                      "ps -eo args", "journalctl --no-pager -o cat"):
+            assert webhook.token not in on_host(h, where), (h, where)
+    assert webhook.token not in sh("pulumi stack export -s sim").stdout, "state holds it encrypted only"
+
+
+def test_an_alert_reaches_the_webhook(stack, webhook):
+    on_host("sim-2", "echo 'XID_ERRORS=\"3:79\"' > /etc/glm-sim/hardware.conf.d/50-test.conf")
+    try:
+        alerts = eventually(lambda: webhook.alerts("GlmGpuXidError"), 120, "GlmGpuXidError at the webhook")
+    finally:
+        on_host("sim-2", "rm -f /etc/glm-sim/hardware.conf.d/50-test.conf")
+    a = alerts[0]
+    assert a["status"] == "firing" and a["labels"]["host"] == "sim-2" and a["labels"]["gpu"] == "3"
+    assert a["labels"]["severity"] == "page" and a["annotations"]["summary"] == "GPU 3 on sim-2 reported XID 79"
+
+
+def test_the_sla_gate_passes_inside_the_sla(stack, tokenizer, tmp_path):
+    p = sla(tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr[-4000:]
+    assert "PASS: every bucket within mean TTFT 2.5 s and mean TPOT 20 ms" in p.stdout
+    report = json.loads((tmp_path / "sla.json").read_text())
+    assert report["pass"] and [b["name"] for b in report["buckets"]] == ["16K", "64K", "128K", "256K"]
+    for b in report["buckets"]:
+        assert b["requests"] == 4 and b["errors"] == 0
+        assert 0 < b["ttft_seconds"]["mean"] < 2.5 and 0 < b["tpot_seconds"]["mean"] < 0.02
+        assert b["ttft_seconds"]["p50"] <= b["ttft_seconds"]["p99"]
+        # Prometheus's view of the same requests (prefill's plus decode's TTFT) agrees with the client's.
+        assert b["prometheus"]["agrees"] and abs(b["prometheus"]["difference"]) <= 0.15, b["prometheus"]
+    ttfts = [b["ttft_seconds"]["mean"] for b in report["buckets"]]
+    assert ttfts == sorted(ttfts), "a longer prompt takes longer to prefill"
+    png = (tmp_path / "sla.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    assert "running for" in p.stderr or "[4/4] 256K" in p.stderr  # progress while it ran
+
+
+def test_the_sla_gate_fails_for_the_right_bucket_and_metric(stack, tokenizer, tmp_path):
+    # A slower prefill: 12 µs a token puts only the 256K bucket (3.1 s) past the 2.5 s TTFT.
+    stack.config_set("glm-infra:prefill.env.GLM_SIM_PREFILL_US_PER_TOKEN", "12")
+    stack.up()
+    p = sla(tmp_path)
+    assert p.returncode == 1, p.stdout + p.stderr[-4000:]
+    report = json.loads((tmp_path / "sla.json").read_text())
+    assert not report["pass"]
+    (failure,) = report["failures"]
+    assert re.fullmatch(r"256K: mean TTFT \d\.\d{3} s > 2\.5 s", failure), failure
+    assert f"FAIL {failure}" in p.stdout
+    assert [b["pass"] for b in report["buckets"]] == [True, True, True, False]
+    assert all(b["prometheus"]["agrees"] for b in report["buckets"])
+    assert (tmp_path / "sla.png").stat().st_size > 20_000
+
+
+def test_every_dashboard_query_returns_series(stack):
+    from glm_infra import monitoring
+
+    for title, q in monitoring.dashboard_queries("sim", "1m"):
+        assert query(q), f"{title}: {q} returns no series"
+
+
+def test_doctor_finds_each_planted_drift_and_changes_nothing(stack):
+    clean = doctor()
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert "no drift:" in clean.stderr and " ok" in clean.stdout
+    unit = "/etc/systemd/system/glm-vllm-decode-0.service"
+    shard = "/mnt/model/glm/GLM-5.2-NVFP4/model-00002-of-00008.safetensors"
+    gone = "/mnt/model/glm/GLM-5.2-NVFP4/model-00005-of-00008.safetensors"
+    on_host("sim-3", f"echo '# tuned by hand' >> {unit}")
+    on_host("sim-1", "systemctl stop glm-vllm-prefill-1")
+    on_host("sim-2", f"printf 'XXXX' | dd of={shard} bs=1 seek=4096 conv=notrunc status=none")
+    on_host("sim-1", f"mv {gone} /root/moved-away")
+    on_host("sim-2", "apt-mark unhold nvidia-fabricmanager >/dev/null")
+    try:
+        drift = doctor()
+        assert drift.returncode == 1, drift.stdout + drift.stderr
+        out = drift.stdout
+        assert re.search(rf"^sim-3 +decode-0-unit +{unit} differs from what glm-infra wrote", out, re.M), out
+        assert re.search(r"^sim-1 +prefill-1-service +sim-1: glm-vllm-prefill-1.service is not active", out, re.M), out
+        assert re.search(r"^sim-2 +weights-stage +sim-2: weights: model-00002-of-00008.safetensors: missing or corrupt",
+                         out, re.M), out
+        assert re.search(r"^sim-1 +weights-stage +sim-1: weights: model-00005-of-00008.safetensors: missing or corrupt",
+                         out, re.M), out
+        assert re.search(r"^sim-2 +drivers-install +sim-2: drivers: nvidia-fabricmanager is not held", out, re.M), out
+        assert re.search(r"^sim-3 +prometheus +ok$", out, re.M) and re.search(r"^sim-2 +prefill-2-service +ok$", out, re.M)
+        assert "5 of " in drift.stderr and "steps drifted on 3 of 3 hosts" in drift.stderr
+        # It changed nothing: every drift is still there.
+        assert on_host("sim-3", f"tail -n 1 {unit}").strip() == "# tuned by hand"
+        assert on_host("sim-1", "systemctl is-active glm-vllm-prefill-1 || true").strip() == "inactive"
+        assert "nvidia-fabricmanager" not in on_host("sim-2", "apt-mark showhold").split()
+        assert on_host("sim-1", f"test -e {gone} && echo there || echo gone").strip() == "gone"
+    finally:  # the repair an operator would make
+        on_host("sim-3", f"sed -i '$d' {unit} && systemctl daemon-reload")
+        on_host("sim-1", "systemctl start glm-vllm-prefill-1")
+        on_host("sim-2", "apt-mark hold nvidia-fabricmanager >/dev/null")
+        on_host("sim-1", f"mv /root/moved-away {gone}")
+    # The corrupt shard: re-verifying (and repairing) through the engine.
+    stack.config_set("glm-infra:model.verify", "after-doctor")
+    stack.up()
+    healed = eventually(lambda: (r := doctor()).returncode == 0 and r, 120, "no drift after the repair", interval=5)
+    assert "no drift:" in healed.stderr
+
+
+def test_destroy_removes_the_monitoring(stack):
+    sh("pulumi destroy -s sim --yes --skip-preview --non-interactive")
+    for h in HOSTS:
+        assert on_host(h, "pgrep -af '[p]rometheus|[d]cgm-exporter|[a]lertmanager' || true").strip() == "", h
+        for pkg in ("prometheus", "prometheus-alertmanager", "prometheus-node-exporter",
+                    "datacenter-gpu-manager-exporter"):
+            status = on_host(h, f"dpkg-query -W -f='${{db:Status-Status}}' {pkg} 2>/dev/null || true").strip()
+            assert status in ("", "not-installed"), (h, pkg, status)
+        assert on_host(h, "ls /etc/prometheus /etc/dcgm-exporter/glm-infra-counters.csv "
+                          "/etc/systemd/system/nvidia-dcgm-exporter.service.d 2>/dev/null || true").strip() == "", h
