@@ -274,6 +274,9 @@ def settings(stack: StackConfig, stack_name: str, args: argparse.Namespace) -> S
         mon = stack.host(stack.monitoring_host)  # type: ignore[arg-type]
         prometheus = args.prometheus or f"http://{paths.url_host(mon.address)}:{m.prometheus_port}"
     tokenizer = args.tokenizer or sla.tokenizer or stack.model.repo
+    if tokenizer.startswith(("~", "/", ".")) and not Path(os.path.expanduser(tokenizer)).is_dir():
+        raise SlaError(f"the tokenizer folder {tokenizer} (sla.tokenizer or --tokenizer) does not exist"
+                       " (the sim stack's: scripts/sim tokenizer)")
     return Settings(
         url=args.url or plan.router.url,
         model=stack.model.served_model_name,
@@ -375,6 +378,16 @@ def line(b: Bucket, s: Settings) -> str:
     return f"{text} — {ok}"
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return value
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sla", help="drive the router with AIPerf per context length; exit 1 if the SLA fails")
     p.add_argument("stack", metavar="STACK")
@@ -383,10 +396,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--url", help="the router's public URL (default: from the stack)")
     p.add_argument("--api-key-env", default="GLM_INFRA_API_KEY", metavar="VAR",
                    help="environment variable holding the router's API key (default: GLM_INFRA_API_KEY)")
-    p.add_argument("--contexts", type=int, nargs="+", metavar="TOKENS", help="input lengths (default: sla.contexts)")
-    p.add_argument("--requests", type=int, metavar="N", help="requests per bucket (default: sla.requestsPerContext)")
-    p.add_argument("--concurrency", type=int, metavar="N", help="requests in flight (default: sla.concurrency)")
-    p.add_argument("--output-tokens", type=int, metavar="N", help="output tokens per request (default: sla.outputTokens)")
+    p.add_argument("--contexts", type=_positive, nargs="+", metavar="TOKENS", help="input lengths (default: sla.contexts)")
+    p.add_argument("--requests", type=_positive, metavar="N", help="requests per bucket (default: sla.requestsPerContext)")
+    p.add_argument("--concurrency", type=_positive, metavar="N", help="requests in flight (default: sla.concurrency)")
+    p.add_argument("--output-tokens", type=_positive, metavar="N", help="output tokens per request (default: sla.outputTokens)")
     p.add_argument("--tokenizer", help="tokenizer folder or hub repository (default: sla.tokenizer, else the model's)")
     p.add_argument("--prometheus", metavar="URL", help="Prometheus to compare with (default: the stack's)")
     p.add_argument("--no-prometheus", action="store_true", help="skip the comparison with Prometheus")

@@ -22,6 +22,13 @@ from stubs import shellcheck
 AIPERF_RESULT = ROOT / "tests" / "fixtures" / "aiperf" / "profile_export_aiperf.json"
 
 
+@pytest.fixture(autouse=True)
+def _sim_tokenizer(tmp_path, monkeypatch):
+    """The sim stack names ~/.cache/glm-infra/sim/tokenizer: a HOME where that folder exists."""
+    (tmp_path / "home" / ".cache/glm-infra/sim/tokenizer").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
 def settings(**kw) -> sla.Settings:
     cfg = load_file(stack_file("sim")).config
     args = argparse.Namespace(url=None, tokenizer=None, contexts=None, output_tokens=None, concurrency=None,
@@ -74,6 +81,15 @@ def test_the_clients_config_holds_no_key_and_the_settings_come_from_the_stack(tm
         url=None, tokenizer=None, contexts=None, output_tokens=None, concurrency=None, requests=None,
         prometheus=None, no_prometheus=True))}))
     assert (p.tokenizer, p.tokenizer_revision) == (prod.model.repo, prod.model.revision) and p.prometheus is None
+
+
+def test_a_missing_tokenizer_folder_is_named(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GLM_INFRA_API_KEY", "sk-test")
+    assert cli(["sla", str(stack_file("sim")), "--out", str(tmp_path), "--tokenizer", str(tmp_path / "nope")]) == 2
+    assert f"the tokenizer folder {tmp_path / 'nope'} (sla.tokenizer or --tokenizer) does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli(["sla", "sim", "--contexts", "0"])
+    assert "'0' is not a positive whole number" in capsys.readouterr().err
 
 
 def test_a_router_with_a_key_wants_it_from_the_environment(tmp_path, capsys, monkeypatch):
