@@ -22,6 +22,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -198,6 +199,16 @@ def run_client(python: Path, s: Settings, context: int, out: Path, api_key: str,
     env = dict(os.environ, OPENAI_API_KEY=api_key)
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # AIPerf then refuses a local tokenizer folder
         env.pop(var, None)
+    # AIPerf leaves its dataset folders (aiperf_mmap_*) in the temp directory: one of the run's own.
+    scratch = Path(tempfile.mkdtemp(prefix="aiperf-tmp-", dir=out))
+    env.update(TMPDIR=str(scratch), AIPERF_DATASET_MMAP_BASE_PATH=str(scratch))
+    try:
+        return _run_client(argv, env, out, context, progress)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_client(argv: list[str], env: dict[str, str], out: Path, context: int, progress: bool) -> Bucket:
     with open(out / "aiperf.log", "w") as log:
         proc = subprocess.Popen(argv, stdout=None if progress else log, stderr=subprocess.STDOUT if not progress else None,
                                 env=env, start_new_session=True)
