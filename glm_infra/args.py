@@ -57,6 +57,8 @@ class ModelInput(TypedDict, total=False):
     """--served-model-name: the model name clients ask for. Default: 'glm-5.2'."""
     hf_token: pulumi.Input[str]
     """Hugging Face token, a Pulumi secret."""
+    weight_format: str
+    """The checkpoint's weight format, checked against the hosts' GPUs (NVFP4 needs Blackwell). Default: what the repository's name says (…-NVFP4, …-FP8); null: not checked."""
     trust_remote_code: bool
     """--trust-remote-code (the GLM-5 checkpoint ships its own code). Default: True."""
     chat_template_content_format: str
@@ -222,7 +224,7 @@ class RouterInput(TypedDict, total=False):
     retries: int
     """Attempts the front makes per request. Default: 3."""
     policy: str
-    """vllm-router --policy. Default: 'round_robin'."""
+    """vllm-router --policy (the choices of runtime.routerVersion). Default: 'round_robin'."""
     api_key: pulumi.Input[str]
     """API key the router and workers share, a Pulumi secret."""
     health_check_interval: int

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -23,6 +24,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+
+from . import pins
 
 NAMESPACE = "glm-infra"
 
@@ -100,6 +103,18 @@ class StrictModel(BaseModel):
 
 
 Port = Annotated[int, Field(ge=1024, le=65535)]
+# A URL that reaches a shell script, a unit or a command line: http(s), no spaces, quotes or shell
+# characters (it is quoted as well).
+URL_PATTERN = r"https?://[A-Za-z0-9.\[\]:-]+(/[A-Za-z0-9._~%/+=,@:-]*)?"
+
+
+def _url(v: str) -> str:
+    if not re.fullmatch(URL_PATTERN, v):
+        raise ValueError(f"{v!r} is not an http(s) URL (letters, digits and ._~%/+=,@:- only)")
+    return v
+
+
+Url = Annotated[str, AfterValidator(_url)]
 
 
 class HostConfig(StrictModel):
@@ -140,7 +155,7 @@ class HostConfig(StrictModel):
     @classmethod
     def _nics(cls, v: list[str]) -> list[str]:
         for nic in v:
-            if not re.fullmatch(r"[A-Za-z0-9_.:-]+", nic):
+            if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*", nic):
                 raise ValueError(f"{nic!r} is not an RDMA device name")
         if len(set(v)) != len(v):
             raise ValueError("duplicate NIC")
@@ -169,18 +184,26 @@ class ModelConfig(StrictModel):
     repo: str = Field(description="Hugging Face repository, e.g. nvidia/GLM-5.2-NVFP4.")
     revision: str = Field(description="Pinned revision (a commit SHA) of the repository.")
     path: str = Field(description="Absolute path of the checkpoint on every host.")
-    served_model_name: str = Field("glm-5.2", pattern=r"^[A-Za-z0-9_.:/-]+$", description="--served-model-name: the model name clients ask for.")
+    served_model_name: str = Field("glm-5.2", pattern=r"^[A-Za-z0-9_.][A-Za-z0-9_.:/-]*$", description="--served-model-name: the model name clients ask for.")
     hf_token: Secret | None = Field(None, description="Hugging Face token, a Pulumi secret.")
+    weight_format: Literal["nvfp4", "fp8", "bf16"] | None = Field(
+        None, description="The checkpoint's weight format, checked against the hosts' GPUs (NVFP4 needs Blackwell). "
+                          "Default: what the repository's name says (…-NVFP4, …-FP8); null: not checked.")
     # Model-wide serving flags of the BRIEF recipe; prefill and decode must agree on them.
     trust_remote_code: bool = Field(True, description="--trust-remote-code (the GLM-5 checkpoint ships its own code).")
-    chat_template_content_format: Literal["auto", "string", "openai"] | None = Field(
-        "string", description="--chat-template-content-format (None: leave vLLM's default).")
-    tool_call_parser: str | None = Field("glm47", pattern=r"^[a-z0-9_]+$", description="--tool-call-parser (None: none).")
+    chat_template_content_format: str | None = Field(
+        "string", pattern=r"^[a-z]+$", json_schema_extra=pins.schema_enum("chatTemplateContentFormat"),
+        description="--chat-template-content-format (None: leave vLLM's default).")
+    tool_call_parser: str | None = Field("glm47", pattern=r"^[a-z0-9_-]+$", json_schema_extra=pins.schema_enum("toolCallParser"),
+                                         description="--tool-call-parser (None: none).")
     enable_auto_tool_choice: bool = Field(True, description="--enable-auto-tool-choice.")
-    reasoning_parser: str | None = Field("glm45", pattern=r"^[a-z0-9_]+$", description="--reasoning-parser (None: none).")
+    reasoning_parser: str | None = Field("glm45", pattern=r"^[a-z0-9_]+$", json_schema_extra=pins.schema_enum("reasoningParser"),
+                                         description="--reasoning-parser (None: none).")
     enable_prompt_tokens_details: bool = Field(True, description="--enable-prompt-tokens-details.")
-    fingerprint_mode: str | None = Field("none", pattern=r"^[a-z0-9_]+$", description="--fingerprint-mode (None: leave it out).")
-    speculative_method: str = Field("mtp", pattern=r"^[a-z0-9_]+$", description="MTP method (P and D must match).")
+    fingerprint_mode: str | None = Field("none", pattern=r"^[a-z0-9_]+$", json_schema_extra=pins.schema_enum("fingerprintMode"),
+                                         description="--fingerprint-mode (None: leave it out).")
+    speculative_method: str = Field("mtp", pattern=r"^[a-z0-9_]+$", json_schema_extra=pins.schema_enum("speculativeMethod"),
+                                    description="MTP method (P and D must match).")
     # Staging of the weights (ModelWeights).
     source: Literal["huggingface", "mirror", "local"] = Field(
         "huggingface", description="huggingface (repo@revision via the hf CLI), mirror (HTTP(S) with manifest), "
@@ -190,7 +213,7 @@ class ModelConfig(StrictModel):
     seed_host: str | None = Field(None, description="Host that downloads from the source (default: first serving host).")
     fanout_port: Port = Field(8090, description="Port the seed serves verified files to the other hosts on.")
     disk_margin_gb: float = Field(20, ge=0, description="Free space required beyond the checkpoint.")
-    hf_hub_version: str = Field("2.4.0", pattern=r"^[0-9][A-Za-z0-9.+_-]*$", description="huggingface_hub pin (hf CLI).")
+    hf_hub_version: str = Field(pins.HF_HUB, pattern=r"^[0-9][A-Za-z0-9.+_-]*$", description="huggingface_hub pin (hf CLI).")
     verify: str = Field("", description="Change to re-verify (and repair) the checkpoint on every host.")
     remove_on_destroy: bool = Field(False, description="Delete the weights on pulumi destroy (default: keep).")
 
@@ -204,16 +227,25 @@ class ModelConfig(StrictModel):
     @field_validator("revision")
     @classmethod
     def _revision(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", v):
-            raise ValueError(f"{v!r} is not a revision")
+        # A folder name under PATH.revisions (prune deletes its siblings): no '.', '..' or leading '-'.
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", v) or set(v) <= {"."}:
+            raise ValueError(f"{v!r} is not a revision (a commit SHA, a tag or a branch name)")
         return v
 
     @field_validator("mirror_url")
     @classmethod
     def _mirror_url(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"https?://[^\s'\"]+", v):
-            raise ValueError(f"{v!r} is not an http(s) URL")
-        return v
+        return None if v is None else _url(v)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _weight_format_of_the_repo(cls, data: Any) -> Any:
+        """No weightFormat given: the one the repository's name says (GLM-5.2-NVFP4 → nvfp4)."""
+        if isinstance(data, dict) and not ({"weightFormat", "weight_format"} & set(data)):
+            name = str(data.get("repo", "")).upper()
+            fmt = "nvfp4" if "NVFP4" in name else "fp8" if "FP8" in name else None
+            return {**data, "weight_format": fmt}
+        return data
 
     @model_validator(mode="after")
     def _source_settings(self) -> ModelConfig:
@@ -233,7 +265,7 @@ class ModelConfig(StrictModel):
         return v
 
 
-CudagraphMode = Literal["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
+CudagraphMode = Annotated[str, Field(pattern=r"^[A-Z_]+$", json_schema_extra=pins.schema_enum("cudagraphMode"))]
 
 
 class PoolConfig(StrictModel):
@@ -248,7 +280,9 @@ class PoolConfig(StrictModel):
     gpu_memory_utilization: float = Field(gt=0, le=1, description="--gpu-memory-utilization.")
     max_num_batched_tokens: int | None = Field(None, ge=1, description="--max-num-batched-tokens (None: vLLM's default).")
     cudagraph_mode: CudagraphMode | None = Field(None, description="cudagraph_mode of --compilation-config.")
-    all2all_backend: str | None = Field(None, alias="all2allBackend", pattern=r"^[a-z0-9_]+$", description="--all2all-backend of expert parallelism.")
+    all2all_backend: str | None = Field(None, alias="all2allBackend", pattern=r"^[a-z0-9_]+$",
+                                        json_schema_extra=pins.schema_enum("all2allBackend"),
+                                        description="--all2all-backend of expert parallelism.")
     shutdown_timeout: int = Field(300, ge=0, le=3600, description="--shutdown-timeout seconds (drain).")
     http_port: Port = Field(description="HTTP port of the first instance on a host; further instances add 1.")
     dp_rpc_port: Port = Field(description="--data-parallel-rpc-port of the first instance on a host; +1 each.")
@@ -324,6 +358,7 @@ class DecodeConfig(PoolConfig):
     max_num_batched_tokens: int = Field(1024, ge=1, description="--max-num-batched-tokens.")
     cudagraph_mode: CudagraphMode = Field("FULL_DECODE_ONLY", description="cudagraph_mode of --compilation-config.")
     all2all_backend: str = Field("flashinfer_nvlink_two_sided", alias="all2allBackend", pattern=r"^[a-z0-9_]+$",
+                                 json_schema_extra=pins.schema_enum("all2allBackend"),
                                  description="--all2all-backend of expert parallelism.")
     http_port: Port = Field(8200, description="HTTP port of the first instance on a host; further instances add 1.")
     dp_rpc_port: Port = Field(29650, description="--data-parallel-rpc-port of the first instance on a host; +1 each.")
@@ -351,9 +386,9 @@ class RouterConfig(StrictModel):
     internal_port: Port = Field(8001, description="vllm-router's own port, on loopback behind the front.")
     metrics_port: Port = Field(29000, description="Prometheus exporter of the router (--prometheus-port).")
     retries: int = Field(3, ge=1, le=10, description="Attempts the front makes per request.")
-    policy: Literal[
-        "random", "round_robin", "cache_aware", "kv_aware", "power_of_two", "consistent_hash", "sticky_least_loaded"
-    ] = Field("round_robin", description="vllm-router --policy.")
+    policy: str = Field("round_robin", pattern=r"^[a-z0-9_]+$",
+                        json_schema_extra={"enum": list(pins.ROUTER_CHOICES[pins.VLLM_ROUTER]["policy"])},
+                        description="vllm-router --policy (the choices of runtime.routerVersion).")
     api_key: Secret | None = Field(None, description="API key the router and workers share, a Pulumi secret.")
     health_check_interval: int = Field(10, ge=1, le=600, description="Seconds between worker health checks.")
 
@@ -363,12 +398,12 @@ class RuntimeConfig(StrictModel):
 
     user: str = Field("vllm", pattern=r"^[a-z_][a-z0-9_-]*$", description="System user the services run as.")
     venv: str = Field("/opt/glm-infra/venv", description="Virtualenv of vLLM, NIXL and vllm-router on every host.")
-    vllm_version: str = Field("0.33.0", pattern=r"^[0-9][A-Za-z0-9.+_-]*$", description="vllm pin.")
-    nixl_version: str = Field("1.5.1", pattern=r"^[0-9][A-Za-z0-9.+_-]*$", description="nixl pin.")
-    router_version: str = Field("0.1.17", pattern=r"^[0-9][A-Za-z0-9.+_-]*$", description="vllm-router pin.")
-    uv_version: str = Field("0.13.8", pattern=r"^[0-9][A-Za-z0-9.+_-]*$", description="uv pin (installs the venv).")
-    index_url: str = Field("https://pypi.org/simple", description="Python package index (PEP 503) for the hosts.")
-    find_links: str | None = Field(None, description="Wheel folder URL; with it the hosts use no index at all.")
+    vllm_version: str = Field(pins.VLLM, pattern=r"^[0-9][A-Za-z0-9.+_-]*$", description="vllm pin.")
+    nixl_version: str = Field(pins.NIXL, pattern=r"^[0-9][A-Za-z0-9.+_-]*$", description="nixl pin.")
+    router_version: str = Field(pins.VLLM_ROUTER, pattern=r"^[0-9][A-Za-z0-9.+_-]*$", description="vllm-router pin.")
+    uv_version: str = Field(pins.UV, pattern=r"^[0-9][A-Za-z0-9.+_-]*$", description="uv pin (installs the venv).")
+    index_url: Url = Field("https://pypi.org/simple", description="Python package index (PEP 503) for the hosts.")
+    find_links: Url | None = Field(None, description="Wheel folder URL; with it the hosts use no index at all.")
     state_dir: str = Field("/var/lib/glm-infra", description="State of the services (their home).")
 
     @field_validator("venv", "state_dir")
@@ -399,11 +434,11 @@ class DriversConfig(StrictModel):
         "install", description="install (and hold) the driver, or verify a pre-installed image and change nothing.")
     version: str = Field("580.159.04", pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?$",
                          description="NVIDIA driver version (fabric manager and NSCQ at exactly this one).")
-    apt_repository: str = Field(
+    apt_repository: Url = Field(
         "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/",
         description="NVIDIA apt repository (deb line URL).",
     )
-    apt_keyring_url: str | None = Field(
+    apt_keyring_url: Url | None = Field(
         "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/3bf863cc.pub",
         description="Signing key of the repository; None means the repository is trusted as is.",
     )

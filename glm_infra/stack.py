@@ -16,7 +16,8 @@ import yaml
 from pydantic import ValidationError
 
 from .config import NAMESPACE, SECRET_PATHS, STACK_KEYS, StackConfig
-from .validate import Problem, check
+from . import pins
+from .validate import GPU_COMPUTE_CAPABILITY, Problem, check
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
@@ -207,6 +208,19 @@ def _warnings(stack: StackConfig) -> list[str]:
         out.append(
             f"{NAMESPACE}:model.revision: {rev!r} is not a commit SHA; pin a commit so every host serves the same bytes"
         )
+    for key, version, known, what in (
+        ("runtime.vllmVersion", stack.runtime.vllm_version, pins.VLLM_CHOICES, "the model's parsers, the all2all backend, "
+         "the CUDA graph mode"),
+        ("runtime.routerVersion", stack.runtime.router_version, pins.ROUTER_CHOICES, "router.policy"),
+    ):
+        if pins.release(version) not in known:
+            out.append(f"{NAMESPACE}:{key}: glm-infra knows the choices of {', '.join(known)} only; {what} are not "
+                       f"checked against {version} (glm_infra/pins.py)")
+    for i, h in enumerate(stack.hosts):
+        model = h.gpu_model.removeprefix("NVIDIA ").split()[0].upper()
+        if stack.model.weight_format is not None and model not in GPU_COMPUTE_CAPABILITY:
+            out.append(f"{NAMESPACE}:hosts[{i}].gpuModel: {h.gpu_model!r} is not a GPU glm-infra knows; the "
+                       f"{stack.model.weight_format.upper()} weights are not checked against it")
     return out
 
 

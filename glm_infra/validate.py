@@ -9,7 +9,11 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .config import StackConfig
+import difflib
+import posixpath
+
+from . import pins
+from .config import StackConfig, snake
 from .topology import allocate, seed_host
 
 
@@ -36,6 +40,10 @@ def check(stack: StackConfig, serve: bool = True) -> list[Problem]:
     if serve:
         problems += _gpu_budget(stack)
         problems += _kv_nics(stack)
+        problems += _closed_sets(stack)
+        problems += _set_twice(stack)
+    problems += _weight_format(stack)
+    problems += _safe_paths(stack)
     problems += _port_collisions(stack, serve)
     return problems
 
@@ -160,11 +168,11 @@ def _port_collisions(stack: StackConfig, serve: bool = True) -> list[Problem]:
         claim(stack.router.host, stack.router.metrics_port, "router metrics", _key("router", ".metricsPort"))
         claim(stack.router.host, stack.router.internal_port, "router internal", _key("router", ".internalPort"))
     m = stack.monitoring
-    if m.enabled and serve:
-        serving = {i.host for i in allocate(stack)}
+    if m.enabled:  # Hosts (serve=False) monitor too: every host is provisioned there
+        provisioned = {i.host for i in allocate(stack)} if serve else {h.name for h in stack.hosts}
         for h in stack.hosts:
             claim(h.name, m.node_exporter_port, "node exporter", _key("monitoring", ".nodeExporterPort"))
-            if h.name in serving and m.dcgm_exporter_package is not None and stack.drivers.mode == "install":
+            if h.name in provisioned and m.dcgm_exporter_package is not None and stack.drivers.mode == "install":
                 claim(h.name, m.dcgm_exporter_port, "DCGM exporter", _key("monitoring", ".dcgmExporterPort"))
         mon = stack.monitoring_host
         assert mon is not None
@@ -174,4 +182,149 @@ def _port_collisions(stack: StackConfig, serve: bool = True) -> list[Problem]:
         span = str(ports[0]) if len(ports) == 1 else f"{ports[0]}-{ports[-1]}"
         word = "port" if len(ports) == 1 else "ports"
         out.append(Problem(path, f"{word} {span} on {host} used twice: {prev} and {owner}"))
+    return out
+
+
+# --- choices of the pinned versions ------------------------------------------------------------------
+
+_MODEL_CHOICES = {"toolCallParser": "tool call parser", "reasoningParser": "reasoning parser",
+                  "speculativeMethod": "speculative decoding method", "fingerprintMode": "fingerprint mode",
+                  "chatTemplateContentFormat": "chat template content format"}
+_POOL_CHOICES = {"all2allBackend": "all2all backend", "cudagraphMode": "CUDA graph mode"}
+
+
+def _not_a_choice(value: str, what: str, choices: tuple[str, ...], who: str) -> str:
+    close = difflib.get_close_matches(value, choices, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    listed = ", ".join(choices) if len(choices) <= 16 else f"{len(choices)} choices, glm_infra/pins.py lists them"
+    return f"{value!r} is not a {what} of {who} ({hint}{listed})"
+
+
+def _closed_sets(stack: StackConfig) -> list[Problem]:
+    """Values vLLM and the router take from a closed set, against the sets of the versions the stack runs
+    (a version glm_infra/pins.py does not know is not checked: stack warnings say so)."""
+    out = []
+    release = pins.release(stack.runtime.vllm_version)
+    vllm = pins.VLLM_CHOICES.get(release)
+    if vllm is not None:
+        for key, what in _MODEL_CHOICES.items():
+            value = getattr(stack.model, snake(key))
+            if value is not None and value not in vllm[key]:
+                out.append(Problem(_key("model", f".{key}"), _not_a_choice(value, what, vllm[key], f"vLLM {release}")))
+        for role, pool in stack.pools():
+            for key, what in _POOL_CHOICES.items():
+                value = getattr(pool, snake(key))
+                if value is not None and value not in vllm[key]:
+                    out.append(Problem(_key(role, f".{key}"), _not_a_choice(value, what, vllm[key], f"vLLM {release}")))
+    router_release = pins.release(stack.runtime.router_version)
+    router = pins.ROUTER_CHOICES.get(router_release)
+    if router is not None and stack.router is not None and stack.router.policy not in router["policy"]:
+        out.append(Problem(_key("router", ".policy"), _not_a_choice(stack.router.policy, "routing policy",
+                                                                    router["policy"], f"vllm-router {router_release}")))
+    return out
+
+
+# --- one setting, one place ------------------------------------------------------------------------
+
+# vllm serve flags glm-infra writes, with the key that sets each (their short and long spellings).
+_FLAG_OWNERS = {
+    "--tensor-parallel-size": "{role}.tp", "-tp": "{role}.tp",
+    "--data-parallel-size": "{role}.dp", "-dp": "{role}.dp",
+    "--enable-expert-parallel": "{role}.ep", "-ep": "{role}.ep",
+    "--gpu-memory-utilization": "{role}.gpuMemoryUtilization",
+    "--max-num-batched-tokens": "{role}.maxNumBatchedTokens",
+    "--compilation-config": "{role}.cudagraphMode", "-O": "{role}.cudagraphMode", "-cc": "{role}.cudagraphMode",
+    "--all2all-backend": "{role}.all2allBackend",
+    "--speculative-config": "{role}.speculativeTokens and model.speculativeMethod",
+    "--shutdown-timeout": "{role}.shutdownTimeout",
+    "--kv-transfer-config": "the pool's role in P/D",
+    "--host": "the host's address", "--port": "{role}.httpPort",
+    "--data-parallel-rpc-port": "{role}.dpRpcPort",
+    "--served-model-name": "model.servedModelName",
+    "--trust-remote-code": "model.trustRemoteCode",
+    "--chat-template-content-format": "model.chatTemplateContentFormat",
+    "--tool-call-parser": "model.toolCallParser", "--enable-auto-tool-choice": "model.enableAutoToolChoice",
+    "--reasoning-parser": "model.reasoningParser",
+    "--enable-prompt-tokens-details": "model.enablePromptTokensDetails",
+    "--fingerprint-mode": "model.fingerprintMode",
+    "--model": "model.path",
+}
+# Environment variables glm-infra sets for every instance (the unit, the UCX and secrets files).
+_ENV_OWNERS = {
+    "VLLM_USE_V2_MODEL_RUNNER": "{role}.modelRunnerV2",
+    "CUDA_VISIBLE_DEVICES": "the plan (GPUs are handed out per instance)",
+    "VLLM_NIXL_SIDE_CHANNEL_HOST": "the host's address", "VLLM_NIXL_SIDE_CHANNEL_PORT": "{role}.nixlSideChannelPort",
+    "HOME": "runtime.stateDir", "HF_HUB_OFFLINE": "glm-infra (the weights are staged before the instances start)",
+    "UCX_NET_DEVICES": "hosts[].computeNics", "UCX_TLS": "nixl.ucxTls", "UCX_IB_GID_INDEX": "rdma.gidIndex",
+    "VLLM_API_KEY": "router.apiKey",
+}
+
+
+def _set_twice(stack: StackConfig) -> list[Problem]:
+    """A setting glm-infra writes, given again through extraArgs or env: refused (which one would win
+    depends on vLLM's parser or systemd's order, and the stack would say one thing and run another)."""
+    out = []
+    for role, pool in stack.pools():
+        for i, arg in enumerate(pool.extra_args):
+            flag = arg.split("=", 1)[0]
+            if flag in _FLAG_OWNERS:
+                owner = _FLAG_OWNERS[flag].format(role=role)
+                out.append(Problem(_key(role, f".extraArgs[{i}]"), f"{flag} is set by glm-infra from {owner}; "
+                                                                   "set that instead of repeating it here"))
+        for name in pool.env:
+            if name in _ENV_OWNERS:
+                owner = _ENV_OWNERS[name].format(role=role)
+                out.append(Problem(_key(role, f".env.{name}"), f"{name} is set by glm-infra from {owner}; "
+                                                               "set that instead of repeating it here"))
+    return out
+
+
+# --- the checkpoint against the GPUs ---------------------------------------------------------------
+
+# Compute capability of the GPU models a stack may name (hosts[].gpuModel), and the least each weight
+# format needs: NVFP4 runs on Blackwell (10.0 and up), FP8 from Ada/Hopper (8.9).
+GPU_COMPUTE_CAPABILITY = {"B300": 10.3, "GB300": 10.3, "B200": 10.0, "GB200": 10.0, "H200": 9.0, "GH200": 9.0,
+                          "H100": 9.0, "H800": 9.0, "H20": 9.0, "L40S": 8.9, "L40": 8.9, "A100": 8.0, "A800": 8.0}
+WEIGHT_FORMAT_NEEDS = {"nvfp4": 10.0, "fp8": 8.9, "bf16": 8.0}
+
+
+def _weight_format(stack: StackConfig) -> list[Problem]:
+    fmt = stack.model.weight_format
+    out = []
+    if fmt is None:
+        return out
+    need = WEIGHT_FORMAT_NEEDS[fmt]
+    serving = {h for _, pool in stack.pools() for h in pool.hosts} or {h.name for h in stack.hosts}
+    for i, h in enumerate(stack.hosts):
+        cc = GPU_COMPUTE_CAPABILITY.get(h.gpu_model.removeprefix("NVIDIA ").split()[0].upper())
+        if h.name in serving and cc is not None and cc < need:
+            out.append(Problem(_key("hosts", f"[{i}].gpuModel"),
+                               f"{h.name}'s {h.gpu_model} (compute capability {cc:g}) cannot run {stack.model.repo}'s "
+                               f"{fmt.upper()} weights, which need {need:g} or later (model.weightFormat)"))
+    return out
+
+
+# --- paths destroy may delete ----------------------------------------------------------------------
+
+# Folders that are the system's, not glm-infra's: none of them (nor a folder above one) may be a folder
+# glm-infra creates and removes (the venv, the services' state, the checkpoint).
+SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media", "/mnt", "/opt",
+               "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var", "/var/lib", "/var/log",
+               "/usr/local", "/usr/lib", "/opt/glm-infra")
+_UNDER_SYSTEM = ("/bin/", "/boot/", "/dev/", "/etc/", "/lib/", "/lib32/", "/lib64/", "/proc/", "/sbin/", "/sys/",
+                 "/usr/", "/run/")
+
+
+def _safe_paths(stack: StackConfig) -> list[Problem]:
+    out = []
+    for path, value, what in (("model.path", stack.model.path, "the checkpoint (destroy may delete it; e.g. "
+                               "/mnt/model/glm/GLM-5.2-NVFP4)"),
+                              ("runtime.venv", stack.runtime.venv, "the venv (destroy deletes it; e.g. /opt/glm-infra/venv)"),
+                              ("runtime.stateDir", stack.runtime.state_dir, "the services' state (destroy deletes it; "
+                               "e.g. /var/lib/glm-infra)")):
+        norm = posixpath.normpath(value)
+        if norm in SYSTEM_DIRS or norm.startswith(_UNDER_SYSTEM):
+            top, _, sub = path.partition(".")
+            out.append(Problem(_key(top, f".{sub}"), f"{value!r} is a system folder or inside one; {what} needs a "
+                                                     "folder of its own"))
     return out

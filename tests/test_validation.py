@@ -80,6 +80,42 @@ BAD = [
     ("fanout-collision", [("glm-infra:model.fanoutPort", 8100)], "glm-infra:model.fanoutPort", "weights fan-out"),
     ("kv-host-without-nics", [("glm-infra:hosts[2].computeNics", [])], "glm-infra:hosts[2].computeNics", "KV cache over RDMA"),
     ("unknown-seed-of-nothing", [("glm-infra:model.seedHost", "nope")], "glm-infra:model.seedHost", "'nope' runs no vLLM instance"),
+    # Closed sets, against the choices of the pinned versions (glm_infra/pins.py).
+    ("unknown-tool-parser", [("glm-infra:model.toolCallParser", "glm48")], "glm-infra:model.toolCallParser", "'glm48' is not a tool call parser of vLLM 0.33.0 (did you mean 'glm47'?"),
+    ("unknown-reasoning-parser", [("glm-infra:model.reasoningParser", "glm5")], "glm-infra:model.reasoningParser", "is not a reasoning parser of vLLM 0.33.0"),
+    ("unknown-all2all", [("glm-infra:decode.all2allBackend", "flashinfer_nvlink_three_sided")], "glm-infra:decode.all2allBackend", "is not a all2all backend of vLLM 0.33.0 (did you mean 'flashinfer_nvlink_two_sided'?"),
+    ("unknown-spec-method", [("glm-infra:model.speculativeMethod", "medusa")], "glm-infra:model.speculativeMethod", "is not a speculative decoding method of vLLM 0.33.0"),
+    ("unknown-fingerprint-mode", [("glm-infra:model.fingerprintMode", "off")], "glm-infra:model.fingerprintMode", "(full, hash, custom, none)"),
+    ("unknown-content-format", [("glm-infra:model.chatTemplateContentFormat", "text")], "glm-infra:model.chatTemplateContentFormat", "is not a chat template content format of vLLM 0.33.0"),
+    ("unknown-router-policy", [("glm-infra:router.policy", "least_loaded")], "glm-infra:router.policy", "is not a routing policy of vllm-router 0.1.17"),
+    # One setting, one place.
+    ("extra-arg-sets-util", [("glm-infra:decode.extraArgs", ["--gpu-memory-utilization=0.8"])], "glm-infra:decode.extraArgs[0]", "--gpu-memory-utilization is set by glm-infra from decode.gpuMemoryUtilization"),
+    ("extra-arg-sets-tp", [("glm-infra:prefill.extraArgs", ["-tp", "2"])], "glm-infra:prefill.extraArgs[0]", "-tp is set by glm-infra from prefill.tp"),
+    ("extra-arg-sets-port", [("glm-infra:prefill.extraArgs", ["--port", "9000"])], "glm-infra:prefill.extraArgs[0]", "--port is set by glm-infra from prefill.httpPort"),
+    ("env-sets-gpus", [("glm-infra:decode.env", {"CUDA_VISIBLE_DEVICES": "0"})], "glm-infra:decode.env.CUDA_VISIBLE_DEVICES", "set by glm-infra from the plan"),
+    ("env-sets-model-runner", [("glm-infra:prefill.env", {"VLLM_USE_V2_MODEL_RUNNER": "0"})], "glm-infra:prefill.env.VLLM_USE_V2_MODEL_RUNNER", "from prefill.modelRunnerV2"),
+    ("env-sets-ucx", [("glm-infra:decode.env", {"UCX_TLS": "tcp"})], "glm-infra:decode.env.UCX_TLS", "from nixl.ucxTls"),
+    ("env-sets-api-key", [("glm-infra:decode.env", {"VLLM_API_KEY": "x"})], "glm-infra:decode.env.VLLM_API_KEY", "from router.apiKey"),
+    # The checkpoint against the GPUs.
+    ("nvfp4-on-hopper", [("glm-infra:hosts[1].gpuModel", "H200")], "glm-infra:hosts[1].gpuModel", "b300-2's H200 (compute capability 9) cannot run nvidia/GLM-5.2-NVFP4's NVFP4 weights, which need 10 or later"),
+    ("fp8-on-ampere", [("glm-infra:model.weightFormat", "fp8"), ("glm-infra:hosts[0].gpuModel", "A100")], "glm-infra:hosts[0].gpuModel", "FP8 weights, which need 8.9"),
+    ("unknown-weight-format", [("glm-infra:model.weightFormat", "int3")], "glm-infra:model.weightFormat", "'nvfp4', 'fp8' or 'bf16'"),
+    # What reaches a script, a unit or a path.
+    ("revision-dot-dot", [("glm-infra:model.revision", "..")], "glm-infra:model.revision", "is not a revision"),
+    ("revision-option", [("glm-infra:model.revision", "-rf")], "glm-infra:model.revision", "is not a revision"),
+    ("nic-option", [("glm-infra:hosts[0].computeNics", ["-mlx5_0"])], "glm-infra:hosts[0].computeNics", "not an RDMA device name"),
+    ("nic-shell", [("glm-infra:hosts[0].computeNics", ["mlx5_0;reboot"])], "glm-infra:hosts[0].computeNics", "not an RDMA device name"),
+    ("served-name-option", [("glm-infra:model.servedModelName", "--help")], "glm-infra:model.servedModelName", "should match pattern"),
+    ("venv-is-system", [("glm-infra:runtime", {"venv": "/usr"})], "glm-infra:runtime.venv", "'/usr' is a system folder or inside one"),
+    ("venv-in-etc", [("glm-infra:runtime", {"venv": "/etc/glm"})], "glm-infra:runtime.venv", "is a system folder or inside one"),
+    ("state-dir-var-lib", [("glm-infra:runtime", {"stateDir": "/var/lib"})], "glm-infra:runtime.stateDir", "'/var/lib' is a system folder"),
+    ("model-path-root-folder", [("glm-infra:model.path", "/mnt")], "glm-infra:model.path", "'/mnt' is a system folder"),
+    ("index-url-shell", [("glm-infra:runtime", {"indexUrl": "https://pypi.org/simple;curl evil"})], "glm-infra:runtime.indexUrl", "is not an http(s) URL"),
+    ("apt-repo-not-url", [("glm-infra:drivers.aptRepository", "file:///etc")], "glm-infra:drivers.aptRepository", "'file:///etc' is not an http(s) URL"),
+    ("mirror-url-backtick", [("glm-infra:model.source", "mirror"), ("glm-infra:model.mirrorUrl", "http://m/`id`")], "glm-infra:model.mirrorUrl", "is not an http(s) URL"),
+    ("monitoring-port-collision", [("glm-infra:monitoring", {"nodeExporterPort": 8100})], "glm-infra:monitoring.nodeExporterPort", "port 8100 on b300-1 used twice"),
+    ("unknown-monitoring-host", [("glm-infra:monitoring", {"host": "edge-1"})], "glm-infra:monitoring.host", "unknown host 'edge-1'"),
+    ("sla-context-twice", [("glm-infra:sla", {"contexts": [16384, 16384]})], "glm-infra:sla.contexts", "listed twice"),
 ]
 
 
@@ -175,3 +211,24 @@ def test_validate_exit_codes_via_console_script(write_stack, prod_config):
 def test_missing_stack_file_is_a_clear_error(capsys):
     assert main(["validate", "no-such-stack"]) == 1
     assert "Pulumi.no-such-stack.yaml: invalid stack" in capsys.readouterr().err
+
+
+def test_a_version_without_known_choices_is_not_checked_and_says_so(prod_config, write_stack):
+    _set(prod_config, "glm-infra:runtime", {"vllmVersion": "0.34.0", "routerVersion": "0.2.0"})
+    _set(prod_config, "glm-infra:model.toolCallParser", "glm50")
+    loaded = load_file(write_stack(prod_config))
+    assert loaded.config.model.tool_call_parser == "glm50"
+    warned = " ".join(loaded.warnings)
+    assert "glm-infra:runtime.vllmVersion: glm-infra knows the choices of 0.33.0 only" in warned
+    assert "not checked against 0.34.0" in warned and "glm-infra:runtime.routerVersion" in warned
+
+
+def test_the_weight_format_comes_from_the_repository_unless_given(prod_config, write_stack):
+    assert load_file(write_stack(prod_config)).config.model.weight_format == "nvfp4"
+    _set(prod_config, "glm-infra:model.weightFormat", None)
+    _set(prod_config, "glm-infra:hosts[1].gpuModel", "H200")
+    assert load_file(write_stack(prod_config)).config.model.weight_format is None  # not checked, on purpose
+    _set(prod_config, "glm-infra:model.weightFormat", "bf16")
+    _set(prod_config, "glm-infra:hosts[1].gpuModel", "Z9000")
+    loaded = load_file(write_stack(prod_config))
+    assert any("glm-infra:hosts[1].gpuModel: 'Z9000' is not a GPU glm-infra knows" in w for w in loaded.warnings)

@@ -1,0 +1,76 @@
+"""The pinned versions of what runs on the hosts, and the choices each pinned version accepts for the
+settings glm-infra passes it, in one place. ``validate`` checks the stack's values against the
+choices of the versions it runs; a version this table does not know is not checked (and says so).
+
+The choices were read from the released packages: vLLM 0.33.0's wheel (``vllm/tool_parsers/__init__.py``
+and ``vllm/reasoning/__init__.py`` registries, ``vllm/config/parallel.py`` ``All2AllBackend``,
+``vllm/config/speculative.py`` ``SpeculativeMethod``, ``vllm/entrypoints/common/cli_args.py``
+``fingerprint_mode``, ``vllm/renderers/chat_utils/types.py`` ``ChatTemplateContentFormatOption``,
+``vllm/config/compilation.py`` ``CUDAGraphMode``) and vllm-router 0.1.17's ``router_args.py`` (``--policy``).
+"""
+
+from __future__ import annotations
+
+VLLM = "0.33.0"
+NIXL = "1.5.1"
+VLLM_ROUTER = "0.1.17"
+UV = "0.13.8"
+HF_HUB = "2.4.0"
+
+_MTP = (
+    "deepseek_mtp", "dots3_note_mtp", "mimo_mtp", "mimo_v2_mtp", "glm4_moe_mtp", "glm4_moe_lite_mtp", "glm_ocr_mtp",
+    "ernie_mtp", "nemotron_h_mtp", "exaone_moe_mtp", "exaone4_5_mtp", "qwen3_next_mtp", "qwen4_exp_mtp",
+    "qwen3_5_mtp", "longcat_flash_mtp", "bailing_hybrid_v3_mtp", "minimax_m3_mtp", "bailing_hybrid_mtp", "mtp",
+    "kimi_k3_mtp", "pangu_ultra_moe_mtp", "step3p5_mtp", "step5_mtp", "hy_v3_mtp", "hy_v4_mtp", "gemma4_mtp",
+    "inkling_mtp", "glm5_next_mtp",
+)
+
+# vLLM version → setting (the stack's key under model / a pool) → what that version accepts.
+VLLM_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
+    "0.33.0": {
+        "toolCallParser": (
+            "apertus", "beam", "cohere_command3", "cohere_command4", "deepseek_v3", "deepseek_v31", "deepseek_v32",
+            "deepseek_v4", "deepseek_v41", "dots", "ernie45", "functiongemma", "gemma4", "gigachat3", "glm45",
+            "glm47", "granite", "granite-20b-fc", "granite4", "hermes", "hf", "hunyuan_a13b", "hy_v3", "hy_v4",
+            "inkling", "internlm", "jamba", "k2_horizon", "kimi_k2", "kimi_k3", "lfm2", "ling3", "llama3_json",
+            "llama4_json", "llama4_pythonic", "longcat", "mimo", "minicpm5", "minimax_m2", "minimax_m3", "mistral",
+            "muse", "muse_glimmer", "musespark1x", "olmo3", "openai", "phi4_mini_json", "plamo3", "poolside_v1",
+            "pythonic", "qwen3_coder", "qwen3_json", "qwen3_xml", "seed_oss", "step3", "step3p5", "step5", "xlam",
+        ),
+        "reasoningParser": (
+            "beam", "cohere_command3", "cohere_command4", "deepseek_r1", "deepseek_v3", "deepseek_v4",
+            "deepseek_v41", "ernie45", "gemma4", "glm45", "glm47", "granite", "granite_thinking_parser", "hf",
+            "holo2", "hunyuan_a13b", "hy_v3", "hy_v4", "inkling", "k2_horizon", "kimi_k2", "kimi_k3", "ling3",
+            "mimo", "minicpmv", "minimax_m2", "minimax_m2_append_think", "minimax_m3", "mistral", "muse",
+            "muse_glimmer", "musespark1x", "nemotron_v3", "olmo3", "openai_gptoss", "plamo3", "poolside_v1", "qwen3",
+            "seed_oss", "step3", "step3p5", "step5",
+        ),
+        "all2allBackend": (
+            "naive", "pplx", "deepep_high_throughput", "deepep_low_latency", "deepep_v2", "mori_high_throughput",
+            "mori_low_latency", "moonep", "nixl_ep", "allgather_reducescatter", "flashinfer_all2allv",
+            "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided", "passthrough",
+        ),
+        "speculativeMethod": ("ngram", "draft_model", "suffix", "custom_class", "eagle", "eagle3",
+                              "extract_hidden_states", *_MTP, "dflash", "ngram_gpu", "dspark"),
+        "fingerprintMode": ("full", "hash", "custom", "none"),
+        "chatTemplateContentFormat": ("auto", "string", "openai"),
+        "cudagraphMode": ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"),
+    },
+}
+
+ROUTER_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
+    "0.1.17": {
+        "policy": ("random", "round_robin", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
+                   "sticky_least_loaded"),
+    },
+}
+
+
+def release(version: str) -> str:
+    """A version without its local part: the stand-ins' ``0.33.0+glmsim`` is vLLM 0.33.0's interface."""
+    return version.split("+", 1)[0]
+
+
+def schema_enum(setting: str) -> dict[str, list[str]]:
+    """The JSON Schema ``enum`` of a vLLM setting: the pinned version's choices (for editors)."""
+    return {"enum": list(VLLM_CHOICES[VLLM][setting])}
