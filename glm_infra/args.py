@@ -227,6 +227,8 @@ class RouterInput(TypedDict, total=False):
     """vllm-router --policy (the choices of runtime.routerVersion). Default: 'round_robin'."""
     api_key: pulumi.Input[str]
     """API key the router and workers share, a Pulumi secret."""
+    allowed_cidrs: Sequence[str]
+    """Who may reach the public port besides the stack's hosts (the firewall); empty: nobody else, so it is opened on purpose."""
     health_check_interval: int
     """Seconds between worker health checks. Default: 10."""
 
@@ -337,6 +339,8 @@ class MonitoringInput(TypedDict, total=False):
     """How often the rules run. Default: '15s'."""
     retention: str
     """How long Prometheus keeps samples. Default: '15d'."""
+    allowed_cidrs: Sequence[str]
+    """Who may reach Prometheus and Alertmanager besides the stack's hosts (the firewall; the SLA gate asks Prometheus from where it runs)."""
     webhook_url: pulumi.Input[str]
     """Alertmanager webhook receiver URL, a Pulumi secret (it often carries a token). None: alerts stay in Alertmanager."""
     group_wait: str
@@ -376,6 +380,13 @@ class SlaInput(TypedDict, total=False):
     """How far Prometheus's mean TTFT of a bucket may be from the client's (a share of the client's) before the gate says they disagree. Default: 0.15."""
 
 
+class FirewallInput(TypedDict, total=False):
+    """nftables on every host, in a table of glm-infra's own (inet glm_infra): every port glm-infra opens is reachable from the stack's hosts only, the router's public port also from router.allowedCidrs, Prometheus and Alertmanager from monitoring.allowedCidrs; everything else (SSH too) is left as it is."""
+
+    enabled: bool
+    """Close glm-infra's ports to everyone but the stack's hosts. Default: True."""
+
+
 class ClusterArgs(TypedDict, total=False):
     """A whole deployment: the ``glm-infra:*`` keys of a stack file, as Pulumi inputs."""
 
@@ -407,3 +418,5 @@ class ClusterArgs(TypedDict, total=False):
     """Prometheus, exporters, alerts."""
     sla: SlaInput
     """The service level and its gate."""
+    firewall: FirewallInput
+    """nftables: glm-infra's ports closed to all but the stack's hosts."""

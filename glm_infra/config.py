@@ -45,6 +45,7 @@ STACK_KEYS = (
     "nixl",
     "monitoring",
     "sla",
+    "firewall",
 )
 
 # The values that must be Pulumi secrets, in one place: the name templates and components know each
@@ -115,6 +116,16 @@ def _url(v: str) -> str:
 
 
 Url = Annotated[str, AfterValidator(_url)]
+
+
+def _cidr(v: str) -> str:
+    try:
+        return str(ipaddress.ip_network(v, strict=False))
+    except ValueError:
+        raise ValueError(f"{v!r} is not an address or network (10.0.0.0/8, 2001:db8::/32, 192.0.2.7)") from None
+
+
+Cidr = Annotated[str, AfterValidator(_cidr)]
 
 
 class HostConfig(StrictModel):
@@ -390,6 +401,9 @@ class RouterConfig(StrictModel):
                         json_schema_extra={"enum": list(pins.ROUTER_CHOICES[pins.VLLM_ROUTER]["policy"])},
                         description="vllm-router --policy (the choices of runtime.routerVersion).")
     api_key: Secret | None = Field(None, description="API key the router and workers share, a Pulumi secret.")
+    allowed_cidrs: list[Cidr] = Field(
+        default_factory=list, description="Who may reach the public port besides the stack's hosts (the firewall); "
+                                          "empty: nobody else, so it is opened on purpose.")
     health_check_interval: int = Field(10, ge=1, le=600, description="Seconds between worker health checks.")
 
 
@@ -521,6 +535,9 @@ class MonitoringConfig(StrictModel):
     scrape_interval: Duration = Field("15s", description="How often every target is scraped.")
     evaluation_interval: Duration = Field("15s", description="How often the rules run.")
     retention: Duration = Field("15d", description="How long Prometheus keeps samples.")
+    allowed_cidrs: list[Cidr] = Field(
+        default_factory=list, description="Who may reach Prometheus and Alertmanager besides the stack's hosts "
+                                          "(the firewall; the SLA gate asks Prometheus from where it runs).")
     webhook_url: Secret | None = Field(None, description="Alertmanager webhook receiver URL, a Pulumi secret "
                                                          "(it often carries a token). None: alerts stay in Alertmanager.")
     group_wait: Duration = Field("30s", description="How long Alertmanager waits to group a new alert before "
@@ -562,6 +579,14 @@ class SlaConfig(StrictModel):
         return sorted(v)
 
 
+class FirewallConfig(StrictModel):
+    """nftables on every host, in a table of glm-infra's own (inet glm_infra): every port glm-infra opens
+    is reachable from the stack's hosts only, the router's public port also from router.allowedCidrs,
+    Prometheus and Alertmanager from monitoring.allowedCidrs; everything else (SSH too) is left as it is."""
+
+    enabled: bool = Field(True, description="Close glm-infra's ports to everyone but the stack's hosts.")
+
+
 class StackConfig(StrictModel):
     """One stack file's ``glm-infra:*`` keys."""
 
@@ -579,6 +604,8 @@ class StackConfig(StrictModel):
     nixl: NixlConfig = Field(default_factory=NixlConfig, description="NIXL / UCX settings.")
     monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig, description="Prometheus, exporters, alerts.")
     sla: SlaConfig = Field(default_factory=SlaConfig, description="The service level and its gate.")
+    firewall: FirewallConfig = Field(default_factory=FirewallConfig, description="nftables: glm-infra's ports closed "
+                                                                                 "to all but the stack's hosts.")
 
     @model_validator(mode="before")
     @classmethod

@@ -7,7 +7,7 @@ real values inside Pulumi (``Step.secret_render``).
 
 Step keys per host, in the order the steps run:
 
-    preflight, <host files>, drivers-install, drivers-reboot, drivers-wait (local), drivers-back,
+    preflight, <host files>, drivers-install, drivers-reboot, drivers-wait (local), drivers-back, firewall,
     health-gate, rdma, ucx-env, facts, runtime,
     weights-hf-cli, weights-fanout, weights-stage, weights-fanout-stop  (the seed's fan-out on the seed),
     <instance>-unit, <instance>-service, <instance>-rollout, <instance>-stop, prune-weights,
@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import monitoring, paths, render
+from . import firewall, monitoring, paths, render
 from .config import StackConfig
 from .steps import RenderedFile, ScriptStep, Step, command, digest, file_step
 from .topology import HostPlan, Instance, Plan, seed_host
@@ -221,12 +221,16 @@ def host_steps(stack: StackConfig, plan: Plan, h: HostPlan, secrets: Mapping[str
     if secrets is None:
         secrets = render.placeholders(stack)
     steps: list[Step] = [preflight_step(stack, h), *host_file_steps(stack, plan, h, secrets)]
+    wall = firewall.step(stack, plan, h)
     if h.provisioned:
         steps += driver_steps(stack, h)
+        steps += [wall] if wall else []  # after the driver step: it adds the repository nftables may come from
         steps.append(health_gate_step(stack, h))
         steps.append(ScriptStep("rdma", render.rdma_script(stack, h.name)).step("rdma", timeout="20m"))
         steps.append(file_step("ucx-env", paths.UCX_ENV, render.ucx_env(stack, h.name)))
         steps.append(facts_step(stack, h))
+    elif wall:
+        steps.append(wall)
     if h.instances or h.runs_router or h.runtime:
         steps.append(ScriptStep("runtime", render.runtime_script(stack, h.name)).step("runtime", timeout="60m"))
     if h.provisioned and seed_host(stack, plan.serve) is not None:

@@ -22,7 +22,7 @@ import yaml
 from . import paths, render
 from .config import StackConfig
 from .render import render_template
-from .steps import RenderedFile, ScriptStep, Step, digest, file_step
+from .steps import RenderedFile, Step, file_step
 from .topology import HostPlan, Plan
 
 DASHBOARD = Path(__file__).parent / "dashboards" / "glm-infra.json"
@@ -33,8 +33,6 @@ ALERTMANAGER_UNIT = "prometheus-alertmanager.service"
 NODE_EXPORTER_UNIT = "prometheus-node-exporter.service"
 DCGM_EXPORTER_UNIT = "nvidia-dcgm-exporter.service"  # datacenter-gpu-manager-exporter
 WEBHOOK_CREDENTIAL = "webhook-url"
-WAIT_SECONDS = 60
-SYSTEM_DIRS = {"/etc", "/etc/default", paths.UNIT_DIR}  # never removed, even if empty
 
 # DCGM fields the rules and the dashboard read, as dcgm-exporter's collectors file lists them. Its
 # default file leaves out the row-remap and NVLink CRC counters the alerts need.
@@ -196,39 +194,24 @@ def alertmanager_dropin() -> str:
 # --- the steps -----------------------------------------------------------------------------------
 
 
-def _service_step(key: str, what: str, host: str, packages: list[str], units: list[str], urls: list[str],
-                  files: list[RenderedFile], config_check: str = "", runtime_digest: tuple[str, ...] = ()) -> Step:
-    for f in files:
-        assert f.content.endswith("\n") and "GLM_INFRA_FILE_END" not in f.content, f.path
-    script = render_template(
-        "monitoring.sh.j2", step_name=key, what=what, host=host, packages=packages,
-        services=[u.removesuffix(".service") for u in units], urls=urls, files=files,
-        config_check=config_check, wait_seconds=WAIT_SECONDS, runtime_digest=runtime_digest,
-        config_digest=digest(*packages, *(f"{f.path}\0{f.mode:o}\0{f.content}" for f in files)),
-        dirs=sorted({f.path.rsplit("/", 1)[0] for f in files} - SYSTEM_DIRS, key=lambda d: (-d.count("/"), d)),
-    )
-    step = ScriptStep(key, script).step(key, timeout="20m")
-    return Step(**{**step.__dict__, "files": (*step.files, *files)})
-
-
 def host_steps(stack: StackConfig, plan: Plan, h: HostPlan, stack_name: str, secrets: Mapping[str, str]) -> list[Step]:
     """The exporters of one host, and Prometheus and Alertmanager on the monitoring host."""
     m = stack.monitoring
     if not m.enabled:
         return []
-    out = [_service_step(
+    out = [render.package_service_step(
         "node-exporter", f"the Prometheus node exporter on :{m.node_exporter_port}", h.name,
         ["prometheus-node-exporter"], [NODE_EXPORTER_UNIT], [f"http://127.0.0.1:{m.node_exporter_port}/metrics"],
         [RenderedFile(paths.NODE_EXPORTER_DEFAULTS, node_exporter_defaults(stack))])]
     if h.name in dcgm_hosts(stack, plan):
         assert m.dcgm_exporter_package is not None
-        out.append(_service_step(
+        out.append(render.package_service_step(
             "dcgm-exporter", f"NVIDIA's DCGM exporter on :{m.dcgm_exporter_port}", h.name,
             [m.dcgm_exporter_package], [DCGM_EXPORTER_UNIT], [f"http://127.0.0.1:{m.dcgm_exporter_port}/metrics"],
             [RenderedFile(paths.DCGM_EXPORTER_COUNTERS, dcgm_counters()),
              RenderedFile(paths.dropin(DCGM_EXPORTER_UNIT), dcgm_exporter_dropin(stack))]))
     if h.name == stack.monitoring_host:
-        out.append(_service_step(
+        out.append(render.package_service_step(
             "prometheus", f"Prometheus on :{m.prometheus_port} (retention {m.retention})", h.name,
             ["prometheus"], [PROMETHEUS_UNIT], [f"http://127.0.0.1:{m.prometheus_port}/-/ready"],
             [RenderedFile(paths.PROMETHEUS_CONFIG, prometheus_config(stack, plan, stack_name)),
@@ -241,7 +224,7 @@ def host_steps(stack: StackConfig, plan: Plan, h: HostPlan, stack_name: str, sec
             out.append(file_step("alertmanager-webhook", paths.WEBHOOK_SECRET, render.alertmanager_webhook(secrets),
                                  0o600, True, "alertmanager_webhook"))
             files.append(RenderedFile(paths.dropin(ALERTMANAGER_UNIT), alertmanager_dropin()))
-        out.append(_service_step(
+        out.append(render.package_service_step(
             "alertmanager", f"Alertmanager on :{m.alertmanager_port}", h.name,
             ["prometheus-alertmanager"], [ALERTMANAGER_UNIT], [f"http://127.0.0.1:{m.alertmanager_port}/-/ready"],
             files, config_check=f"amtool check-config {paths.ALERTMANAGER_CONFIG}",

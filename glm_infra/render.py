@@ -20,7 +20,7 @@ from .paths import (  # noqa: F401  (re-exported: where things land, for callers
     FRONT_CONF, FRONT_KEYS, HF_SECRETS, HOSTCHECK, ROUTER_SECRETS, SECRETS_DIR, UCX_ENV, UNIT_DIR, VLLM_SECRETS,
     WEIGHTS,
 )
-from .steps import RenderedFile  # noqa: F401
+from .steps import RenderedFile, ScriptStep, Step, digest
 from .topology import KV_ROLE, Instance, Plan, pool_of
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -315,3 +315,29 @@ def router_front_script(plan: Plan) -> str:
         "router-front.sh.j2", host=plan.router.host, public_url=plan.router.url, conf_path=FRONT_CONF,
         keys_path=FRONT_KEYS,
     )
+
+
+# --- a service of a package, on glm-infra's files (the monitoring, the firewall) ---------------------
+
+PACKAGE_SERVICE_WAIT_S = 60
+_SYSTEM_DIRS = {"/etc", "/etc/default", paths.UNIT_DIR}  # never removed, even if empty
+
+
+def package_service_step(key: str, what: str, host: str, packages: list[str], units: list[str], urls: list[str],
+                         files: list[RenderedFile], config_check: str = "", runtime_digest: tuple[str, ...] = (),
+                         live_check: str = "") -> Step:
+    """A step that installs ``packages`` if missing, writes ``files`` (embedded in its script, so its
+    check sees a hand edit), (re)starts ``units`` when they changed and waits for ``urls``;
+    ``live_check``: a command that must also succeed once they run."""
+    for f in files:
+        assert f.content.endswith("\n") and "GLM_INFRA_FILE_END" not in f.content, f.path
+    script = render_template(
+        "package-service.sh.j2", step_name=key, what=what, host=host, packages=packages,
+        services=[u.removesuffix(".service") for u in units], urls=urls, files=files,
+        config_check=config_check, wait_seconds=PACKAGE_SERVICE_WAIT_S, runtime_digest=runtime_digest,
+        live_check=live_check,
+        config_digest=digest(*packages, *(f"{f.path}\0{f.mode:o}\0{f.content}" for f in files)),
+        dirs=sorted({f.path.rsplit("/", 1)[0] for f in files} - _SYSTEM_DIRS, key=lambda d: (-d.count("/"), d)),
+    )
+    step = ScriptStep(key, script).step(key, timeout="20m")
+    return Step(**{**step.__dict__, "files": (*step.files, *files)})

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 import difflib
 import posixpath
 
-from . import pins
+from . import pins, ports
 from .config import StackConfig, snake
-from .topology import allocate, seed_host
 
 
 @dataclass(frozen=True)
@@ -147,40 +146,17 @@ def _port_collisions(stack: StackConfig, serve: bool = True) -> list[Problem]:
     owners: dict[tuple[str, int], str] = {}
     clashes: dict[tuple[str, str, str, str], list[int]] = defaultdict(list)
     out: list[Problem] = []
-
-    def claim(host: str, port: int, owner: str, path: str) -> None:
+    for listener in ports.listeners(stack, serve):
+        host, port, owner, path = listener.host, listener.port, listener.owner, listener.key
         if port > 65535:
             out.append(Problem(path, f"{owner} on {host} would need port {port}, above 65535"))
-            return
+            continue
         prev = owners.setdefault((host, port), owner)
         if prev != owner:
             clashes[(path, host, prev, owner)].append(port)
-
-    port_key = {"http": ".httpPort", "dp-rpc": ".dpRpcPort", "nixl": ".nixlSideChannelPort"}
-    for inst in allocate(stack) if serve else ():
-        for kind, port in inst.ports():
-            claim(inst.host, port, f"{inst.name} {kind}", _key(inst.role, port_key[kind]))
-    seed = seed_host(stack, serve)
-    if seed is not None and stack.model.source != "local":
-        claim(seed, stack.model.fanout_port, "weights fan-out", _key("model", ".fanoutPort"))
-    if stack.router is not None and serve:
-        claim(stack.router.host, stack.router.port, "router http", _key("router", ".port"))
-        claim(stack.router.host, stack.router.metrics_port, "router metrics", _key("router", ".metricsPort"))
-        claim(stack.router.host, stack.router.internal_port, "router internal", _key("router", ".internalPort"))
-    m = stack.monitoring
-    if m.enabled:  # Hosts (serve=False) monitor too: every host is provisioned there
-        provisioned = {i.host for i in allocate(stack)} if serve else {h.name for h in stack.hosts}
-        for h in stack.hosts:
-            claim(h.name, m.node_exporter_port, "node exporter", _key("monitoring", ".nodeExporterPort"))
-            if h.name in provisioned and m.dcgm_exporter_package is not None and stack.drivers.mode == "install":
-                claim(h.name, m.dcgm_exporter_port, "DCGM exporter", _key("monitoring", ".dcgmExporterPort"))
-        mon = stack.monitoring_host
-        assert mon is not None
-        claim(mon, m.prometheus_port, "prometheus", _key("monitoring", ".prometheusPort"))
-        claim(mon, m.alertmanager_port, "alertmanager", _key("monitoring", ".alertmanagerPort"))
-    for (path, host, prev, owner), ports in clashes.items():
-        span = str(ports[0]) if len(ports) == 1 else f"{ports[0]}-{ports[-1]}"
-        word = "port" if len(ports) == 1 else "ports"
+    for (path, host, prev, owner), taken in clashes.items():
+        span = str(taken[0]) if len(taken) == 1 else f"{taken[0]}-{taken[-1]}"
+        word = "port" if len(taken) == 1 else "ports"
         out.append(Problem(path, f"{word} {span} on {host} used twice: {prev} and {owner}"))
     return out
 

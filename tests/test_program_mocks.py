@@ -37,8 +37,9 @@ def _expected_commands(stack: str) -> int:
     # DCGM, Prometheus and Alertmanager on one host.
     cfg = load_file(stack_file(stack)).config
     monitoring = len(p.hosts) + (len(p.serving_hosts) if cfg.drivers.mode == "install" else 0) + 2
+    firewall = len(p.hosts) if cfg.firewall.enabled else 0  # the nftables step on every host
     return (len(p.serving_hosts) * per_serving_host + router_only + bare + len(p.instances) * per_instance + router
-            + weights + monitoring)
+            + weights + monitoring + firewall)
 
 
 @pytest.mark.parametrize("stack", PROD_STACKS)
@@ -54,8 +55,9 @@ def test_resource_tree(stack, key_file):
     assert types.count("command:local:Command") == len(p.serving_hosts)  # the wait for a reboot
     assert types.count("glm-infra:index:Drivers") == len(p.serving_hosts)
     runtimes = len({h.name for h in p.hosts if h.instances or h.runs_router})
-    # Per serving host: the health gate, RDMA and the UCX env file; per host that runs anything: the runtime.
-    assert types.count("glm-infra:index:HostStep") == 3 * len(p.serving_hosts) + runtimes
+    # Per serving host: the health gate, RDMA and the UCX env file; per host that runs anything: the runtime;
+    # per host: the firewall.
+    assert types.count("glm-infra:index:HostStep") == 3 * len(p.serving_hosts) + runtimes + len(p.hosts)
     # Every resource hangs under the cluster; names carry their parent's name.
     cluster = run.get("glm")
     for r in run.resources:

@@ -24,7 +24,9 @@ cluster = Cluster("small", {
               for n in (prefill_host, decode_host)],
     "prefill": {"hosts": [prefill_host], "instances_per_host": 1, "dp": 8},
     "decode": {"hosts": [decode_host]},
-    "router": {"host": decode_host, "api_key": config.require_secret("apiKey")},
+    # The public port is closed to all but the cluster's hosts unless the stack names its clients.
+    "router": {"host": decode_host, "api_key": config.require_secret("apiKey"),
+               "allowed_cidrs": config.get_object("routerClients") or []},
 })
 
 pulumi.export("routerUrl", cluster.router_url)

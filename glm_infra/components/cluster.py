@@ -142,8 +142,12 @@ class _Deployment(pulumi.ComponentResource):
                 DriversArgs(conn, hostplan_subset(s, "drivers-"), self.lives(h.name, [k for k in s if k.startswith("drivers-")])),
                 pulumi.ResourceOptions(parent=self, depends_on=[host.preflight]),
             )
+            after_drivers: pulumi.Resource = drivers
+            if "firewall" in s:
+                after_drivers = self._host_step(f"{name}-{h.name}-firewall", "nftables", conn, s["firewall"], h.name,
+                                                [], [drivers])
             gate = self._host_step(f"{name}-{h.name}-health", "gate", conn, s["health-gate"], h.name,
-                                   [drivers.ready.stdout], [drivers], "Fabric")
+                                   [drivers.ready.stdout], [after_drivers], "Fabric")
             rdma = self._host_step(f"{name}-{h.name}-rdma", "setup", conn, s["rdma"], h.name, [], [gate], "Rdma")
             previous = self._host_step(f"{name}-{h.name}-nixl", "ucx-env", conn, s["ucx-env"], h.name, [], [rdma],
                                        "Nixl")
@@ -152,6 +156,9 @@ class _Deployment(pulumi.ComponentResource):
             chain.facts = host.read_facts(
                 s["facts"], [drivers.ready.stdout, gate.command.stdout, rdma.command.stdout], [previous],
                 live=self.live(h.name, "facts"))
+        elif "firewall" in s:
+            previous = self._host_step(f"{name}-{h.name}-firewall", "nftables", conn, s["firewall"], h.name, [],
+                                       [host.preflight])
         if "runtime" in s:
             runtime = self._host_step(f"{name}-{h.name}-runtime", "venv", conn, s["runtime"], h.name, [], [previous],
                                       "Runtime")
@@ -161,12 +168,12 @@ class _Deployment(pulumi.ComponentResource):
         return chain
 
     def _host_step(self, name: str, command: str, conn: remote.ConnectionArgs, step: Step, host: str,
-                   triggers: list, after: list, old_type: str) -> HostStep:
+                   triggers: list, after: list, old_type: str | None = None) -> HostStep:
         return HostStep(
             name, HostStepArgs(conn, step, command, triggers, self.live(host, step.name)),
             # Same resources as before the steps shared one component type.
             pulumi.ResourceOptions(parent=self, depends_on=after,
-                                   aliases=[pulumi.Alias(type_=f"glm-infra:index:{old_type}")]),
+                                   aliases=[pulumi.Alias(type_=f"glm-infra:index:{old_type}")] if old_type else None),
         )
 
     def _monitor(self, name: str, after: Sequence[pulumi.Resource] = ()) -> Monitoring | None:

@@ -5,7 +5,7 @@
 ensure_host_deps() {
   local need=() pkg
   for pkg in debootstrap:debootstrap systemd-nspawn:systemd-container dpkg-scanpackages:dpkg-dev \
-    curl:curl ssh:openssh-client gpg:gnupg ip:iproute2 tc:iproute2; do
+    curl:curl ssh:openssh-client gpg:gnupg ip:iproute2 tc:iproute2 nft:nftables; do
     command -v "${pkg%%:*}" >/dev/null 2>&1 || need+=("${pkg#*:}")
   done
   python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)

@@ -1,0 +1,62 @@
+"""Every port glm-infra makes a host listen on, with what it is, the stack key that sets it and who may
+reach it: one list, from which ``validate`` finds collisions and the firewall opens what it must.
+
+Audiences: ``peers`` (the stack's hosts only: vLLM HTTP, DP RPC, NIXL side channels, the weights
+fan-out, the exporters, the router's own ports), ``router`` (the public port: the stack's hosts and
+``router.allowedCidrs``), ``operators`` (Prometheus and Alertmanager: the stack's hosts and
+``monitoring.allowedCidrs``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import StackConfig
+from .topology import allocate, seed_host
+
+PEERS, ROUTER, OPERATORS = "peers", "router", "operators"
+_INSTANCE_KEYS = {"http": ".httpPort", "dp-rpc": ".dpRpcPort", "nixl": ".nixlSideChannelPort"}
+
+
+@dataclass(frozen=True)
+class Listener:
+    host: str
+    port: int
+    owner: str  # "prefill-0 http", "router metrics", …
+    key: str  # the stack key that sets it: "glm-infra:prefill.httpPort"
+    audience: str
+
+
+def _key(top: str, rest: str) -> str:
+    return f"glm-infra:{top}{rest}"
+
+
+def listeners(stack: StackConfig, serve: bool = True) -> list[Listener]:
+    """Every listener of every host. ``serve=False``: hosts provisioned without pools (Hosts)."""
+    out: list[Listener] = []
+    for inst in allocate(stack) if serve else ():
+        for kind, port in inst.ports():
+            out.append(Listener(inst.host, port, f"{inst.name} {kind}", _key(inst.role, _INSTANCE_KEYS[kind]), PEERS))
+    seed = seed_host(stack, serve)
+    if seed is not None and stack.model.source != "local":
+        out.append(Listener(seed, stack.model.fanout_port, "weights fan-out", _key("model", ".fanoutPort"), PEERS))
+    r = stack.router
+    if r is not None and serve:
+        out.append(Listener(r.host, r.port, "router http", _key("router", ".port"), ROUTER))
+        out.append(Listener(r.host, r.metrics_port, "router metrics", _key("router", ".metricsPort"), PEERS))
+        out.append(Listener(r.host, r.internal_port, "router internal", _key("router", ".internalPort"), PEERS))
+    m = stack.monitoring
+    if m.enabled:  # Hosts (serve=False) monitor too: every host is provisioned there
+        provisioned = {i.host for i in allocate(stack)} if serve else {h.name for h in stack.hosts}
+        for h in stack.hosts:
+            out.append(Listener(h.name, m.node_exporter_port, "node exporter", _key("monitoring", ".nodeExporterPort"),
+                                PEERS))
+            if h.name in provisioned and m.dcgm_exporter_package is not None and stack.drivers.mode == "install":
+                out.append(Listener(h.name, m.dcgm_exporter_port, "DCGM exporter",
+                                    _key("monitoring", ".dcgmExporterPort"), PEERS))
+        mon = stack.monitoring_host
+        assert mon is not None
+        out.append(Listener(mon, m.prometheus_port, "prometheus", _key("monitoring", ".prometheusPort"), OPERATORS))
+        out.append(Listener(mon, m.alertmanager_port, "alertmanager", _key("monitoring", ".alertmanagerPort"),
+                            OPERATORS))
+    return out
