@@ -2,7 +2,9 @@
 an alert reaches the stack's webhook (whose URL, a secret, lands nowhere in plaintext), the SLA gate
 (AIPerf through the router) passes inside the SLA and fails for the right bucket and metric outside
 it while Prometheus agrees with the client, every dashboard query returns series, `glm-infra doctor`
-finds each drift planted by hand and changes nothing, and destroy removes the monitoring.
+finds each drift planted by hand and changes nothing, the firewall keeps a client outside the stack
+off every port glm-infra opens (but the router's, once listed) and lets the stack's hosts in, and
+destroy removes the monitoring and the firewall.
 
 The tests run in file order against one stack; the hosts keep the driver and the weights from the
 module before.
@@ -248,7 +250,71 @@ def test_doctor_finds_each_planted_drift_and_changes_nothing(stack):
     assert "no drift:" in healed.stderr
 
 
-def test_destroy_removes_the_monitoring(stack):
+OUTSIDER = "10.88.0.50"  # on the hosts' bridge, in no stack
+
+
+@pytest.fixture
+def outsider():
+    """A client outside the stack: a network namespace of the test's own on the hosts' bridge."""
+    ns, veth = "glm-outsider", "glm-out"
+    cmds = [f"ip netns add {ns}", f"ip link add {veth} type veth peer name {veth}-br",
+            f"ip link set {veth} netns {ns}", f"ip link set {veth}-br master br-glmsim up",
+            f"ip -n {ns} addr add {OUTSIDER}/24 dev {veth}", f"ip -n {ns} link set {veth} up",
+            f"ip -n {ns} link set lo up"]
+    try:
+        for c in cmds:
+            subprocess.run(c.split(), check=True, capture_output=True)
+        yield ns
+    finally:
+        subprocess.run(["ip", "link", "del", f"{veth}-br"], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+PROBE = ("import socket, sys\nfor target in sys.argv[1:]:\n    host, port = target.rsplit(':', 1)\n"
+         "    s = socket.socket(); s.settimeout(5)\n    try:\n        s.connect((host, int(port))); print(target, 'open')\n"
+         "    except ConnectionRefusedError:\n        print(target, 'refused')\n    except OSError as e:\n"
+         "        print(target, 'error', e)\n    s.close()\n")
+
+
+def probe_from(ns: str | None, targets: list[str], host: str | None = None) -> dict[str, str]:
+    argv = ["python3", "-c", PROBE, *targets]
+    if host is not None:  # from a stack host, over SSH
+        out = on_host(host, " ".join(__import__("shlex").quote(a) for a in argv))
+    else:
+        out = subprocess.run(["ip", "netns", "exec", ns, *argv], capture_output=True, text=True, timeout=120).stdout
+    return {line.split()[0]: line.split(" ", 1)[1] for line in out.splitlines()}
+
+
+def test_the_firewall_lets_the_stack_in_and_keeps_others_out(stack, outsider):
+    from glm_infra import ports
+    from glm_infra.stack import load_file
+
+    cfg = load_file(ROOT / "stacks" / "Pulumi.sim.yaml").config
+    address = {h.name: h.address for h in cfg.hosts}
+    listeners = ports.listeners(cfg)
+    every = [f"{address[li.host]}:{li.port}" for li in listeners]
+    internal = [f"{address[li.host]}:{li.port}" for li in listeners if li.audience != ports.ROUTER]
+    # From another stack host, over the bridge: the ports that answer at all are open (DP RPC binds
+    # loopback; the fan-out runs only while staging).
+    on_sim1 = [t for t in every if t.startswith(address["sim-1"] + ":")]
+    seen = {**probe_from(None, [t for t in every if t not in on_sim1], host="sim-1"),
+            **probe_from(None, on_sim1, host="sim-2")}
+    answering = {t for t, state in seen.items() if state == "open"}
+    assert {"10.88.0.13:8000", "10.88.0.11:8100", "10.88.0.13:8200", "10.88.0.12:9100", "10.88.0.13:9090"} <= answering
+    outside = probe_from(outsider, every)
+    assert all(outside[t] == "refused" for t in every), {t: s for t, s in outside.items() if s != "refused"}
+    assert probe_from(outsider, ["10.88.0.13:22"])["10.88.0.13:22"] == "open", "SSH is not the table's"
+    for h in HOSTS:
+        assert "table inet glm_infra" in on_host(h, "nft list tables")
+    # The router's public port, once the stack lists the outsider's network.
+    sh("pulumi config set -s sim --path 'glm-infra:router.allowedCidrs[1]' 10.88.0.50/32")
+    stack.up()
+    outside = probe_from(outsider, every)
+    assert outside["10.88.0.13:8000"] == "open"
+    assert all(outside[t] == "refused" for t in internal), {t: s for t, s in outside.items() if t in internal and s != "refused"}
+
+
+def test_destroy_removes_the_monitoring_and_the_firewall(stack):
     sh("pulumi destroy -s sim --yes --skip-preview --non-interactive")
     for h in HOSTS:
         assert on_host(h, "pgrep -af '[p]rometheus|[d]cgm-exporter|[a]lertmanager' || true").strip() == "", h
@@ -258,3 +324,7 @@ def test_destroy_removes_the_monitoring(stack):
             assert status in ("", "not-installed"), (h, pkg, status)
         assert on_host(h, "ls /etc/prometheus /etc/dcgm-exporter/glm-infra-counters.csv "
                           "/etc/systemd/system/nvidia-dcgm-exporter.service.d 2>/dev/null || true").strip() == "", h
+        # And the firewall: its table, its unit and its file.
+        assert "glm_infra" not in on_host(h, "nft list tables 2>/dev/null || true"), h
+        assert on_host(h, "ls /etc/systemd/system/glm-infra-firewall.service /etc/glm-infra/firewall.nft "
+                          "2>/dev/null || true").strip() == "", h

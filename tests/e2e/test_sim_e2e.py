@@ -236,6 +236,9 @@ def test_driver_change_reboots_only_when_the_module_changes(stack):
         assert f"{h}: healthy (8 × NVIDIA B300 SXM6 AC, driver 580.172.08; fabric Completed on 8 GPUs; NVLink 18 of 18 links up on each of 8 GPUs; 0 pending row remaps on 8 GPUs)" in on_host(
             h, "/usr/local/libexec/glm-infra/health-gate.sh check")
         assert "580.172.08" in on_host(h, "dpkg-query -W -f='${Version}' nvidia-fabricmanager")
+    for h in HOSTS:  # the firewall came back with the boot, before the services
+        assert "table inet glm_infra" in on_host(h, "nft list tables")
+        assert on_host(h, "systemctl is-active glm-infra-firewall").strip() == "active"
     deadline = time.monotonic() + 120  # the instances came back with the hosts (enabled units)
     while True:
         try:
