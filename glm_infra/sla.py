@@ -199,8 +199,9 @@ def run_client(python: Path, s: Settings, context: int, out: Path, api_key: str,
     env = dict(os.environ, OPENAI_API_KEY=api_key)
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):  # AIPerf then refuses a local tokenizer folder
         env.pop(var, None)
-    # AIPerf leaves its dataset folders (aiperf_mmap_*) in the temp directory: one of the run's own.
-    scratch = Path(tempfile.mkdtemp(prefix="aiperf-tmp-", dir=out))
+    # AIPerf leaves its dataset folders (aiperf_mmap_*) in the temp directory: one of the run's own,
+    # short (its ZMQ sockets live there, and a socket's path is limited to 107 characters).
+    scratch = Path(tempfile.mkdtemp(prefix="glm-sla-"))
     env.update(TMPDIR=str(scratch), AIPERF_DATASET_MMAP_BASE_PATH=str(scratch))
     try:
         return _run_client(argv, env, out, context, progress)
