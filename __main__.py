@@ -10,6 +10,7 @@ cluster = Cluster("glm", load())
 pulumi.export("hosts", {n: h.address for n, h in cluster.hosts.items()})
 pulumi.export("instances", cluster.instances)
 pulumi.export("routerUrl", cluster.router_url)
+pulumi.export("routerCaCertificate", cluster.router_ca_certificate)  # trust it for routerUrl (curl --cacert)
 pulumi.export("prometheusUrl", cluster.prometheus_url)
 if "router_api_key" in cluster.secrets:
     pulumi.export("routerApiKey", cluster.secrets["router_api_key"])  # a secret output

@@ -227,6 +227,14 @@ class RouterInput(TypedDict, total=False):
     """vllm-router --policy (the choices of runtime.routerVersion). Default: 'round_robin'."""
     api_key: pulumi.Input[str]
     """API key the router and workers share, a Pulumi secret."""
+    tls_certificate: pulumi.Input[str]
+    """PEM certificate (chain) the public port serves, a Pulumi secret, with tlsKey. Unset: glm-infra generates one on the router's host once, signed by a CA of its own that stays across ups (stack output routerCaCertificate)."""
+    tls_key: pulumi.Input[str]
+    """PEM private key of tlsCertificate, a Pulumi secret."""
+    tls_names: Sequence[str]
+    """DNS names and addresses clients use besides the router host's address: the generated certificate carries them all."""
+    plain_http: str
+    """A plain-HTTP request to the public port: refused (400) or redirected to https (301). Default: 'refuse'."""
     allowed_cidrs: Sequence[str]
     """Who may reach the public port besides the stack's hosts (the firewall); empty: nobody else, so it is opened on purpose."""
     health_check_interval: int

@@ -54,6 +54,8 @@ SECRETS = {
     "private_key": ("ssh", "privateKey"),
     "hf_token": ("model", "hfToken"),
     "router_api_key": ("router", "apiKey"),
+    "router_tls_certificate": ("router", "tlsCertificate"),
+    "router_tls_key": ("router", "tlsKey"),
     "webhook_url": ("monitoring", "webhookUrl"),
 }
 SECRET_PATHS = tuple(SECRETS.values())
@@ -126,6 +128,19 @@ def _cidr(v: str) -> str:
 
 
 Cidr = Annotated[str, AfterValidator(_cidr)]
+
+
+def _server_name(v: str) -> str:
+    try:
+        ip = ipaddress.ip_address(v)
+    except ValueError:
+        if _DNS_NAME.match(v) and not re.fullmatch(r"[0-9.]+", v):
+            return v.lower()
+        raise ValueError(f"{v!r} is not a DNS name or IP address") from None
+    return str(ip)
+
+
+ServerName = Annotated[str, AfterValidator(_server_name)]
 
 
 class HostConfig(StrictModel):
@@ -401,6 +416,16 @@ class RouterConfig(StrictModel):
                         json_schema_extra={"enum": list(pins.ROUTER_CHOICES[pins.VLLM_ROUTER]["policy"])},
                         description="vllm-router --policy (the choices of runtime.routerVersion).")
     api_key: Secret | None = Field(None, description="API key the router and workers share, a Pulumi secret.")
+    tls_certificate: Secret | None = Field(
+        None, description="PEM certificate (chain) the public port serves, a Pulumi secret, with tlsKey. Unset: "
+                          "glm-infra generates one on the router's host once, signed by a CA of its own that stays "
+                          "across ups (stack output routerCaCertificate).")
+    tls_key: Secret | None = Field(None, description="PEM private key of tlsCertificate, a Pulumi secret.")
+    tls_names: list[ServerName] = Field(
+        default_factory=list, description="DNS names and addresses clients use besides the router host's address: "
+                                          "the generated certificate carries them all.")
+    plain_http: Literal["refuse", "redirect"] = Field(
+        "refuse", description="A plain-HTTP request to the public port: refused (400) or redirected to https (301).")
     allowed_cidrs: list[Cidr] = Field(
         default_factory=list, description="Who may reach the public port besides the stack's hosts (the firewall); "
                                           "empty: nobody else, so it is opened on purpose.")

@@ -11,7 +11,8 @@ Step keys per host, in the order the steps run:
     health-gate, rdma, ucx-env, facts, runtime,
     weights-hf-cli, weights-fanout, weights-stage, weights-fanout-stop  (the seed's fan-out on the seed),
     <instance>-unit, <instance>-service, <instance>-rollout, <instance>-stop, prune-weights,
-    router-secrets, router-unit, router-service, router-front-conf, router-front-keys, router-front,
+    router-secrets, router-unit, router-service, router-front-conf, router-front-keys,
+    router-front-tls-given (when the stack gives a certificate), router-front-tls, router-front,
     node-exporter, dcgm-exporter, prometheus, alertmanager-webhook, alertmanager  (monitoring)
 """
 
@@ -201,8 +202,12 @@ def router_steps(stack: StackConfig, plan: Plan, secrets: Mapping[str, str]) -> 
     service = ScriptStep(stem, render.router_service_script(stack, plan)).step("router-service")
     # vllm-router is its own wheel in the shared venv: a new vllm pin leaves its files alone.
     service = Step(**{**service.__dict__, "triggers": (digest(unit), digest(rt.router_version, rt.venv))})
-    front = ScriptStep("router-front", render.router_front_script(plan)).step("router-front")
-    front = Step(**{**front.__dict__, "triggers": (digest(front_conf),)})
+    tls = ScriptStep("router-front-tls", render.router_front_tls_script(stack, plan)).step("router-front-tls")
+    front = ScriptStep("router-front", render.router_front_script(stack, plan)).step("router-front")
+    # nginx reads the certificate when it (re)loads: a new one (other names, the stack's own) reloads it.
+    front = Step(**{**front.__dict__, "triggers": (digest(front_conf), digest(tls.stdin or ""))})
+    given = [file_step("router-front-tls-given", paths.FRONT_TLS_GIVEN, render.router_front_tls_given(secrets),
+                       0o600, True, "router_front_tls_given")] if not render.tls_generated(stack) else []
     return [
         file_step("router-secrets", paths.ROUTER_SECRETS, render.router_secrets_env(secrets), 0o600, True,
                   "router_secrets_env"),
@@ -211,6 +216,8 @@ def router_steps(stack: StackConfig, plan: Plan, secrets: Mapping[str, str]) -> 
         file_step("router-front-conf", paths.FRONT_CONF, front_conf),
         file_step("router-front-keys", paths.FRONT_KEYS, render.router_front_keys(secrets), 0o600, True,
                   "router_front_keys"),
+        *given,
+        tls,
         front,
     ]
 

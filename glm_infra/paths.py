@@ -18,6 +18,14 @@ ROUTER_SECRETS = f"{SECRETS_DIR}/router.env"
 HF_SECRETS = f"{SECRETS_DIR}/hf.env"
 FRONT_CONF = "/etc/nginx/conf.d/glm-infra-router.conf"
 FRONT_KEYS = f"{SECRETS_DIR}/router-front-keys.conf"
+# TLS of the router's public port: what nginx serves, and the CA glm-infra signs it with when the stack
+# gives no certificate (its key never leaves the host).
+TLS_DIR = f"{ETC}/tls"
+FRONT_CERT = f"{TLS_DIR}/front.crt"
+FRONT_KEY = f"{TLS_DIR}/front.key"
+FRONT_CA = f"{TLS_DIR}/ca.crt"
+FRONT_CA_KEY = f"{TLS_DIR}/ca.key"
+FRONT_TLS_GIVEN = f"{SECRETS_DIR}/router-tls.pem"  # router.tlsCertificate + tlsKey, when the stack sets them
 HF_ENV = f"{OPT}/hf"
 BOOT_BEFORE_REBOOT = f"{STATE}/boot-before-reboot"
 

@@ -7,6 +7,7 @@ offline CLI fills with placeholders and the Pulumi program fills inside ``Output
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shlex
 from collections.abc import Mapping
@@ -28,6 +29,11 @@ HOST_PROGRAMS = Path(__file__).resolve().parent / "host"
 # How long a (re)started instance may take to answer /health: loading ~465 GB and compiling graphs.
 SERVICE_START_TIMEOUT_S = 3600
 ROUTER_START_TIMEOUT_S = 300
+# A generated front certificate: valid this long (the most browsers accept), issued again by the next up
+# that runs the TLS step within TLS_RENEW_DAYS of its end (glm-infra doctor reports it before then).
+TLS_VALID_DAYS = 397
+TLS_RENEW_DAYS = 30
+TLS_CA_DAYS = 3650
 
 
 def configured_secrets(stack: StackConfig) -> dict[str, str]:
@@ -302,6 +308,7 @@ def router_front_conf(stack: StackConfig, plan: Plan) -> str:
     return render_template(
         "router-front.conf.j2", host=plan.router.host, r=stack.router, keys_path=FRONT_KEYS,
         api_key=stack.router.api_key is not None, listen=paths.url_host(address),
+        cert=paths.FRONT_CERT, key=paths.FRONT_KEY,
     )
 
 
@@ -309,11 +316,48 @@ def router_front_keys(secrets: Mapping[str, str]) -> str:
     return render_template("router-front-keys.conf.j2", secrets=secrets)
 
 
-def router_front_script(plan: Plan) -> str:
+def router_front_tls_given(secrets: Mapping[str, str]) -> str:
+    """The certificate (chain) and key the stack gives, as one PEM file (the TLS step splits it)."""
+    return f"{secrets['router_tls_certificate'].strip()}\n{secrets['router_tls_key'].strip()}\n"
+
+
+def tls_generated(stack: StackConfig) -> bool:
+    """Whether glm-infra makes the front's certificate (the stack gives none)."""
+    return stack.router is not None and stack.router.tls_certificate is None
+
+
+def tls_names(stack: StackConfig, plan: Plan) -> list[str]:
+    """The names a generated certificate carries: the router host's address first, then router.tlsNames."""
+    assert plan.router is not None and stack.router is not None
+    return list(dict.fromkeys([plan.router.address, *stack.router.tls_names]))
+
+
+def subject_alt_names(names: list[str]) -> str:
+    """``names`` as an X.509 subjectAltName value (IP:… for addresses, DNS:… for names)."""
+    out = []
+    for n in names:
+        try:
+            out.append(f"IP:{ipaddress.ip_address(n)}")
+        except ValueError:
+            out.append(f"DNS:{n}")
+    return ",".join(out)
+
+
+def router_front_tls_script(stack: StackConfig, plan: Plan) -> str:
+    assert plan.router is not None
+    names = tls_names(stack, plan)
+    return render_template(
+        "router-front-tls.sh.j2", host=plan.router.host, generated=tls_generated(stack), given=paths.FRONT_TLS_GIVEN,
+        san=subject_alt_names(names), common_name=names[0][:64], renew_days=TLS_RENEW_DAYS,
+        valid_days=TLS_VALID_DAYS, ca_days=TLS_CA_DAYS,
+    )
+
+
+def router_front_script(stack: StackConfig, plan: Plan) -> str:
     assert plan.router is not None
     return render_template(
         "router-front.sh.j2", host=plan.router.host, public_url=plan.router.url, conf_path=FRONT_CONF,
-        keys_path=FRONT_KEYS,
+        keys_path=FRONT_KEYS, generated=tls_generated(stack),
     )
 
 

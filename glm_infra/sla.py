@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import paths, topology
+from . import paths, render, topology
 from .config import StackConfig
 
 HERE = Path(__file__).resolve().parent
@@ -98,6 +98,7 @@ class Settings:
     prometheus: str | None
     scrape_interval_s: float
     disaggregated: bool
+    ca_cert: str | None = None  # what the client trusts for the router's certificate (None: the system's)
 
 
 @dataclass
@@ -203,6 +204,8 @@ def run_client(python: Path, s: Settings, context: int, out: Path, api_key: str,
     # short (its ZMQ sockets live there, and a socket's path is limited to 107 characters).
     scratch = Path(tempfile.mkdtemp(prefix="glm-sla-"))
     env.update(TMPDIR=str(scratch), AIPERF_DATASET_MMAP_BASE_PATH=str(scratch))
+    if s.ca_cert:  # AIPerf's HTTP client (aiohttp) verifies against OpenSSL's default file
+        env["SSL_CERT_FILE"] = s.ca_cert
     try:
         return _run_client(argv, env, out, context, progress)
     finally:
@@ -285,6 +288,12 @@ def settings(stack: StackConfig, stack_name: str, args: argparse.Namespace) -> S
     if m.enabled and not args.no_prometheus:
         mon = stack.host(stack.monitoring_host)  # type: ignore[arg-type]
         prometheus = args.prometheus or f"http://{paths.url_host(mon.address)}:{m.prometheus_port}"
+    ca_cert = os.path.expanduser(args.cacert) if args.cacert else None
+    if ca_cert is not None and not Path(ca_cert).is_file():
+        raise SlaError(f"--cacert {args.cacert}: no such file")
+    if ca_cert is None and not args.url and render.tls_generated(stack):
+        raise SlaError("the router's certificate is signed by glm-infra's own CA: pass --cacert FILE (pulumi stack "
+                       f"output routerCaCertificate -s {stack_name} > router-ca.pem)")
     tokenizer = args.tokenizer or sla.tokenizer or stack.model.repo
     if tokenizer.startswith(("~", "/", ".")) and not Path(os.path.expanduser(tokenizer)).is_dir():
         raise SlaError(f"the tokenizer folder {tokenizer} (sla.tokenizer or --tokenizer) does not exist"
@@ -305,6 +314,7 @@ def settings(stack: StackConfig, stack_name: str, args: argparse.Namespace) -> S
         prometheus=prometheus,
         scrape_interval_s=_seconds(m.scrape_interval),
         disaggregated=plan.disaggregated,
+        ca_cert=ca_cert,
     )
 
 
@@ -406,6 +416,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="sla-report", metavar="DIR", help="where sla.json, sla.png and the client's "
                                                                         "files go (default: sla-report)")
     p.add_argument("--url", help="the router's public URL (default: from the stack)")
+    p.add_argument("--cacert", metavar="FILE", help="CA certificate (PEM) the router's certificate is checked against "
+                                                    "(the stack output routerCaCertificate; default: the system's)")
     p.add_argument("--api-key-env", default="GLM_INFRA_API_KEY", metavar="VAR",
                    help="environment variable holding the router's API key (default: GLM_INFRA_API_KEY)")
     p.add_argument("--contexts", type=_positive, nargs="+", metavar="TOKENS", help="input lengths (default: sla.contexts)")

@@ -70,7 +70,8 @@ class RouterPlan:
 
     @property
     def url(self) -> str:
-        return f"http://{url_host(self.address)}:{self.port}"
+        """The public URL: the front always speaks TLS."""
+        return f"https://{url_host(self.address)}:{self.port}"
 
     @property
     def unit(self) -> str:

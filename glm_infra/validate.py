@@ -41,6 +41,7 @@ def check(stack: StackConfig, serve: bool = True) -> list[Problem]:
         problems += _kv_nics(stack)
         problems += _closed_sets(stack)
         problems += _set_twice(stack)
+        problems += _router_tls(stack)
     problems += _weight_format(stack)
     problems += _safe_paths(stack)
     problems += _port_collisions(stack, serve)
@@ -262,6 +263,20 @@ def _set_twice(stack: StackConfig) -> list[Problem]:
 GPU_COMPUTE_CAPABILITY = {"B300": 10.3, "GB300": 10.3, "B200": 10.0, "GB200": 10.0, "H200": 9.0, "GH200": 9.0,
                           "H100": 9.0, "H800": 9.0, "H20": 9.0, "L40S": 8.9, "L40": 8.9, "A100": 8.0, "A800": 8.0}
 WEIGHT_FORMAT_NEEDS = {"nvfp4": 10.0, "fp8": 8.9, "bf16": 8.0}
+
+
+def _router_tls(stack: StackConfig) -> list[Problem]:
+    r = stack.router
+    if r is None:
+        return []
+    if (r.tls_certificate is None) != (r.tls_key is None):
+        given, missing = ("tlsCertificate", "tlsKey") if r.tls_key is None else ("tlsKey", "tlsCertificate")
+        return [Problem(_key("router", f".{missing}"), f"router.{given} is set but router.{missing} is not: "
+                                                       "give both (secrets), or neither for a generated certificate")]
+    if r.tls_certificate is not None and r.tls_names:
+        return [Problem(_key("router", ".tlsNames"), "names the generated certificate; with router.tlsCertificate "
+                                                     "the certificate's own names are served (drop tlsNames)")]
+    return []
 
 
 def _weight_format(stack: StackConfig) -> list[Problem]:

@@ -27,7 +27,7 @@ def test_a_minimal_cluster_is_the_brief_recipe():
     run, url = run_callable(lambda: Cluster("glm", {"hosts": hosts("10.0.0.11", "10.0.0.12", "10.0.0.13"),
                                                      "ssh": {"private_key": KEY}, "model": MODEL}).router_url)
     cmds = commands(run)
-    assert url == "http://10.0.0.13:8000"
+    assert url == "https://10.0.0.13:8000"
     assert sorted(n.removesuffix("-unit") for n in cmds if n.endswith("-unit") and "router" not in n) == [
         "glm-decode-0", "glm-prefill-0", "glm-prefill-1", "glm-prefill-2", "glm-prefill-3"]
     decode = cmds["glm-decode-0-unit"].inputs["stdin"]
@@ -55,7 +55,7 @@ def test_host_addresses_may_come_from_another_resource():
 
     run, (url, instances) = run_callable(program)
     cmds = commands(run)
-    assert url == "http://10.1.0.2:8000"
+    assert url == "https://10.1.0.2:8000"
     assert instances["prefill-0"]["url"] == "http://10.1.0.1:8100"
     assert "--host 10.1.0.1 --port 8100" in cmds["two-prefill-0-unit"].inputs["stdin"]
     assert "VLLM_NIXL_SIDE_CHANNEL_HOST=10.1.0.1" in cmds["two-prefill-0-unit"].inputs["stdin"]

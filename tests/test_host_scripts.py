@@ -338,3 +338,82 @@ echo "b300-1: healthy (8 × B300, fabric Completed, NVLink up)"''')
     r = s.run(script, "apply")
     assert r.returncode == 1 and "7 GPUs visible, stack expects 8" in r.stderr
     assert sum(c.startswith("python3") for c in r.calls) == 1, "a missing GPU fails at once"
+
+
+# --- the TLS certificate of the router's front, with the real openssl ---------------------------------
+
+TLS_DIRS = ["/etc/glm-infra"]
+
+
+def tls_script(write_stack, prod_config, **router) -> str:
+    prod_config["glm-infra:router"].update(router)
+    cfg = load_file(write_stack(prod_config)).config
+    return hostplan.plan_all(cfg, plan(cfg), stack_name="prod")["b300-3"].steps["router-front-tls"].stdin
+
+
+def openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def verify_like_a_client(ca_pem: str, cert: Path, host: str, tmp: Path) -> None:
+    """What curl --cacert and Python's ssl check: the chain to the CA (strict X.509) and the name."""
+    (tmp / "client-ca.pem").write_text(ca_pem)
+    r = subprocess.run(["openssl", "verify", "-x509_strict", "-purpose", "sslserver", "-CAfile", str(tmp / "client-ca.pem"),
+                        "-verify_ip" if host[0].isdigit() else "-verify_hostname", host, str(cert)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_generated_certificate_keeps_its_ca_and_follows_the_names(write_stack, prod_config, tmp_path):
+    stubs = StubPath(tmp_path / "stubs")
+    tls = lambda action, script: isolated(stubs, script, [action], TLS_DIRS, tmp_path)  # noqa: E731
+    first = tls_script(write_stack, prod_config)
+    one = tls("apply", first)
+    assert one.returncode == 0, one.stderr
+    cert = in_root(tmp_path, "/etc/glm-infra/tls/front.crt")
+    ca_pem, issued = one.stdout, cert.read_bytes()
+    assert ca_pem.startswith("-----BEGIN CERTIFICATE-----") and "made a CA" in one.stderr
+    verify_like_a_client(ca_pem, cert, "10.0.0.13", tmp_path)
+    assert oct(in_root(tmp_path, "/etc/glm-infra/tls/front.key").stat().st_mode)[-3:] == "600"
+    assert oct(in_root(tmp_path, "/etc/glm-infra/tls/ca.key").stat().st_mode)[-3:] == "600"
+    # Again: nothing new. Another name: a new certificate from the same CA.
+    again = tls("apply", first)
+    assert (again.returncode, again.stdout, cert.read_bytes()) == (0, ca_pem, issued) and "is in place" in again.stderr
+    assert tls("check", first).returncode == 0
+    named = tls_script(write_stack, prod_config, tlsNames=["llm.example.com"])
+    renamed = tls("apply", named)
+    assert renamed.returncode == 0 and renamed.stdout == ca_pem and cert.read_bytes() != issued
+    assert "is not for IP:10.0.0.13,DNS:llm.example.com" in renamed.stderr
+    verify_like_a_client(ca_pem, cert, "llm.example.com", tmp_path)
+    # The check sees a certificate that no longer matches its key; apply repairs it.
+    in_root(tmp_path, "/etc/glm-infra/tls/front.key").write_text("")
+    broken = tls("check", named)
+    assert broken.returncode == 1 and "/etc/glm-infra/tls/front.key is missing" in broken.stderr
+    assert tls("apply", named).returncode == 0 and tls("check", named).returncode == 0
+    assert tls("remove", named).returncode == 0 and not in_root(tmp_path, "/etc/glm-infra/tls").exists()
+
+
+def test_a_given_certificate_is_checked_before_nginx_sees_it(write_stack, prod_config, tmp_path):
+    stubs = StubPath(tmp_path / "stubs")
+    script = tls_script(write_stack, prod_config, tlsCertificate={"secure": "v1:c"}, tlsKey={"secure": "v1:k"})
+    for name in ("a", "b"):
+        openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "30",
+                "-subj", "/CN=llm.example.com", "-keyout", f"{name}.key", "-out", f"{name}.crt", cwd=tmp_path)
+    given = in_root(tmp_path, "/etc/glm-infra/secrets/router-tls.pem")
+    given.parent.mkdir(parents=True)
+    crt, key = ((tmp_path / f"a.{x}").read_text() for x in ("crt", "key"))
+    given.write_text(render.router_front_tls_given({"router_tls_certificate": crt, "router_tls_key": key}))
+    ok = isolated(stubs, script, ["apply"], TLS_DIRS, tmp_path)
+    assert ok.returncode == 0 and ok.stdout == "" and "installed the given certificate" in ok.stderr, ok.stderr
+    assert in_root(tmp_path, "/etc/glm-infra/tls/front.crt").read_text().strip() == crt.strip()
+    assert in_root(tmp_path, "/etc/glm-infra/tls/front.key").read_text().strip() == key.strip()
+    assert "is in place" in isolated(stubs, script, ["apply"], TLS_DIRS, tmp_path).stderr
+    # Another certificate's key: refused, and what nginx serves is left as it was.
+    given.write_text(render.router_front_tls_given({"router_tls_certificate": crt,
+                                                    "router_tls_key": (tmp_path / "b.key").read_text()}))
+    bad = isolated(stubs, script, ["apply"], TLS_DIRS, tmp_path)
+    assert bad.returncode == 1 and "router.tlsKey is not the key of router.tlsCertificate" in bad.stderr
+    assert in_root(tmp_path, "/etc/glm-infra/tls/front.key").read_text().strip() == key.strip()
+    given.write_text("not a certificate\n")
+    assert "router.tlsCertificate holds no PEM certificate" in isolated(stubs, script, ["apply"], TLS_DIRS, tmp_path).stderr
+    assert isolated(stubs, script, ["check"], TLS_DIRS, tmp_path).returncode == 0

@@ -29,7 +29,7 @@ def _expected_commands(stack: str) -> int:
     router_only = sum(1 for h in p.hosts if h.runs_router and not h.instances) * 2  # preflight, runtime
     bare = sum(1 for h in p.hosts if not h.runs_router and not h.instances)  # preflight only
     per_instance = 4  # unit file, service (start), rollout (restart), stopper
-    router = 6 if p.router else 0  # secrets file, unit file, service, front conf, front keys, front
+    router = 7 if p.router else 0  # secrets file, unit file, service, front conf, front keys, front TLS, front
     # Weights (huggingface source in the committed stacks): the seed's token file, hf CLI and fan-out
     # start and stop; a staging step and, after the services, a prune step per serving host.
     weights = 4 + 2 * len(p.serving_hosts)

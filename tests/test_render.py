@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, STACKS, stack_file
-from glm_infra import render
+from glm_infra import hostplan, render
 from glm_infra.cli import main
 from glm_infra.stack import load_file
 from glm_infra.topology import plan
@@ -149,7 +149,9 @@ def test_router_unit(prod):
     # The router listens on loopback; the nginx front owns the public port.
     assert (words[words.index("--host") + 1], words[words.index("--port") + 1]) == ("127.0.0.1", "8001")
     front = render.router_front_conf(cfg, p)
-    assert "listen 10.0.0.13:8000;" in front
+    assert "listen 10.0.0.13:8000 ssl;" in front and p.router.url == "https://10.0.0.13:8000"
+    assert "ssl_certificate /etc/glm-infra/tls/front.crt;" in front
+    assert "ssl_certificate_key /etc/glm-infra/tls/front.key;" in front
     assert front.count("server 127.0.0.1:8001 max_fails=0;") == 3  # one attempt per entry
     assert "proxy_next_upstream error timeout http_500 http_502 http_503 non_idempotent;" in front
     assert "default 1;" in front, "no apiKey in prod-b300: the front lets every client in (validate warns)"
@@ -162,6 +164,44 @@ def test_front_requires_the_api_key_when_set(write_stack, prod_config):
     assert "default 0;" in front and "include /etc/glm-infra/secrets/router-front-keys.conf;" in front
     keys = render.router_front_keys({"router_api_key": "sk-1"})
     assert '"Bearer sk-1" 1;' in keys
+
+
+def test_plain_http_is_refused_or_redirected_as_the_stack_says(write_stack, prod_config):
+    refuse = render.router_front_conf(*_loaded(write_stack, prod_config))
+    assert "error_page 497" not in refuse  # nginx's own answer to plain HTTP on a TLS port: 400
+    prod_config["glm-infra:router"]["plainHttp"] = "redirect"
+    redirect = render.router_front_conf(*_loaded(write_stack, prod_config))
+    assert "error_page 497 =301 https://$host:$server_port$request_uri;" in redirect
+
+
+def test_a_generated_certificate_names_the_router_address_then_tls_names(write_stack, prod_config):
+    prod_config["glm-infra:router"]["tlsNames"] = ["LLM.example.com", "2001:db8::0:1", "10.0.0.13"]
+    cfg, p = _loaded(write_stack, prod_config)
+    assert render.tls_names(cfg, p) == ["10.0.0.13", "llm.example.com", "2001:db8::1"]
+    assert render.subject_alt_names(render.tls_names(cfg, p)) == "IP:10.0.0.13,DNS:llm.example.com,IP:2001:db8::1"
+    steps = hostplan.plan_all(cfg, p, stack_name="prod")["b300-3"].steps
+    assert "router-front-tls-given" not in steps
+    assert "san=IP:10.0.0.13,DNS:llm.example.com,IP:2001:db8::1" in steps["router-front-tls"].stdin
+    assert "--cacert /etc/glm-infra/tls/ca.crt" in steps["router-front"].stdin
+
+
+def test_a_given_certificate_is_a_secret_file_the_tls_step_installs(write_stack, prod_config):
+    prod_config["glm-infra:router"].update(tlsCertificate={"secure": "v1:c"}, tlsKey={"secure": "v1:k"})
+    cfg, p = _loaded(write_stack, prod_config)
+    steps = hostplan.plan_all(cfg, p, stack_name="prod")["b300-3"].steps
+    given = steps["router-front-tls-given"]
+    assert given.secret and given.files[0].path == "/etc/glm-infra/secrets/router-tls.pem" and given.files[0].mode == 0o600
+    assert given.stdin == "<secret glm-infra:router.tlsCertificate>\n<secret glm-infra:router.tlsKey>\n"
+    assert render.router_front_tls_given({"router_tls_certificate": "C\n", "router_tls_key": "\nK"}) == "C\nK\n"
+    assert "install_given" in steps["router-front-tls"].stdin and "make_ca" not in steps["router-front-tls"].stdin
+    assert "--insecure" in steps["router-front"].stdin
+    keys = list(steps)
+    assert keys.index("router-front-tls-given") < keys.index("router-front-tls") < keys.index("router-front")
+
+
+def _loaded(write_stack, config):
+    cfg = load_file(write_stack(config)).config
+    return cfg, plan(cfg)
 
 
 def test_quotes_only_wrap_whole_words():

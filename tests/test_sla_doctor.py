@@ -29,10 +29,13 @@ def _sim_tokenizer(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
+CA = Path(__file__).parent / "fixtures" / "tls" / "ca.crt"
+
+
 def settings(**kw) -> sla.Settings:
     cfg = load_file(stack_file("sim")).config
     args = argparse.Namespace(url=None, tokenizer=None, contexts=None, output_tokens=None, concurrency=None,
-                              requests=None, prometheus=None, no_prometheus=False)
+                              requests=None, prometheus=None, no_prometheus=False, cacert=str(CA))
     s = sla.settings(cfg, "sim", args)
     for k, v in kw.items():
         setattr(s, k, v)
@@ -67,7 +70,7 @@ def test_requests_that_all_failed_are_a_failure_with_the_servers_answer(tmp_path
 
 def test_the_clients_config_holds_no_key_and_the_settings_come_from_the_stack(tmp_path):
     s = settings()
-    assert s.url == "http://10.88.0.13:8000" and s.prometheus == "http://10.88.0.13:9090"
+    assert s.url == "https://10.88.0.13:8000" and s.prometheus == "http://10.88.0.13:9090" and s.ca_cert == str(CA)
     assert s.contexts == [16384, 65536, 131072, 262144] and (s.requests, s.concurrency, s.output_tokens) == (4, 2, 64)
     assert s.tokenizer == os.path.expanduser("~/.cache/glm-infra/sim/tokenizer") and s.tokenizer_revision is None
     config = sla.aiperf_config(s, 65536, tmp_path)
@@ -79,13 +82,14 @@ def test_the_clients_config_holds_no_key_and_the_settings_come_from_the_stack(tm
     prod = load_file(stack_file("prod-b300")).config
     p = sla.settings(prod, "prod-b300", argparse.Namespace(**{**vars(argparse.Namespace(
         url=None, tokenizer=None, contexts=None, output_tokens=None, concurrency=None, requests=None,
-        prometheus=None, no_prometheus=True))}))
+        prometheus=None, no_prometheus=True, cacert=str(CA)))}))
     assert (p.tokenizer, p.tokenizer_revision) == (prod.model.repo, prod.model.revision) and p.prometheus is None
 
 
 def test_a_missing_tokenizer_folder_is_named(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GLM_INFRA_API_KEY", "sk-test")
-    assert cli(["sla", str(stack_file("sim")), "--out", str(tmp_path), "--tokenizer", str(tmp_path / "nope")]) == 2
+    assert cli(["sla", str(stack_file("sim")), "--out", str(tmp_path), "--cacert", str(CA),
+                "--tokenizer", str(tmp_path / "nope")]) == 2
     assert f"the tokenizer folder {tmp_path / 'nope'} (sla.tokenizer or --tokenizer) does not exist" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli(["sla", "sim", "--contexts", "0"])
@@ -94,10 +98,19 @@ def test_a_missing_tokenizer_folder_is_named(tmp_path, capsys, monkeypatch):
 
 def test_a_router_with_a_key_wants_it_from_the_environment(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("GLM_INFRA_API_KEY", raising=False)
-    assert cli(["sla", str(stack_file("sim")), "--out", str(tmp_path)]) == sla.EXIT_ERROR
+    assert cli(["sla", str(stack_file("sim")), "--out", str(tmp_path), "--cacert", str(CA)]) == sla.EXIT_ERROR
     err = capsys.readouterr().err
     assert "sla: the router wants its API key: set GLM_INFRA_API_KEY" in err
     assert "pulumi stack output routerApiKey --show-secrets -s sim" in err
+
+
+def test_a_generated_certificate_wants_its_ca(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GLM_INFRA_API_KEY", "sk-test")
+    assert cli(["sla", str(stack_file("sim")), "--out", str(tmp_path)]) == sla.EXIT_ERROR
+    assert ("sla: the router's certificate is signed by glm-infra's own CA: pass --cacert FILE (pulumi stack output "
+            "routerCaCertificate -s sim > router-ca.pem)") in capsys.readouterr().err
+    assert cli(["sla", str(stack_file("sim")), "--out", str(tmp_path), "--cacert", str(tmp_path / "no.pem")]) == 2
+    assert f"--cacert {tmp_path / 'no.pem'}: no such file" in capsys.readouterr().err
 
 
 # --- doctor --------------------------------------------------------------------------------------

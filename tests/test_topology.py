@@ -29,7 +29,7 @@ def test_prod_b300_layout():
         ("decode-0", "b300-3", "0,1,2,3,4,5,6,7", 8200, 29650, 5700, 8),
     ]
     assert {i.host: i.nixl_host for i in p.instances} == {"b300-1": "10.0.0.11", "b300-2": "10.0.0.12", "b300-3": "10.0.0.13"}
-    assert p.router.url == "http://10.0.0.13:8000"
+    assert p.router.url == "https://10.0.0.13:8000"
     assert p.router.prefill_urls == ("http://10.0.0.11:8100", "http://10.0.0.11:8101", "http://10.0.0.12:8100", "http://10.0.0.12:8101")
     assert p.router.decode_urls == ("http://10.0.0.13:8200",)
     assert [h.gpus_used for h in p.hosts] == [8, 8, 8]
@@ -98,7 +98,7 @@ def test_plan_command_prints_the_table(capsys):
     assert any(l.split()[:3] == ["b300-1", "10.0.0.11", "prefill-0"] and "0,1,2,3" in l and "5600-5603" in l for l in lines)
     assert any("decode-0" in l and "0,1,2,3,4,5,6,7" in l and "8200" in l and "5700-5707" in l for l in lines)
     assert "GPU use: b300-1: 8/8 GPUs, b300-2: 8/8 GPUs, b300-3: 8/8 GPUs" in out
-    assert "router: http://10.0.0.13:8000 (P/D; 5 workers)" in out
+    assert "router: https://10.0.0.13:8000 (P/D; 5 workers)" in out
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -147,7 +147,7 @@ def test_a_colocated_pool_behind_the_router_round_robin(write_stack):
     assert [(i.name, i.slot, i.address, i.nixl_host) for i in p.instances] == [
         ("colocated-0", 0, "10.0.0.1", "10.0.0.1"), ("colocated-1", 0, "10.0.0.2", "10.0.0.2")]
     table = format_table(cfg, p)
-    assert "colocated-0 (tp1 dp8)  " in table and "router: http://10.0.0.2:8000 (round robin; 2 workers)" in table
+    assert "colocated-0 (tp1 dp8)  " in table and "router: https://10.0.0.2:8000 (round robin; 2 workers)" in table
     assert table.splitlines()[0] == table.splitlines()[0].rstrip() and table.startswith("host ")
     with pytest.raises(KeyError):
         pool_of(cfg, "prefill")

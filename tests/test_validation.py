@@ -116,6 +116,13 @@ BAD = [
     ("monitoring-port-collision", [("glm-infra:monitoring", {"nodeExporterPort": 8100})], "glm-infra:monitoring.nodeExporterPort", "port 8100 on b300-1 used twice"),
     ("unknown-monitoring-host", [("glm-infra:monitoring", {"host": "edge-1"})], "glm-infra:monitoring.host", "unknown host 'edge-1'"),
     ("sla-context-twice", [("glm-infra:sla", {"contexts": [16384, 16384]})], "glm-infra:sla.contexts", "listed twice"),
+    # TLS at the router's front.
+    ("tls-certificate-without-key", [("glm-infra:router.tlsCertificate", {"secure": "v1:c"})], "glm-infra:router.tlsKey", "router.tlsCertificate is set but router.tlsKey is not"),
+    ("tls-key-without-certificate", [("glm-infra:router.tlsKey", {"secure": "v1:k"})], "glm-infra:router.tlsCertificate", "router.tlsKey is set but router.tlsCertificate is not"),
+    ("tls-key-in-plaintext", [("glm-infra:router.tlsCertificate", {"secure": "v1:c"}), ("glm-infra:router.tlsKey", "-----BEGIN PRIVATE KEY-----")], "glm-infra:router.tlsKey", "is plaintext in the stack file; it must be a secret"),
+    ("tls-names-with-given-certificate", [("glm-infra:router.tlsCertificate", {"secure": "v1:c"}), ("glm-infra:router.tlsKey", {"secure": "v1:k"}), ("glm-infra:router.tlsNames", ["llm.example.com"])], "glm-infra:router.tlsNames", "names the generated certificate"),
+    ("tls-name-shell", [("glm-infra:router.tlsNames", ["llm.example.com;id"])], "glm-infra:router.tlsNames[0]", "is not a DNS name or IP address"),
+    ("plain-http-unknown", [("glm-infra:router.plainHttp", "allow")], "glm-infra:router.plainHttp", "'refuse' or 'redirect'"),
 ]
 
 

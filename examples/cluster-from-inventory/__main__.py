@@ -30,5 +30,6 @@ cluster = Cluster("small", {
 })
 
 pulumi.export("routerUrl", cluster.router_url)
+pulumi.export("routerCaCertificate", cluster.router_ca_certificate)  # what clients trust for routerUrl
 pulumi.export("instances", cluster.instances)
 pulumi.export("routerApiKey", cluster.secrets["router_api_key"])

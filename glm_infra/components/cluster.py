@@ -327,10 +327,13 @@ class Cluster(_Deployment):
         self.monitoring = self._monitor(name)
         self.prometheus_url = self.monitoring.prometheus_url if self.monitoring else pulumi.Output.from_input("")
         self.router_url = self._resolved.apply(lambda x: x.plan.router.url if x.plan.router else "")
+        self.router_ca_certificate: pulumi.Output[str] = self.router.ca_certificate if self.router is not None \
+            else pulumi.Output.from_input("")
+        """PEM of the CA clients trust for routerUrl when glm-infra generated its certificate, else empty."""
         self.instances = self._resolved.apply(lambda x: {
             i.name: {"host": i.host, "url": i.url, "gpus": i.cuda_visible_devices} for i in x.plan.instances})
-        self.register_outputs({"routerUrl": self.router_url, "facts": self.facts, "instances": self.instances,
-                               "prometheusUrl": self.prometheus_url})
+        self.register_outputs({"routerUrl": self.router_url, "routerCaCertificate": self.router_ca_certificate,
+                               "facts": self.facts, "instances": self.instances, "prometheusUrl": self.prometheus_url})
 
 
 def _instance(plan: topology.Plan, name: str) -> topology.Instance:

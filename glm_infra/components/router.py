@@ -1,6 +1,6 @@
 """The P/D router (vllm-router) as a systemd unit on loopback, behind an nginx front on the public
-port that checks the API key and retries a request the router failed before answering. The steps
-come from the per-host plan (hostplan.router_steps)."""
+port that speaks TLS, checks the API key and retries a request the router failed before answering.
+The steps come from the per-host plan (hostplan.router_steps)."""
 
 from __future__ import annotations
 
@@ -19,11 +19,13 @@ class RouterArgs:
     connection: remote.ConnectionArgs
     """SSH connection to the router's host."""
     steps: Mapping[str, Step]
-    """router-secrets, router-unit, router-service, router-front-conf, router-front-keys, router-front."""
+    """router-secrets, router-unit, router-service, router-front-conf, router-front-keys,
+    router-front-tls-given (only with the stack's own certificate), router-front-tls, router-front."""
     url: pulumi.Input[str]
     """Public URL (the front)."""
     secret_files: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
-    """router-secrets and router-front-keys with the real API key (the steps hold placeholders)."""
+    """The secret files with the real values (router-secrets, router-front-keys, router-front-tls-given;
+    the steps hold placeholders)."""
     after: Sequence[pulumi.Resource] = field(default_factory=list)
     """What the router starts after and stops before: every instance's start and stopper."""
     live: Mapping[str, pulumi.Output[Step]] = field(default_factory=dict)
@@ -31,8 +33,12 @@ class RouterArgs:
 
 
 class Router(pulumi.ComponentResource):
+    """Outputs: ``url`` (https), ``ca_certificate`` (PEM of the CA that signed a generated certificate;
+    empty when the stack gives its own)."""
+
     service: remote.Command
     front: remote.Command
+    tls: remote.Command
 
     def __init__(self, name: str, args: RouterArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("glm-infra:index:Router", name, None, opts)
@@ -55,6 +61,11 @@ class Router(pulumi.ComponentResource):
         # The front goes up after the router and comes down before it.
         conf = step("router-front-conf", depends_on=[self.service])
         keys = step("router-front-keys", depends_on=[self.service])
-        self.front = step("router-front", triggers=digest_of("router-front-keys"), depends_on=[conf, keys])
+        given = [step("router-front-tls-given", depends_on=deps)] if "router-front-tls-given" in s else []
+        # The TLS step prints the CA of a generated certificate (and nothing else) on stdout.
+        self.tls = step("router-front-tls", triggers=digest_of("router-front-tls-given"), depends_on=[*given, *deps])
+        self.front = step("router-front", triggers=[*digest_of("router-front-keys"), *digest_of("router-front-tls-given")],
+                          depends_on=[conf, keys, self.tls])
         self.url = pulumi.Output.from_input(args.url)
-        self.register_outputs({"url": self.url})
+        self.ca_certificate: pulumi.Output[str] = self.tls.stdout
+        self.register_outputs({"url": self.url, "caCertificate": self.ca_certificate})

@@ -74,3 +74,30 @@ class Stack:
         return urn
 
 
+
+
+def assert_clean(host: str) -> None:
+    """``host`` as destroy leaves it: no glm-infra unit, process, user or folder; the held driver and
+    the weights kept on purpose."""
+    assert on_host(host, "systemctl list-units 'glm-*' --all --no-legend").strip() == ""
+    # Bracketed first letters: the pattern must not match the shell that runs pgrep.
+    assert on_host(host, "pgrep -af '[v]llm|[l]lm-d-inference-sim|[w]eights.py serve|[n]ginx' || true").strip() == ""
+    assert on_host(host, "ls /etc/systemd/system/ | grep glm || true").strip() == ""
+    assert on_host(host, "id vllm 2>&1 || true").strip().endswith("no such user")
+    assert on_host(host, "test -e /opt/glm-infra && echo present || echo absent").strip() == "absent"
+    assert on_host(host, "test -e /etc/glm-infra && echo present || echo absent").strip() == "absent"
+    assert "table inet glm_infra" not in on_host(host, "nft list tables 2>/dev/null || true")
+    assert "nvidia-driver-580-open" in on_host(host, "apt-mark showhold")
+    assert on_host(host, "test -L /mnt/model/glm/GLM-5.2-NVFP4 && echo kept").strip() == "kept"
+
+
+def throttle_model_source(mbit: int | None) -> None:
+    """Shape what the machine's model mirror (port 8089) sends onto the bridge."""
+    subprocess.run(["tc", "qdisc", "del", "dev", "br-glmsim", "root"], capture_output=True)
+    if mbit is None:
+        return
+    for cmd in ("qdisc add dev br-glmsim root handle 1: htb default 10",
+                "class add dev br-glmsim parent 1: classid 1:10 htb rate 100gbit",
+                f"class add dev br-glmsim parent 1: classid 1:20 htb rate {mbit}mbit ceil {mbit}mbit",
+                "filter add dev br-glmsim protocol ip parent 1: prio 1 u32 match ip sport 8089 0xffff flowid 1:20"):
+        subprocess.run(["tc", *cmd.split()], check=True)

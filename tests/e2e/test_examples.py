@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import secrets
 import shutil
+import ssl
 import urllib.request
 
 from e2e.harness import ROOT, on_host, sh
@@ -29,14 +30,15 @@ def test_cluster_from_inventory_deploys_and_serves(toolchain, sim, tmp_path):
         out = sh(f"cd {project} && pulumi up -s sim --yes --skip-preview --non-interactive", env=env)
         assert "inventory" in out.stdout
         outputs = json.loads(sh(f"cd {project} && pulumi stack output -s sim --json --show-secrets", env=env).stdout)
-        assert outputs["routerUrl"] == "http://10.88.0.12:8000"
+        assert outputs["routerUrl"] == "https://10.88.0.12:8000"
         assert outputs["instances"]["prefill-0"] == {"host": "sim-1", "url": "http://10.88.0.11:8100",
                                                      "gpus": "0,1,2,3,4,5,6,7"}
         req = urllib.request.Request(
             f"{outputs['routerUrl']}/v1/chat/completions",
             data=json.dumps({"model": "glm-5.2", "messages": [{"role": "user", "content": "hi"}]}).encode(),
             headers={"content-type": "application/json", "authorization": f"Bearer {key}"})
-        with urllib.request.urlopen(req, timeout=60) as r:
+        tls = ssl.create_default_context(cadata=outputs["routerCaCertificate"])
+        with urllib.request.urlopen(req, timeout=60, context=tls) as r:
             assert json.load(r)["choices"][0]["message"]["content"]
         assert "do_remote_prefill=true" in on_host("sim-2", "journalctl -u glm-vllm-decode-0 --no-pager -o cat")
         sh(f"cd {project} && pulumi preview -s sim --expect-no-changes --non-interactive", env=env)

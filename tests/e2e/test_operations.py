@@ -34,6 +34,7 @@ BRIDGE = "10.88.0.1"  # the machine's own address on the hosts' bridge
 SSH_OPTIONS = ["--ssh-option", "StrictHostKeyChecking=no", "--ssh-option", "UserKnownHostsFile=/dev/null"]
 INSTANCES = {"prefill-0": "sim-1", "prefill-1": "sim-1", "prefill-2": "sim-2", "prefill-3": "sim-2", "decode-0": "sim-3"}
 API_KEY: list[str] = []
+CA_FILE: list[str] = []  # the router's CA (stack output routerCaCertificate), written to a file
 
 
 def query(q: str) -> list[dict]:
@@ -105,7 +106,8 @@ def tokenizer(toolchain):
 
 def sla(out, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, GLM_INFRA_API_KEY=API_KEY[0])
-    return subprocess.run([str(ROOT / "venv/bin/glm-infra"), "sla", "sim", "--out", str(out), "--quiet", *extra],
+    return subprocess.run([str(ROOT / "venv/bin/glm-infra"), "sla", "sim", "--out", str(out), "--quiet",
+                           "--cacert", CA_FILE[0], *extra],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
 
 
@@ -114,13 +116,16 @@ def doctor(*extra: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=900)
 
 
-def test_up_monitors_every_instance_with_its_pool(stack, webhook):
+def test_up_monitors_every_instance_with_its_pool(stack, webhook, tmp_path_factory):
     sh(f"pulumi config set -s sim --secret --path glm-infra:monitoring.webhookUrl {webhook.url}")
     # TTFT that grows with the prompt, as a real prefill's does: 4 µs a token (1 s at 256K).
     stack.config_set("glm-infra:prefill.env.GLM_SIM_PREFILL_US_PER_TOKEN", "4")
     stack.up()
     out = stack.outputs()
     API_KEY.append(out["routerApiKey"])
+    ca = tmp_path_factory.mktemp("tls") / "router-ca.pem"
+    ca.write_text(out["routerCaCertificate"])
+    CA_FILE.append(str(ca))
     assert out["prometheusUrl"] == PROMETHEUS
 
     def all_up():

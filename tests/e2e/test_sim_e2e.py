@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -19,14 +21,20 @@ import urllib.request
 import pytest
 
 import proctree
-from e2e.harness import PASSPHRASE, ROOT, on_host, sh
+from e2e.harness import PASSPHRASE, ROOT, assert_clean, on_host, sh, throttle_model_source
 
 HOSTS = ("sim-1", "sim-2", "sim-3")
 PREFILL_UNITS = {"sim-1": ["glm-vllm-prefill-0", "glm-vllm-prefill-1"], "sim-2": ["glm-vllm-prefill-2", "glm-vllm-prefill-3"]}
 DECODE = ("sim-3", "glm-vllm-decode-0")
-ROUTER = "http://10.88.0.13:8000"
+ROUTER = "https://10.88.0.13:8000"
 MODEL_LOG = "/run/glm-infra-sim/models.log"
 API_KEY: list[str] = []  # read from the stack's secret output once it is up
+CA: list[str] = []  # the CA of the front's generated certificate (stack output routerCaCertificate)
+
+
+def trusting(ca: str | None = None) -> ssl.SSLContext:
+    """A client that trusts only ``ca`` (default: the stack's), checking names as browsers do."""
+    return ssl.create_default_context(cadata=ca or CA[0])
 
 
 def chat(text: str = "hello", timeout: int = 60, key: str | None = None) -> dict:
@@ -35,7 +43,7 @@ def chat(text: str = "hello", timeout: int = 60, key: str | None = None) -> dict
         data=json.dumps({"model": "glm-5.2", "messages": [{"role": "user", "content": text}]}).encode(),
         headers={"content-type": "application/json", "authorization": f"Bearer {API_KEY[0] if key is None else key}"},
     )
-    with urllib.request.urlopen(req, timeout=timeout) as r:
+    with urllib.request.urlopen(req, timeout=timeout, context=trusting()) as r:
         return json.load(r)
 
 
@@ -69,6 +77,8 @@ def test_up_provisions_every_host(stack):
         assert "error" not in facts["rdma"], facts["rdma"]
     assert out["routerUrl"] == ROUTER
     API_KEY.append(out["routerApiKey"])
+    assert out["routerCaCertificate"].startswith("-----BEGIN CERTIFICATE-----")
+    CA.append(out["routerCaCertificate"])
     assert json.loads(sh("pulumi stack output -s sim --json").stdout)["routerApiKey"] == "[secret]"
     for h in HOSTS:
         health = on_host(h, "/usr/local/libexec/glm-infra/health-gate.sh check")
@@ -105,7 +115,7 @@ def test_public_port_wants_the_api_key(stack):
         assert e.value.code == 401, key
     req = urllib.request.Request(f"{ROUTER}/v1/chat/completions", data=b"{}", headers={"content-type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.urlopen(req, timeout=30)  # no Authorization header
+        urllib.request.urlopen(req, timeout=30, context=trusting())  # no Authorization header
     assert e.value.code == 401
     # The key never reaches a unit, a process argument, a journal or a non-root-readable file.
     for h in HOSTS:
@@ -123,6 +133,77 @@ def test_second_up_changes_nothing(stack):
     out = stack.up()
     assert re.search(r"\d+ unchanged", out.stdout) and " created" not in out.stdout and " updated" not in out.stdout
     assert all_starts() == before
+
+
+def curl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["curl", "-sS", "--max-time", "10", "-o", "/dev/null", *args], capture_output=True, text=True)
+
+
+def served_certificate(name: str = "10.88.0.13", ca: str | None = None) -> str:
+    """The certificate the front serves (PEM), once a client trusting ``ca`` accepted it for ``name``."""
+    with socket.create_connection(("10.88.0.13", 8000), timeout=10) as raw:
+        with trusting(ca).wrap_socket(raw, server_hostname=name) as tls:
+            return ssl.DER_cert_to_PEM_cert(tls.getpeercert(binary_form=True))
+
+
+def test_the_front_speaks_tls_only_with_a_ca_that_stays(stack, tmp_path):
+    ca = tmp_path / "router-ca.pem"
+    ca.write_text(CA[0])
+    assert curl("--cacert", str(ca), "-w", "%{http_code}", f"{ROUTER}/health").stdout == "200"
+    assert curl(f"{ROUTER}/health").returncode == 60, "the system's CAs do not vouch for it (curl: peer verification)"
+    assert curl("-w", "%{http_code}", "http://10.88.0.13:8000/health").stdout == "400", "plain HTTP refused"
+    first = served_certificate()
+    # Redirect plain HTTP, and one more name: a new certificate from the same CA.
+    stack.config_set("glm-infra:router.plainHttp", "redirect")
+    stack.config_set("glm-infra:router.tlsNames[0]", "router.sim.test")
+    before = all_starts()
+    stack.up()
+    assert stack.outputs()["routerCaCertificate"] == CA[0], "clients keep trusting the same CA"
+    moved = curl("-w", "%{http_code} %{redirect_url}", "http://10.88.0.13:8000/health")
+    assert moved.stdout == "301 https://10.88.0.13:8000/health"
+    assert served_certificate("router.sim.test") != first
+    with pytest.raises(ssl.SSLCertVerificationError):
+        served_certificate("other.sim.test")
+    assert all_starts() == before, "a new certificate restarts no vLLM instance"
+    chat("over TLS, with a new certificate")
+
+
+def test_a_certificate_the_stack_gives_is_served_and_stays_secret(stack, tmp_path):
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    # The team's own CA and a certificate for the router's address, given as Pulumi secrets.
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    openssl("req", "-x509", *ec, "-days", "30", "-subj", "/CN=team CA", "-keyout", "ca.key", "-out", "ca.crt",
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign")
+    openssl("req", "-new", *ec, "-subj", "/CN=10.88.0.13", "-keyout", "front.key", "-out", "front.csr")
+    (tmp_path / "ext").write_text("subjectAltName=IP:10.88.0.13\nextendedKeyUsage=serverAuth\n"
+                                  "authorityKeyIdentifier=keyid\nsubjectKeyIdentifier=hash\n")
+    openssl("x509", "-req", "-in", "front.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-days", "30", "-set_serial", "7",
+            "-extfile", "ext", "-out", "front.crt")
+    sh(f"pulumi config set -s sim --secret --path glm-infra:router.tlsCertificate < {tmp_path / 'front.crt'}")
+    sh(f"pulumi config set -s sim --secret --path glm-infra:router.tlsKey < {tmp_path / 'front.key'}")
+    sh("pulumi config rm -s sim --path glm-infra:router.tlsNames")  # they name a generated certificate
+    up = stack.up()
+    team_ca = (tmp_path / "ca.crt").read_text()
+    assert served_certificate(ca=team_ca).strip() == (tmp_path / "front.crt").read_text().strip()
+    assert stack.outputs()["routerCaCertificate"] == ""
+    # The key: nowhere in state, pulumi's output, a journal, a process argument or a readable file.
+    key_lines = [l for l in (tmp_path / "front.key").read_text().splitlines() if not l.startswith("-----")]
+    state = sh("pulumi stack export -s sim").stdout
+    journal = on_host("sim-3", "journalctl --no-pager -o cat")
+    args = on_host("sim-3", "ps -eo args")
+    for line in key_lines:
+        assert line not in state and line not in up.stdout + up.stderr and line not in journal and line not in args
+    modes = on_host("sim-3", "stat -c '%a %U' /etc/glm-infra/secrets/router-tls.pem /etc/glm-infra/tls/front.key")
+    assert modes.split() == ["600", "root", "600", "root"]
+    # Back to a generated certificate: from the CA clients already trust.
+    sh("pulumi config rm -s sim --path glm-infra:router.tlsCertificate")
+    sh("pulumi config rm -s sim --path glm-infra:router.tlsKey")
+    stack.up()
+    assert stack.outputs()["routerCaCertificate"] == CA[0]
+    assert on_host("sim-3", "test -e /etc/glm-infra/secrets/router-tls.pem && echo kept || echo gone").strip() == "gone"
+    chat("back on the generated certificate")
 
 
 def test_weights_were_downloaded_once_and_match_everywhere(stack):
@@ -257,18 +338,6 @@ def test_driver_change_reboots_only_when_the_module_changes(stack):
     assert {loaded_driver(h) for h in HOSTS} == {"580.159.04"}
 
 
-def throttle_model_source(mbit: int | None) -> None:
-    """Shape what the machine's model mirror (port 8089) sends onto the bridge."""
-    subprocess.run(["tc", "qdisc", "del", "dev", "br-glmsim", "root"], capture_output=True)
-    if mbit is None:
-        return
-    for cmd in ("qdisc add dev br-glmsim root handle 1: htb default 10",
-                "class add dev br-glmsim parent 1: classid 1:10 htb rate 100gbit",
-                f"class add dev br-glmsim parent 1: classid 1:20 htb rate {mbit}mbit ceil {mbit}mbit",
-                "filter add dev br-glmsim protocol ip parent 1: prio 1 u32 match ip sport 8089 0xffff flowid 1:20"):
-        subprocess.run(["tc", *cmd.split()], check=True)
-
-
 def test_new_revision_interrupted_then_resumed_and_switched(stack):
     rev2 = "0000000000000000000000000000000000000002"
     subprocess.run([sys.executable, str(ROOT / "scripts/standins/make-checkpoint"),
@@ -322,16 +391,7 @@ def test_destroy_leaves_hosts_as_they_were(stack):
     order = [re.search(r"glm-vllm-(\S+)\.service", l).group(1) for l in stops]
     assert order.index("router") < order.index("decode-0") < min(order.index(f"prefill-{i}") for i in range(4)), order
     for h in HOSTS:
-        assert on_host(h, "systemctl list-units 'glm-*' --all --no-legend").strip() == ""
-        # Bracketed first letters: the pattern must not match the shell that runs pgrep.
-        assert on_host(h, "pgrep -af '[v]llm|[l]lm-d-inference-sim|[w]eights.py serve|[n]ginx' || true").strip() == ""
-        assert on_host(h, "ls /etc/systemd/system/ | grep glm || true").strip() == ""
-        assert on_host(h, "id vllm 2>&1 || true").strip().endswith("no such user")
-        assert on_host(h, "test -e /opt/glm-infra && echo present || echo absent").strip() == "absent"
-        assert on_host(h, "test -e /etc/glm-infra && echo present || echo absent").strip() == "absent"
-        # Kept on purpose, and said so: the held driver and the weights.
-        assert "nvidia-driver-580-open" in on_host(h, "apt-mark showhold")
-        assert on_host(h, "test -L /mnt/model/glm/GLM-5.2-NVFP4 && echo kept").strip() == "kept"
+        assert_clean(h)
 
 
 def test_prod_preview_through_the_engine(toolchain, tmp_path):
