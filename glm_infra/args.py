@@ -42,6 +42,10 @@ class SshInput(TypedDict, total=False):
     """Private key, a Pulumi secret."""
     private_key_path: str
     """Path of a private key file on the machine running pulumi (read at run time, kept secret)."""
+    dial_attempts: int
+    """Connection attempts to a host before a step fails: a host that does not answer fails `up` after about dialAttempts × (dialTimeout + 5) s. Default: 10."""
+    dial_timeout: int
+    """Seconds one connection attempt may take. Default: 10."""
 
 
 class ModelInput(TypedDict, total=False):

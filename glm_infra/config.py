@@ -196,6 +196,9 @@ class SshConfig(StrictModel):
     private_key_path: str | None = Field(
         None, description="Path of a private key file on the machine running pulumi (read at run time, kept secret)."
     )
+    dial_attempts: int = Field(10, ge=1, le=100, description="Connection attempts to a host before a step fails: a "
+                               "host that does not answer fails `up` after about dialAttempts × (dialTimeout + 5) s.")
+    dial_timeout: int = Field(10, ge=1, le=300, description="Seconds one connection attempt may take.")
 
     @model_validator(mode="after")
     def _one_key(self) -> SshConfig:

@@ -172,6 +172,7 @@ def vllm_unit(stack: StackConfig, inst: Instance) -> str:
         environment_files=[UCX_ENV, VLLM_SECRETS],
         requires=requires,
         timeout_stop=pool.shutdown_timeout + 30,
+        gate=paths.script("health-gate"),
     )
 
 
@@ -201,6 +202,7 @@ def router_unit(stack: StackConfig, plan: Plan) -> str:
         stack=stack,
         exec_start=systemd_quote(router_args(stack, plan)),
         environment_files=[ROUTER_SECRETS],
+        local_units=[i.unit for i in plan.instances if i.host == plan.router.host],
     )
 
 

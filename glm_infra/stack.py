@@ -246,7 +246,9 @@ def _from_pydantic(err: dict[str, Any]) -> Problem:
     elif msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     if kind not in ("extra_forbidden", "missing") and "input" in err and not isinstance(err["input"], (dict, list)):
-        if not any(s in path for s in ("privateKey", "hfToken", "apiKey")):
+        # Never echo what was given for a secret (a mistyped one may still be the real value).
+        if not any(path == f"{NAMESPACE}:{top}.{sub}" or path.startswith(f"{NAMESPACE}:{top}.{sub}[")
+                   for top, sub in SECRET_PATHS):
             msg += f" (got {err['input']!r})"
     return Problem(path, msg)
 

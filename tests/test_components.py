@@ -37,6 +37,16 @@ def test_a_minimal_cluster_is_the_brief_recipe():
     prefill = cmds["glm-prefill-1-unit"].inputs["stdin"]
     assert "-tp 1 -dp 4" in prefill and "CUDA_VISIBLE_DEVICES=4,5,6,7" in prefill
     assert all("connection" in r.secret_inputs for r in run.resources if r.type == "command:remote:Command")
+    # A host that does not answer fails a step after 10 attempts of 10 s (the defaults).
+    conn = cmds["glm-b300-2-preflight"].inputs["connection"]
+    assert (conn["dialErrorLimit"], conn["perDialTimeout"]) == (10, 10)
+
+
+def test_how_long_a_silent_host_is_tried_comes_from_the_stack():
+    run, _ = run_callable(lambda: Cluster("glm", {"hosts": hosts("10.0.0.11", "10.0.0.12", "10.0.0.13"), "model": MODEL,
+                                                   "ssh": {"private_key": KEY, "dial_attempts": 3, "dial_timeout": 5}}).router_url)
+    conns = [r.inputs["connection"] for r in run.resources if r.type == "command:remote:Command"]
+    assert conns and all((c["dialErrorLimit"], c["perDialTimeout"]) == (3, 5) for c in conns)
 
 
 def test_host_addresses_may_come_from_another_resource():

@@ -325,7 +325,8 @@ def test_health_gate_waits_for_the_driver_after_a_boot_but_not_for_a_missing_gpu
     s = StubPath(tmp_path / "stubs")
     # hostcheck stand-in: the driver answers from the third look on.
     s.add("python3", '''n=$(cat "$STATE/n" 2>/dev/null || echo 0); echo $((n + 1)) > "$STATE/n"
-if [ -e "$STATE/missing-gpu" ]; then echo "b300-1: gpus: 7 GPUs visible, stack expects 8" >&2; exit 1; fi
+if [ -e "$STATE/missing-gpu" ]; then printf '%s\n' "b300-1: gpus: 7 GPUs visible, stack expects 8" \
+  "b300-1: nvlink: nvidia-smi nvlink -s lists 7 GPUs, stack expects 8" >&2; exit 1; fi
 if [ "$n" -lt 2 ]; then echo "b300-1: driver: nvidia-smi failed (exit 9): NVIDIA-SMI has failed" >&2; exit 1; fi
 echo "b300-1: healthy (8 × B300, fabric Completed, NVLink up)"''')
     s.add("sleep", "exit 0")
@@ -337,7 +338,23 @@ echo "b300-1: healthy (8 × B300, fabric Completed, NVLink up)"''')
     (s.state / "missing-gpu").touch()
     r = s.run(script, "apply")
     assert r.returncode == 1 and "7 GPUs visible, stack expects 8" in r.stderr
-    assert sum(c.startswith("python3") for c in r.calls) == 1, "a missing GPU fails at once"
+    assert sum(c.startswith("python3") for c in r.calls) == 1, "a missing GPU (and so its links) fails at once"
+
+
+def test_the_gate_before_each_vllm_start_skips_dcgm_diag(write_stack, prod_config, tmp_path):
+    prod_config["glm-infra:drivers"] = {**prod_config.get("glm-infra:drivers", {}), "dcgmDiagLevel": 2}
+    cfg = load_file(write_stack(prod_config)).config
+    s = StubPath(tmp_path / "stubs")
+    s.add("python3", 'echo "b300-1: healthy (8 × B300)"')
+    s.add("dcgmi", "exit 0")
+    script = render.health_script(cfg, HOST)
+    assert s.run(script, "apply").called("dcgmi diag -r 2"), "the gate step runs the diagnostic"
+    # Before a start the host's other instances hold GPUs: the diagnostic would compete with them.
+    r = s.run(script, "before-start")
+    assert r.returncode == 0 and "healthy" in r.stdout and not r.called("dcgmi")
+    s.add("python3", 'echo "b300-1: gpus: 7 GPUs visible, stack expects 8" >&2; exit 1')
+    r = s.run(script, "before-start")
+    assert r.returncode == 1 and "7 GPUs visible" in r.stderr
 
 
 # --- the TLS certificate of the router's front, with the real openssl ---------------------------------

@@ -139,6 +139,21 @@ def test_prod_instance_specifics(prod):
     assert "PrivateDevices" not in unit.replace("Not PrivateDevices", "")
 
 
+def test_vllm_starts_only_on_a_healthy_host_with_its_weights_mounted(prod):
+    cfg, p = prod
+    for inst in p.instances:
+        unit = render.vllm_unit(cfg, inst)
+        assert "\nExecStartPre=+/usr/local/libexec/glm-infra/health-gate.sh before-start\n" in unit
+        assert f"\nRequiresMountsFor={cfg.model.path}\n" in unit
+        assert "\nStartLimitIntervalSec=0\n" in unit and "\nRestart=on-failure\n" in unit
+        assert "\nRequires=nvidia-fabricmanager.service nvidia-persistenced.service\n" in unit
+
+
+def test_the_router_starts_after_the_instances_of_its_host(prod):
+    cfg, p = prod
+    assert "\nAfter=network-online.target glm-vllm-decode-0.service\n" in render.router_unit(cfg, p)
+
+
 def test_router_unit(prod):
     cfg, p = prod
     words = exec_start(render.router_unit(cfg, p))

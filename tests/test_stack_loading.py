@@ -155,3 +155,57 @@ def test_run_config_from_the_environment_and_unknown_keys(monkeypatch, tmp_path)
         st.load_pulumi_config()
     assert [p.path for p in e.value.problems] == ["glm-infra:modell"], "the model came from PULUMI_CONFIG"
     assert e.value.problems[0].message == "unknown key (did you mean glm-infra:model?)"
+
+
+def test_component_args_load_like_the_file_in_either_spelling():
+    """Cluster(…, {"hosts": …}) takes the keys without their prefix, camelCase or snake_case."""
+    raw = {k.removeprefix("glm-infra:"): v for k, v in stack_config("prod-b300").items() if k.startswith("glm-infra:")}
+    from_file = load_file(stack_file("prod-b300")).config
+    assert st.load_dict(raw, "Cluster 'glm'").config == from_file
+    snake = {"hosts": raw["hosts"], "ssh": {"private_key_path": "~/.ssh/id_ed25519"}, "model": raw["model"],
+             "monitoring": {"prometheus_port": 9091}}
+    loaded = st.load_dict(snake, "Cluster 'glm'")
+    assert loaded.config.monitoring.prometheus_port == 9091 and loaded.config.prefill is not None
+    assert loaded.warnings and loaded.source == "Cluster 'glm'"
+
+
+def test_component_args_that_are_not_a_stack_name_the_component():
+    with pytest.raises(StackError) as e:
+        st.load_dict(["hosts"], "Cluster 'glm'")  # type: ignore[arg-type]
+    assert str(e.value) == "Cluster 'glm': invalid stack (1 problem)\n  Cluster 'glm': (args): must be a mapping of glm-infra keys to values"
+    raw = {"hosts": [{"name": "a", "address": "10.0.0.1", "computeNics": ["mlx5_0"]}], "sssh": {}, "model_x": 1}
+    with pytest.raises(StackError) as e:
+        st.load_dict(raw, "Cluster 'glm'")
+    lines = str(e.value).splitlines()
+    assert "  Cluster 'glm': glm-infra:sssh: unknown key (did you mean glm-infra:ssh?)" in lines
+    assert any(line.startswith("  Cluster 'glm': glm-infra:model_x: unknown key") for line in lines)
+    assert "  Cluster 'glm': glm-infra:ssh: required key is missing" in lines, lines
+    # Without pools (Hosts): the pools and the router are not judged, the rest is.
+    hosts_only = {"hosts": raw["hosts"], "ssh": {"privateKeyPath": "k"}, "model": {"repo": "r/m", "revision": "0" * 40,
+                                                                                    "path": "/mnt/m"}}
+    assert st.load_dict(hosts_only, "Hosts 'h'", serve=False).config.hosts[0].name == "a"
+
+
+@pytest.mark.parametrize("revision,warned", [("0" * 40, False), ("ab" * 20, False), ("0" * 39, True),
+                                             ("A" * 40, True), ("g" * 40, True), ("main", True)])
+def test_only_a_full_lowercase_commit_sha_is_a_pin(revision, warned):
+    cfg = load_file(stack_file("sim")).config
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"revision": revision})})
+    warnings = st._warnings(cfg)
+    assert any(w.startswith("glm-infra:model.revision:") for w in warnings) == warned, warnings
+
+
+def test_an_unknown_gpu_or_version_is_said_to_go_unchecked():
+    cfg = load_file(stack_file("sim")).config
+    hosts = [cfg.hosts[0].model_copy(update={"gpu_model": "NVIDIA X900"}), *cfg.hosts[1:]]
+    runtime = cfg.runtime.model_copy(update={"vllm_version": "9.9.0", "router_version": "9.9.0"})
+    model = cfg.model.model_copy(update={"weight_format": "nvfp4"})
+    warnings = st._warnings(cfg.model_copy(update={"hosts": hosts, "runtime": runtime, "model": model}))
+    assert "glm-infra:hosts[0].gpuModel: 'NVIDIA X900' is not a GPU glm-infra knows; the NVFP4 weights are not checked against it" in warnings
+    assert any(w.startswith("glm-infra:runtime.vllmVersion: glm-infra knows the choices of 0.33.0 only; the model's "
+                            "parsers, the all2all backend, the CUDA graph mode are not checked against 9.9.0") for w in warnings), warnings
+    assert any(w.startswith("glm-infra:runtime.routerVersion:") and "router.policy are not checked against 9.9.0" in w
+               for w in warnings), warnings
+    # "NVIDIA " is only a prefix: a known model with it is checked, not warned about.
+    known = [cfg.hosts[0].model_copy(update={"gpu_model": "NVIDIA B300 SXM6"}), *cfg.hosts[1:]]
+    assert not any("gpuModel" in w for w in st._warnings(cfg.model_copy(update={"hosts": known, "model": model})))

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from conftest import ROOT, STACKS
+from glm_infra.config import SECRET_PATHS
 from glm_infra.cli import main
 from glm_infra.stack import StackError, load_file
 
@@ -162,6 +163,17 @@ def test_secret_values_never_echoed(prod_config, write_stack):
     assert "glm-infra:router.port" in msg and "v1:abc" not in msg
 
 
+@pytest.mark.parametrize("top,sub", SECRET_PATHS, ids=[f"{t}.{k}" for t, k in SECRET_PATHS])
+def test_a_mistyped_secret_is_never_echoed(top, sub, prod_config, write_stack):
+    """Every secret key, given as something else than a secret string: named, its value not shown
+    (a number or a plaintext mistake may well be the real secret)."""
+    prod_config.setdefault(f"glm-infra:{top}", {})[sub] = 98765432123
+    msg = str(pytest.raises(StackError, load_file, write_stack(prod_config)).value)
+    assert f"glm-infra:{top}.{sub}:" in msg and "98765432123" not in msg, msg
+    _set(prod_config, "glm-infra:router.port", "not-a-port")  # others are still quoted
+    assert "(got 'not-a-port')" in str(pytest.raises(StackError, load_file, write_stack(prod_config)).value)
+
+
 def test_problem_lines_point_into_the_file(prod_config, write_stack):
     _set(prod_config, "glm-infra:decode.tp", 0)
     path = write_stack(prod_config)
@@ -186,6 +198,18 @@ def test_every_problem_is_reported_at_once(prod_config, write_stack):
         "glm-infra:decode.gpuMemoryUtilization",
         "glm-infra:model.path",
     }
+
+
+def test_a_plaintext_secret_is_refused_whatever_it_says(prod_config, write_stack):
+    _set(prod_config, "glm-infra:router.apiKey", "a-not-so-secure-key")
+    msg = str(pytest.raises(StackError, load_file, write_stack(prod_config)).value)
+    assert "glm-infra:router.apiKey: is plaintext in the stack file" in msg
+
+
+def test_keys_after_another_namespace_are_still_judged(prod_config, write_stack):
+    config = {"pulumi:tags": {"team": "inference"}, **prod_config, "glm-infra:prefil": {}}
+    msg = str(pytest.raises(StackError, load_file, write_stack(config)).value)
+    assert "glm-infra:prefil: unknown key (did you mean glm-infra:prefill?)" in msg
 
 
 def test_other_namespaces_are_left_alone(prod_config, write_stack):

@@ -127,6 +127,8 @@ class _Deployment(pulumi.ComponentResource):
                 private_key=self._private_key,
                 preflight=s["preflight"],
                 ssh_port=hc.ssh_port,
+                dial_attempts=self.stack.ssh.dial_attempts,
+                dial_timeout=self.stack.ssh.dial_timeout,
                 files=files,
                 secret_files={st.name: self.secret_file(st) for st in files},
                 live=self.lives(h.name, ["preflight"]),

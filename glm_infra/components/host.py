@@ -28,6 +28,11 @@ class HostArgs:
     """The preflight step (hostplan.preflight_step): installs hostcheck.py and refuses a host that cannot serve."""
     ssh_port: int = 22
     """SSH port."""
+    dial_attempts: int = 10
+    """Connection attempts before a step fails (a host that does not answer fails after about
+    dial_attempts × (dial_timeout + 5) s: the provider backs off up to 5 s between attempts)."""
+    dial_timeout: int = 10
+    """Seconds one connection attempt may take."""
     files: Sequence[Step] = field(default_factory=list)
     """Host-wide files (hostplan: vllm-secrets, hf-secrets), written after preflight."""
     secret_files: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
@@ -53,8 +58,8 @@ class Host(pulumi.ComponentResource):
             port=args.ssh_port,
             user=args.user,
             private_key=args.private_key,
-            dial_error_limit=30,
-            per_dial_timeout=10,
+            dial_error_limit=args.dial_attempts,
+            per_dial_timeout=args.dial_timeout,
         )
         self.preflight = run_step(f"{name}-preflight", args.preflight, self.connection, self,
                                   live=args.live.get("preflight"))

@@ -76,9 +76,9 @@ class Stack:
 
 
 
-def assert_clean(host: str) -> None:
-    """``host`` as destroy leaves it: no glm-infra unit, process, user or folder; the held driver and
-    the weights kept on purpose."""
+def assert_clean(host: str, kept: bool = True) -> None:
+    """``host`` as destroy leaves it: no glm-infra unit, process, user, folder or firewall table;
+    ``kept``: the held driver and the weights kept on purpose (after an up that got that far)."""
     assert on_host(host, "systemctl list-units 'glm-*' --all --no-legend").strip() == ""
     # Bracketed first letters: the pattern must not match the shell that runs pgrep.
     assert on_host(host, "pgrep -af '[v]llm|[l]lm-d-inference-sim|[w]eights.py serve|[n]ginx' || true").strip() == ""
@@ -87,6 +87,8 @@ def assert_clean(host: str) -> None:
     assert on_host(host, "test -e /opt/glm-infra && echo present || echo absent").strip() == "absent"
     assert on_host(host, "test -e /etc/glm-infra && echo present || echo absent").strip() == "absent"
     assert "table inet glm_infra" not in on_host(host, "nft list tables 2>/dev/null || true")
+    if not kept:
+        return
     assert "nvidia-driver-580-open" in on_host(host, "apt-mark showhold")
     assert on_host(host, "test -L /mnt/model/glm/GLM-5.2-NVFP4 && echo kept").strip() == "kept"
 
