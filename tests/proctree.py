@@ -133,12 +133,27 @@ def under_older(pid: int, table: dict[int, Proc], since: float, keep: set[int]) 
     return False
 
 
+def beside(pid: int, table: dict[int, Proc], keep: set[int]) -> bool:
+    """Whether pid hangs below one of pytest's ancestors but not below pytest: a tree someone else
+    started beside the suite (a benchmark or a second suite under the same shell), not its own."""
+    seen = set()
+    pid = table[pid].ppid if pid in table else 0
+    while pid in table and pid not in seen and pid > 1:
+        if pid == os.getpid():
+            return False
+        if pid in keep:
+            return True
+        seen.add(pid)
+        pid = table[pid].ppid
+    return False
+
+
 def leftovers(session: str, since: float, keep: set[int]) -> list[Proc]:
     """Processes still alive that this session started: they or an ancestor carry its id in their
     environment, or they are a watched program started since the session began, below nothing older
     than the session (an orphan, or a tree the session started with a bare environment), that no
-    other test session owns (another suite or a cluster booted by hand is left alone). ``keep``:
-    pytest and its ancestors."""
+    other test session owns and that is not in a tree beside the suite's (another suite, a cluster
+    booted by hand or a benchmark is left alone). ``keep``: pytest and its ancestors."""
     table = processes()
     out = []
     for p in table.values():
@@ -146,7 +161,7 @@ def leftovers(session: str, since: float, keep: set[int]) -> list[Proc]:
             continue
         who = owner(p.pid, table)
         if who == session or (who is None and watched(p) and p.started >= since
-                                 and not under_older(p.pid, table, since, keep)):
+                                 and not under_older(p.pid, table, since, keep) and not beside(p.pid, table, keep)):
             out.append(p)
     return out
 

@@ -98,3 +98,27 @@ def test_a_tree_older_than_the_session_is_left_alone(tmp_path):
     finally:
         proctree.kill_tree(older.pid)
         older.wait()
+
+
+def test_a_tree_started_beside_the_suite_is_left_alone(tmp_path):
+    """A benchmark started from the same shell as a running suite: its watched programs (simulated
+    hosts, pulumi) are below the suite's ancestors, not below the suite."""
+    session, since = proctree.new_session_id(), time.time() - 1
+    fake = tmp_path / "pulumi-resource-command"
+    shutil.copy("/bin/sleep", fake)
+    bare = {k: v for k, v in os.environ.items() if k != proctree.SESSION_VAR}
+    shell = subprocess.Popen(["bash", "-c", f"{fake} 305 & wait"], env=bare, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not [p for p in proctree.descendants(shell.pid)]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        child = proctree.descendants(shell.pid)[0]
+        ours = {p.pid for p in proctree.leftovers(session, since, proctree.ancestors(os.getpid()))}
+        assert child in ours, "below the suite: a leftover"
+        # The same tree as if its shell were one of the suite's ancestors (the suite's own parent shell).
+        beside = {p.pid for p in proctree.leftovers(session, since, proctree.ancestors(os.getpid()) | {shell.pid})}
+        assert child not in beside, "beside the suite: somebody else's"
+    finally:
+        proctree.kill_tree(shell.pid)
+        shell.wait()
