@@ -389,6 +389,16 @@ def test_preflight_counts_a_staged_checkpoint_as_room_and_skips_gpus_before_the_
     assert refusals(before_driver) == [], "drivers.mode install: the driver comes later"
 
 
+def test_preflight_limits_are_inclusive():
+    """A kernel at exactly minKernel and exactly minFreeDiskGb of room pass; a byte less does not."""
+    assert refusals(real_facts(kernel="5.12.0-1-generic")) == []
+    exact = real_facts(disk={"path": "/mnt", "free_bytes": 485 * 10**9 - 5, "staged_bytes": 5})
+    assert refusals(exact) == []
+    short = real_facts(disk={"path": "/mnt", "free_bytes": 485 * 10**9 - 1, "staged_bytes": 0})
+    assert refusals(short) == [("disk", "485 GB free or staged at /mnt, stack needs 485 GB (preflight.minFreeDiskGb)")]
+    assert ("kernel", "kernel 5.11.22 is older than 5.12 (DMA-BUF GPUDirect)") in refusals(real_facts(kernel="5.11.22"))
+
+
 def test_preflight_command_prints_facts_and_one_line_per_refusal(monkeypatch, capsys):
     monkeypatch.setattr(hc, "facts", lambda model_path: real_facts(kernel="5.4.0-216-generic"))
     rc = hc.main(["preflight", "--host", "h1", "--allowed-os", "debian 12", "--min-kernel", "5.12", "--gpus", "8", "--gpu-model", "H200",
@@ -400,6 +410,28 @@ def test_preflight_command_prints_facts_and_one_line_per_refusal(monkeypatch, ca
         "h1: kernel: kernel 5.4.0-216-generic is older than 5.12 (DMA-BUF GPUDirect)",
         "h1: gpus: 2 GPUs visible, stack expects 8",
     ]
+
+
+def test_preflight_command_passes_a_good_host_and_hands_on_every_limit(monkeypatch, capsys):
+    seen = {}
+    monkeypatch.setattr(hc, "facts", lambda model_path: seen.setdefault("path", model_path) and real_facts())
+    base = ["preflight", "--host", "h1", "--allowed-os", "ubuntu 24.04", "--min-kernel", "5.12", "--gpus", "2",
+            "--gpu-model", "H200", "--model-path", "/mnt/model"]
+    assert hc.main(base) == 0 and seen["path"] == "/mnt/model"
+    out = capsys.readouterr()
+    assert out.err == "" and json.loads(out.out) == real_facts() and out.out.index('"container"') < out.out.index('"os"')
+    assert hc.main([*base, "--min-free-gb", "900"]) == 1
+    assert "h1: disk: 600 GB free or staged at /mnt, stack needs 900 GB" in capsys.readouterr().err
+    monkeypatch.setattr(hc, "facts", lambda model_path: real_facts(gpus={"error": "nvidia-smi: not installed", "exit": 127}))
+    assert hc.main(base) == 0, "the driver comes later (drivers.mode install)"
+    assert hc.main([*base, "--require-driver"]) == 1
+    assert "h1: driver: drivers.mode is verify but the driver does not answer" in capsys.readouterr().err
+
+
+def test_commands_run_for_their_output_or_their_error():
+    assert hc._run(["sh", "-c", "echo out; echo note >&2"]) == (0, "out")
+    assert hc._run(["sh", "-c", "echo out; echo err >&2; exit 3"]) == (3, "out\nerr")
+    assert hc._run(["no-such-tool-glm", "-q"]) == (127, "no-such-tool-glm: not installed")
 
 
 def test_facts_gather_what_preflight_reads(monkeypatch, tmp_path):

@@ -212,6 +212,18 @@ def test_keys_after_another_namespace_are_still_judged(prod_config, write_stack)
     assert "glm-infra:prefil: unknown key (did you mean glm-infra:prefill?)" in msg
 
 
+def test_hosts_without_pools_still_check_the_seed_host():
+    """Hosts (serve=False): pools and the router are not judged, a seed host that is no host is."""
+    from glm_infra.stack import load_dict
+
+    base = {"hosts": [{"name": "a", "address": "10.0.0.1"}, {"name": "b", "address": "10.0.0.2"}],
+            "ssh": {"privateKeyPath": "k"}, "model": {"repo": "r/m", "revision": "0" * 40, "path": "/mnt/m"}}
+    assert load_dict({**base, "model": {**base["model"], "seedHost": "b"}}, "Hosts 'h'", serve=False).config
+    with pytest.raises(StackError) as e:
+        load_dict({**base, "model": {**base["model"], "seedHost": "c"}}, "Hosts 'h'", serve=False)
+    assert str(e.value).splitlines()[1:] == ["  Hosts 'h': glm-infra:model.seedHost: unknown host 'c' (hosts are: a, b)"]
+
+
 def test_other_namespaces_are_left_alone(prod_config, write_stack):
     prod_config["command:someSetting"] = "x"
     prod_config["pulumi:tags"] = {"team": "inference"}
