@@ -36,6 +36,7 @@ class Registered:
     retain_on_delete: bool = False
     raw_inputs: dict = field(default_factory=dict)  # as sent, secrets still wrapped in their markers
     additional_secret_outputs: list[str] = field(default_factory=list)
+    custom_timeouts: dict = field(default_factory=dict)  # {"create": "5m", "update": "5m"} as sent
 
 
 class _Mocks(pulumi.runtime.Mocks):
@@ -75,7 +76,8 @@ class RecordingMonitor(pmocks.MockMonitor):
             inputs = {k: (v.get("value") if k in secret else v) for k, v in raw.items()}
             self.registered.append(
                 Registered(request.type, request.name, resp.urn, request.parent, list(request.dependencies), inputs,
-                           secret, bool(request.retainOnDelete), raw, list(request.additionalSecretOutputs))
+                           secret, bool(request.retainOnDelete), raw, list(request.additionalSecretOutputs),
+                           {k: v for k, v in MessageToDict(request.customTimeouts).items() if v})
             )
         return resp
 

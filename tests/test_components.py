@@ -127,3 +127,41 @@ def test_hosts_provisions_without_serving():
     run, _ = run_callable(lambda: Hosts("fleet", {"hosts": hosts("10.0.0.41"), "ssh": {"private_key": KEY},
                                                   "model": MODEL}, install_runtime=True).facts)
     assert {"fleet-b300-1-runtime-venv", "fleet-weights-b300-1-hf-cli"} <= set(commands(run))
+
+
+def test_a_step_reaches_the_provider_as_planned():
+    """run_step, the one place components touch the provider: the step's commands and stdin, secrecy
+    and silence for a secret step, its timeout, triggers folded into the commands, never the previous
+    output in the environment; a local step on the machine running pulumi."""
+    from pulumi_command import remote
+
+    from glm_infra.components.remote_step import run_step
+    from glm_infra.steps import Step
+
+    def program():
+        parent = pulumi.ComponentResource("test:index:Parent", "p")
+        conn = remote.ConnectionArgs(host="10.0.0.1", user="root", private_key=pulumi.Output.secret(KEY))
+        run_step("plain", Step("plain", "echo create", "echo delete", "the script", timeout="5m"), conn, parent)
+        run_step("secret", Step("secret", "cat > f", "rm f", "<placeholder>", secret=True), conn, parent,
+                 stdin="s3cr3t-value")
+        run_step("updating", Step("updating", "echo a", "echo d", None, update="echo u", triggers=("t1",)), conn, parent,
+                 triggers=["t2"])
+        run_step("waits", Step("waits", "sleep 1", "echo gone", "input", local=True), None, parent, environment={"X": "1"})
+        return pulumi.Output.from_input("done")
+
+    run, _ = run_callable(program)
+    plain, secret, updating, waits = (run.get(n) for n in ("plain", "secret", "updating", "waits"))
+    assert (plain.type, plain.inputs["create"], plain.inputs["update"], plain.inputs["delete"], plain.inputs["stdin"]) == (
+        "command:remote:Command", "echo create", "echo create", "echo delete", "the script")
+    assert plain.inputs["logging"] == "stdoutAndStderr" and plain.inputs["addPreviousOutputInEnv"] is False
+    assert "stdin" not in plain.secret_inputs and "stdin" not in plain.additional_secret_outputs
+    assert plain.custom_timeouts == {"create": "5m", "update": "5m"} and secret.custom_timeouts == {}
+    assert secret.inputs["stdin"] == "s3cr3t-value" and "stdin" in secret.secret_inputs
+    assert secret.inputs["logging"] == "none" and "stdin" in secret.additional_secret_outputs
+    assert updating.inputs["create"].startswith(": glm-infra-triggers=") and updating.inputs["create"].endswith("; echo a")
+    assert updating.inputs["update"].endswith("; echo u") and updating.inputs["update"].split(";")[0] == \
+        updating.inputs["create"].split(";")[0], "one digest of both triggers, in both commands"
+    assert "stdin" not in updating.inputs
+    assert (waits.type, waits.inputs["create"], waits.inputs["update"], waits.inputs["delete"], waits.inputs["stdin"]) == (
+        "command:local:Command", "sleep 1", "sleep 1", "echo gone", "input")
+    assert waits.inputs["environment"] == {"X": "1"} and waits.inputs["addPreviousOutputInEnv"] is False

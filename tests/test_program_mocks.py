@@ -7,6 +7,7 @@ import pulumi
 import yaml
 
 from conftest import PROD_STACKS, stack_file
+from glm_infra.config import SECRET_PATHS
 from glm_infra.stack import load_file
 from glm_infra.topology import plan
 from pulumi_harness import leaks, run_program, secret_fields
@@ -184,18 +185,29 @@ CANARIES = {
     "glm-infra:model.hfToken": "hf_canaryTOKENb41d6e2f93",
     "glm-infra:ssh.privateKey": "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAcanaryKEYBODY7e3a91\n"
                                 "-----END OPENSSH PRIVATE KEY-----\n",
+    "glm-infra:router.tlsCertificate": "-----BEGIN CERTIFICATE-----\nMIIBcanaryCERTbody0c4e11\n-----END CERTIFICATE-----\n",
+    "glm-infra:router.tlsKey": "-----BEGIN PRIVATE KEY-----\nMIGHcanaryTLSKEYbody9d27f\n-----END PRIVATE KEY-----\n",
+    "glm-infra:monitoring.webhookUrl": "https://hooks.example.com/canary-hook-token-71be0c",
 }
-# What must never travel in plaintext (for the key, its body: the armour lines are public).
+# What must never travel in plaintext (for the keys and the certificate, their body: the armour lines are public).
 NEEDLES = {"router API key": "sk-canary-router-5c1f9e0a7d", "HF token": "hf_canaryTOKENb41d6e2f93",
-           "SSH key": "canaryKEYBODY7e3a91"}
+           "SSH key": "canaryKEYBODY7e3a91", "TLS certificate": "canaryCERTbody0c4e11",
+           "TLS key": "canaryTLSKEYbody9d27f", "webhook URL": "canary-hook-token-71be0c"}
+
+
+def test_the_canaries_cover_every_secret():
+    assert set(CANARIES) == {f"glm-infra:{top}.{sub}" for top, sub in SECRET_PATHS}
 
 
 def secret_stack(tmp_path):
-    """prod-b300 with every secret set: router API key, HF token and an inline SSH key."""
+    """prod-b300 with every secret set: router API key, HF token, an inline SSH key, the front's TLS
+    certificate and key, the webhook URL."""
     cfg = yaml.safe_load(stack_file("prod-b300").read_text())
     cfg["config"]["glm-infra:router"]["apiKey"] = {"secure": "v1:x"}
     cfg["config"]["glm-infra:model"]["hfToken"] = {"secure": "v1:x"}
     cfg["config"]["glm-infra:ssh"] = {"user": "root", "privateKey": {"secure": "v1:x"}}
+    cfg["config"]["glm-infra:router"].update(tlsCertificate={"secure": "v1:x"}, tlsKey={"secure": "v1:x"})
+    cfg["config"].setdefault("glm-infra:monitoring", {})["webhookUrl"] = {"secure": "v1:x"}
     path = tmp_path / "Pulumi.prod-secrets.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -225,6 +237,9 @@ def test_every_secret_travels_only_as_a_secret(key_file, tmp_path):
     assert "glm-b300-1-etc-glm-infra-secrets-vllm-env" in holders["router API key"]
     assert holders["HF token"] == ["glm-b300-1-etc-glm-infra-secrets-hf-env"], "only the seed's token file"
     assert len(holders["SSH key"]) == len(run.by_type(CMD)), "every remote command's connection"
+    tls_file = "glm-router-front-tls-given"
+    assert holders["TLS certificate"] == [tls_file] and holders["TLS key"] == [tls_file], "the router's host only"
+    assert holders["webhook URL"] == ["glm-monitoring-b300-3-alertmanager-webhook"], holders["webhook URL"]
     for r in run.by_type(CMD):
         assert "connection" in r.secret_inputs, f"{r.name}: the connection (the SSH key) must be secret"
     # The stack's outputs hold the API key, as a secret only (and were searched above).
