@@ -253,8 +253,11 @@ def back_script(host: str) -> str:
 
 def waitboot_script(stack: StackConfig, host: str) -> str:
     h = stack.host(host)
+    # Going down takes as long as the slowest unit's stop: a draining instance's TimeoutStopSec, and some.
+    drain = max((pool.shutdown_timeout + 30 for _, pool in stack.pools()), default=0)
     return render_template(
-        "waitboot.sh.j2", host=host, address=h.address, port=h.ssh_port, timeout_s=stack.drivers.reboot_timeout
+        "waitboot.sh.j2", host=host, address=h.address, port=h.ssh_port, timeout_s=stack.drivers.reboot_timeout,
+        down_timeout_s=drain + 120,
     )
 
 

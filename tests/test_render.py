@@ -149,6 +149,14 @@ def test_vllm_starts_only_on_a_healthy_host_with_its_weights_mounted(prod):
         assert "\nRequires=nvidia-fabricmanager.service nvidia-persistenced.service\n" in unit
 
 
+def test_a_reboot_may_take_as_long_as_an_instance_drains(prod):
+    cfg, p = prod
+    script = render.waitboot_script(cfg, "b300-1")
+    drain = max(pool.shutdown_timeout for _, pool in cfg.pools())
+    assert f"< {drain + 150} ))" in script and f"still up {drain + 150}s after the reboot" in script
+    assert f"< {cfg.drivers.reboot_timeout} ))" in script
+
+
 def test_the_router_starts_after_the_instances_of_its_host(prod):
     cfg, p = prod
     assert "\nAfter=network-online.target glm-vllm-decode-0.service\n" in render.router_unit(cfg, p)

@@ -40,7 +40,10 @@ def sh(cmd: str, check: bool = True, timeout: int = 3600, env: dict | None = Non
         raise
     p = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     if check and p.returncode != 0:
-        raise AssertionError(f"`{cmd}` exited {p.returncode}\n--- stdout\n{p.stdout[-6000:]}\n--- stderr\n{p.stderr[-4000:]}")
+        # pulumi prints its errors early and a long summary last: both, so the cause is in the report.
+        errors = "\n".join(line for line in p.stdout.splitlines() if "error" in line.lower())[-6000:]
+        raise AssertionError(f"`{cmd}` exited {p.returncode}\n--- errors\n{errors}\n--- stdout\n{p.stdout[-4000:]}"
+                             f"\n--- stderr\n{p.stderr[-4000:]}")
     return p
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+import proctree
 from e2e.harness import ROOT, SIM_STACK, assert_clean, on_host, sh, throttle_model_source
 
 HOSTS = ("sim-1", "sim-2", "sim-3")
@@ -294,6 +295,10 @@ def test_ssh_cut_during_weights_staging_then_up_converges(stack):
         OUTPUTS.append(out)
     finally:
         throttle_model_source(None)
+        if running.poll() is None:  # failed before the cut: the next tests need the stack unlocked
+            proctree.kill_tree(running.pid)
+            running.wait()
+            sh("pulumi cancel -s sim --yes", check=False)
     assert running.returncode != 0, out[-3000:]
     up()  # converges: the staging resumes (or waits for the one the cut left running), then switches
     for h in HOSTS:

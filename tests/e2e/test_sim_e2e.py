@@ -367,6 +367,10 @@ def test_new_revision_interrupted_then_resumed_and_switched(stack):
         out = stack.up()
     finally:
         throttle_model_source(None)
+        if up.poll() is None:  # failed before the interruption: the next tests need the stack unlocked
+            proctree.kill_tree(up.pid)
+            up.wait()
+            sh("pulumi cancel -s sim --yes", check=False)
     seed_line = next(l for l in out.stdout.splitlines() if "sim-1: weights: seed:" in l)
     kept = int(re.search(r"(\d+) already here and verified", seed_line).group(1))
     assert kept >= 3, f"finished shards are not fetched again: {seed_line}"
