@@ -76,6 +76,31 @@ def test_host_addresses_may_come_from_another_resource():
     assert not any("198.51.100." in repr(r.inputs) for r in run.resources)
 
 
+def test_a_mirror_url_and_addresses_from_other_resources_reach_the_seed(tmp_path):
+    """The mirror URL (camelCase or snake_case) and the hosts' addresses known only at deploy time:
+    the seed downloads from the real URL, the peers copy from the seed's real address."""
+
+    def program(key: str):
+        mirror = local.Command("mirror", create="echo http://10.9.0.1:8089/GLM")
+        inventory = [local.Command(f"inventory-{i}", create=f"echo 10.3.0.{i}") for i in (1, 2)]
+        cluster = Cluster("m", {
+            "hosts": [{"name": f"h{i}", "address": c.stdout, "compute_nics": ["mlx5_0"]} for i, c in enumerate(inventory, 1)],
+            "ssh": {"private_key": KEY}, "model": {**MODEL, "source": "mirror", key: mirror.stdout},
+            "prefill": {"hosts": ["h1"], "instances_per_host": 1, "dp": 8}, "decode": {"hosts": ["h2"]},
+            "router": {"host": "h2"},
+        })
+        return cluster.router_url
+
+    for key in ("mirror_url", "mirrorUrl"):
+        run, url = run_callable(lambda: program(key))
+        cmds = commands(run)
+        assert url == "https://10.3.0.2:8000"
+        seed = cmds["m-weights-h1-stage"].inputs["create"]
+        assert "--url http://10.9.0.1:8089/GLM" in seed and "--role seed" in seed, seed
+        assert "--peer http://10.3.0.1:8090" in cmds["m-weights-h2-stage"].inputs["create"]
+        assert not any("198.51.100." in repr(r.inputs) for r in run.resources), "no stand-in reached a resource"
+
+
 def test_bad_args_are_refused_with_the_validate_messages_before_any_resource():
     registered = []
 
