@@ -3,10 +3,12 @@ the Pulumi engine: stand-ins for unknown addresses, secrets taken out of what is
 
 from __future__ import annotations
 
+import pulumi
 import pytest
 
+from conftest import stack_file
 from glm_infra import inputs
-from glm_infra.stack import StackError
+from glm_infra.stack import StackError, load_file
 
 MODEL = {"repo": "nvidia/GLM-5.2-NVFP4", "revision": "0" * 40, "path": "/mnt/model/glm/GLM-5.2-NVFP4"}
 
@@ -66,3 +68,20 @@ def test_load_validates_with_the_stack_messages():
 
     with pytest.raises(StackError, match=r"\(args\): must be a mapping"):
         load_dict([], "x")  # type: ignore[arg-type]
+
+
+def test_the_programs_args_hold_each_secret_as_a_secret_and_drop_the_unreadable():
+    """program.cluster_args: a secret with its plaintext (a Pulumi run) becomes a secret Output; one
+    read offline (ciphertext only) is left out; unset settings are left out."""
+    from glm_infra.config import SecretValue
+    from glm_infra.program import cluster_args
+
+    cfg = load_file(stack_file("sim")).config
+    assert "api_key" not in cluster_args(cfg)["router"], "encrypted in the file, no plaintext offline"
+    router = cfg.router.model_copy(update={"api_key": SecretValue("sk-1"), "tls_key": SecretValue(None),
+                                           "tls_certificate": None})
+    monitoring = cfg.monitoring.model_copy(update={"webhook_url": SecretValue("http://10.0.0.9/hook")})
+    args = cluster_args(cfg.model_copy(update={"router": router, "monitoring": monitoring}))
+    assert isinstance(args["router"]["api_key"], pulumi.Output) and isinstance(args["monitoring"]["webhook_url"], pulumi.Output)
+    assert "tls_key" not in args["router"] and "tls_certificate" not in args["router"]
+    assert "private_key" not in args["ssh"] and args["ssh"]["private_key_path"] == cfg.ssh.private_key_path
