@@ -9,6 +9,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,3 +107,29 @@ def throttle_model_source(mbit: int | None) -> None:
                 f"class add dev br-glmsim parent 1: classid 1:20 htb rate {mbit}mbit ceil {mbit}mbit",
                 "filter add dev br-glmsim protocol ip parent 1: prio 1 u32 match ip sport 8089 0xffff flowid 1:20"):
         subprocess.run(["tc", *cmd.split()], check=True)
+
+
+def make_revision(revision: str) -> None:
+    """Another revision of the synthetic checkpoint the machine's model mirror serves."""
+    subprocess.run([sys.executable, str(ROOT / "scripts/standins/make-checkpoint"),
+                    os.path.expanduser("~/.cache/glm-infra/sim/models/GLM-5.2-NVFP4"), "--revision", revision,
+                    "--shards", "8", "--shard-mb", "16"], check=True, capture_output=True)
+
+
+@contextmanager
+def up_in_background(keep_output: bool = False):
+    """`pulumi up` of the sim stack while the test acts on it (``keep_output``: stdout and stderr on a
+    pipe). Still running when the block ends (the test failed before it was done): killed with its
+    plugins, and the lock it leaves removed, so the next tests find the stack usable."""
+    proc = subprocess.Popen(["bash", "-c", ". scripts/lib/pulumi-env.sh; exec pulumi up -s sim --yes --skip-preview "
+                             "--non-interactive"], cwd=ROOT, env=dict(os.environ, PULUMI_CONFIG_PASSPHRASE=PASSPHRASE),
+                            stdout=subprocess.PIPE if keep_output else subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT if keep_output else subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proctree.kill_tree(proc.pid)
+            proc.wait()
+            sh("pulumi cancel -s sim --yes", check=False)

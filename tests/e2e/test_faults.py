@@ -17,7 +17,6 @@ import os
 import re
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -26,8 +25,8 @@ from pathlib import Path
 
 import yaml
 
-import proctree
-from e2e.harness import ROOT, SIM_STACK, assert_clean, on_host, sh, throttle_model_source
+from e2e.harness import (ROOT, SIM_STACK, assert_clean, make_revision, on_host, sh, throttle_model_source,
+                         up_in_background)
 
 HOSTS = ("sim-1", "sim-2", "sim-3")
 ROUTER = "https://10.88.0.13:8000"
@@ -276,29 +275,21 @@ def test_a_gate_that_fails_at_boot_keeps_vllm_down_until_the_host_is_healthy(sta
 
 def test_ssh_cut_during_weights_staging_then_up_converges(stack):
     rev2 = "0000000000000000000000000000000000000003"
-    subprocess.run([sys.executable, str(ROOT / "scripts/standins/make-checkpoint"),
-                    os.path.expanduser("~/.cache/glm-infra/sim/models/GLM-5.2-NVFP4"), "--revision", rev2,
-                    "--shards", "8", "--shard-mb", "16"], check=True, capture_output=True)
+    make_revision(rev2)
     stack.config_set("glm-infra:model.revision", rev2)
     throttle_model_source(40)  # the seed downloads for ~27 s: time to cut a peer's connection
     try:
-        running = subprocess.Popen(["bash", "-c", ". scripts/lib/pulumi-env.sh; exec pulumi up -s sim --yes --skip-preview "
-                               "--non-interactive"], cwd=ROOT, env=dict(os.environ, PULUMI_CONFIG_PASSPHRASE="glm-infra-sim"),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        deadline = time.monotonic() + 120
-        while "weights.py stage" not in on_host("sim-2", "pgrep -af '[w]eights.py stage' || true"):
-            assert time.monotonic() < deadline and running.poll() is None, "sim-2 started staging"
-            time.sleep(0.5)
-        # The cut: every SSH session to sim-2 dies (its sshd children), as when a link or a bastion drops.
-        on_host("sim-2", "pkill -KILL -f '^sshd: [a-z]+@' || true", check=False)
-        out, _ = running.communicate(timeout=900)
-        OUTPUTS.append(out)
+        with up_in_background(keep_output=True) as running:
+            deadline = time.monotonic() + 120
+            while "weights.py stage" not in on_host("sim-2", "pgrep -af '[w]eights.py stage' || true"):
+                assert time.monotonic() < deadline and running.poll() is None, "sim-2 started staging"
+                time.sleep(0.5)
+            # The cut: every SSH session to sim-2 dies (its sshd children), as when a link or a bastion drops.
+            on_host("sim-2", "pkill -KILL -f '^sshd: [a-z]+@' || true", check=False)
+            out, _ = running.communicate(timeout=900)
+            OUTPUTS.append(out)
     finally:
         throttle_model_source(None)
-        if running.poll() is None:  # failed before the cut: the next tests need the stack unlocked
-            proctree.kill_tree(running.pid)
-            running.wait()
-            sh("pulumi cancel -s sim --yes", check=False)
     assert running.returncode != 0, out[-3000:]
     up()  # converges: the staging resumes (or waits for the one the cut left running), then switches
     for h in HOSTS:

@@ -12,7 +12,6 @@ import re
 import socket
 import ssl
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -21,7 +20,7 @@ import urllib.request
 import pytest
 
 import proctree
-from e2e.harness import PASSPHRASE, ROOT, assert_clean, on_host, sh, throttle_model_source
+from e2e.harness import ROOT, assert_clean, make_revision, on_host, sh, throttle_model_source, up_in_background
 
 HOSTS = ("sim-1", "sim-2", "sim-3")
 PREFILL_UNITS = {"sim-1": ["glm-vllm-prefill-0", "glm-vllm-prefill-1"], "sim-2": ["glm-vllm-prefill-2", "glm-vllm-prefill-3"]}
@@ -340,26 +339,22 @@ def test_driver_change_reboots_only_when_the_module_changes(stack):
 
 def test_new_revision_interrupted_then_resumed_and_switched(stack):
     rev2 = "0000000000000000000000000000000000000002"
-    subprocess.run([sys.executable, str(ROOT / "scripts/standins/make-checkpoint"),
-                    os.path.expanduser("~/.cache/glm-infra/sim/models/GLM-5.2-NVFP4"), "--revision", rev2,
-                    "--shards", "8", "--shard-mb", "16"], check=True, capture_output=True)
+    make_revision(rev2)
     log_start = len(open(MODEL_LOG).read().splitlines())
     before = all_starts()
     stack.config_set("glm-infra:model.revision", rev2)
     throttle_model_source(40)  # ~27 s for the 134 MB checkpoint: time to interrupt it
     try:
-        up = subprocess.Popen(["bash", "-c", ". scripts/lib/pulumi-env.sh; exec pulumi up -s sim --yes --skip-preview "
-                               "--non-interactive"], cwd=ROOT, env=dict(os.environ, PULUMI_CONFIG_PASSPHRASE=PASSPHRASE),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        progress = f"/mnt/model/glm/GLM-5.2-NVFP4.revisions/{rev2}/.glm-progress.json"
-        deadline = time.monotonic() + 120
-        while '"published": [' not in on_host("sim-1", f"cat {progress} 2>/dev/null || true").replace("\n", "") or \
-                len(json.loads(on_host("sim-1", f"cat {progress}"))["published"]) < 3:
-            assert time.monotonic() < deadline and up.poll() is None, "staging of the new revision started"
-            time.sleep(0.5)
-        # The interruption: pulumi (with its plugins) and the staging on every host die mid-transfer.
-        proctree.kill_tree(up.pid)
-        up.wait()
+        with up_in_background() as up:
+            progress = f"/mnt/model/glm/GLM-5.2-NVFP4.revisions/{rev2}/.glm-progress.json"
+            deadline = time.monotonic() + 120
+            while '"published": [' not in on_host("sim-1", f"cat {progress} 2>/dev/null || true").replace("\n", "") or \
+                    len(json.loads(on_host("sim-1", f"cat {progress}"))["published"]) < 3:
+                assert time.monotonic() < deadline and up.poll() is None, "staging of the new revision started"
+                time.sleep(0.5)
+            # The interruption: pulumi (with its plugins) and the staging on every host die mid-transfer.
+            proctree.kill_tree(up.pid)
+            up.wait()
         for h in HOSTS:
             on_host(h, "pkill -9 -f '[w]eights.py stage' || true")
         # A killed pulumi leaves its lock behind; the stack is ours alone here.
@@ -367,10 +362,6 @@ def test_new_revision_interrupted_then_resumed_and_switched(stack):
         out = stack.up()
     finally:
         throttle_model_source(None)
-        if up.poll() is None:  # failed before the interruption: the next tests need the stack unlocked
-            proctree.kill_tree(up.pid)
-            up.wait()
-            sh("pulumi cancel -s sim --yes", check=False)
     seed_line = next(l for l in out.stdout.splitlines() if "sim-1: weights: seed:" in l)
     kept = int(re.search(r"(\d+) already here and verified", seed_line).group(1))
     assert kept >= 3, f"finished shards are not fetched again: {seed_line}"
