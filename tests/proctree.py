@@ -119,32 +119,31 @@ def watched(p: Proc) -> bool:
     return p.program in WATCHED_PROGRAMS or any(a in arg for arg in p.argv[:3] for a in WATCHED_ARGS)
 
 
-def under_older(pid: int, table: dict[int, Proc], since: float, keep: set[int]) -> bool:
-    """Whether an ancestor of pid (below init, other than pytest and its ancestors) was running before
-    ``since``: pid belongs to something that was there before the session (simulated hosts someone
-    booted by hand, a demo), not to it."""
+def _above(pid: int, table: dict[int, Proc]):
+    """pid's ancestors below init, nearest first."""
     seen = set()
     pid = table[pid].ppid if pid in table else 0
     while pid in table and pid not in seen and pid > 1:
         seen.add(pid)
-        if pid not in keep and table[pid].started < since:
-            return True
+        yield pid
         pid = table[pid].ppid
-    return False
+
+
+def under_older(pid: int, table: dict[int, Proc], since: float, keep: set[int]) -> bool:
+    """Whether an ancestor of pid (below init, other than pytest and its ancestors) was running before
+    ``since``: pid belongs to something that was there before the session (simulated hosts someone
+    booted by hand, a demo), not to it."""
+    return any(a not in keep and table[a].started < since for a in _above(pid, table))
 
 
 def beside(pid: int, table: dict[int, Proc], keep: set[int]) -> bool:
     """Whether pid hangs below one of pytest's ancestors but not below pytest: a tree someone else
     started beside the suite (a benchmark or a second suite under the same shell), not its own."""
-    seen = set()
-    pid = table[pid].ppid if pid in table else 0
-    while pid in table and pid not in seen and pid > 1:
-        if pid == os.getpid():
+    for a in _above(pid, table):
+        if a == os.getpid():
             return False
-        if pid in keep:
+        if a in keep:
             return True
-        seen.add(pid)
-        pid = table[pid].ppid
     return False
 
 
