@@ -130,11 +130,16 @@ def _cidr(v: str) -> str:
 Cidr = Annotated[str, AfterValidator(_cidr)]
 
 
+def _is_dns_name(v: str) -> bool:
+    """A DNS name, and not something that only looks like a mistyped IPv4 address (10.0.0.300)."""
+    return bool(_DNS_NAME.match(v)) and not re.fullmatch(r"[0-9.]+", v)
+
+
 def _server_name(v: str) -> str:
     try:
         ip = ipaddress.ip_address(v)
     except ValueError:
-        if _DNS_NAME.match(v) and not re.fullmatch(r"[0-9.]+", v):
+        if _is_dns_name(v):
             return v.lower()
         raise ValueError(f"{v!r} is not a DNS name or IP address") from None
     return str(ip)
@@ -170,7 +175,7 @@ class HostConfig(StrictModel):
         try:
             ip = ipaddress.ip_address(v)
         except ValueError:
-            if _DNS_NAME.match(v) and not re.fullmatch(r"[0-9.]+", v):
+            if _is_dns_name(v):
                 return v
             raise ValueError(f"{v!r} is not an IP address or DNS name") from None
         if ip.is_unspecified or ip.is_multicast:
