@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import shlex
+import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -166,6 +168,119 @@ def test_drivers_remove_keeps_the_held_driver_by_default(apt_stubs, tmp_path):
     stack = PROD.model_copy(update={"drivers": PROD.drivers.model_copy(update={"remove_on_destroy": True})})
     r = isolated(apt_stubs, drivers(stack), ["remove"], DRIVER_DIRS, tmp_path)
     assert r.called("apt-get purge") and r.called("apt-mark unhold")
+
+
+# --- the reboot, the wait for it, the check after it --------------------------------------------
+
+REBOOT_DIRS = ["/run/glm-infra", "/var/lib/glm-infra"]
+BOOT = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+@pytest.fixture
+def boot_stubs(tmp_path):
+    s = StubPath(tmp_path / "stubs")
+    s.add("systemd-run")
+    s.add("systemctl", 'case "$1" in list-jobs) cat "$STATE/jobs" 2>/dev/null ;;\n'
+                       '  status) echo "glm-infra-reboot.timer - /usr/bin/systemctl reboot"; echo "  Active: inactive (dead)" ;; esac')
+    return s
+
+
+def test_reboot_schedules_a_named_reboot_only_when_the_driver_asked(boot_stubs, tmp_path):
+    r = isolated(boot_stubs, render.reboot_script(HOST), [], REBOOT_DIRS, tmp_path)
+    assert (r.returncode, r.stdout.strip(), r.calls) == (0, "no-reboot", []), r.stderr
+    in_root(tmp_path, "/run/glm-infra/reboot-required").touch()
+    r = isolated(boot_stubs, render.reboot_script(HOST), [], REBOOT_DIRS, tmp_path)
+    assert (r.returncode, r.stdout.strip()) == (0, f"reboot {BOOT}"), r.stderr
+    assert in_root(tmp_path, "/var/lib/glm-infra/boot-before-reboot").read_text().strip() == BOOT
+    # A timer left from an earlier try goes first; the new one has the name the check after the boot reads.
+    assert r.calls[0] == "systemctl stop glm-infra-reboot.timer"
+    assert r.calls[-1] == ("systemd-run --quiet --unit=glm-infra-reboot --on-active=3 "
+                           "--timer-property=AccuracySec=100ms systemctl reboot")
+
+
+def test_back_fails_on_the_same_boot_and_says_why(boot_stubs, tmp_path):
+    marker = in_root(tmp_path, "/var/lib/glm-infra/boot-before-reboot")
+    marker.parent.mkdir(parents=True)
+    marker.write_text(BOOT + "\n")
+    r = isolated(boot_stubs, render.back_script(HOST), [], REBOOT_DIRS, tmp_path)
+    assert r.returncode == 1 and f"{HOST}: host did not reboot (boot {BOOT})" in r.stderr
+    assert "glm-infra-reboot.timer" in r.stderr and "inactive (dead)" in r.stderr  # what became of the timer
+    (boot_stubs.state / "jobs").write_text("1 reboot.target start waiting\n")
+    r = isolated(boot_stubs, render.back_script(HOST), [], REBOOT_DIRS, tmp_path)
+    assert r.returncode == 1 and "a reboot is under way" in r.stderr and "inactive" not in r.stderr
+    assert marker.exists()  # kept: a later try still knows the boot to leave
+    marker.write_text("0f0f0f0f-0000-4000-8000-000000000000\n")
+    r = isolated(boot_stubs, render.back_script(HOST), [], REBOOT_DIRS, tmp_path)
+    assert (r.returncode, r.stdout.strip()) == (0, f"rebooted: boot {BOOT}") and not marker.exists()
+    r = isolated(boot_stubs, render.back_script(HOST), [], REBOOT_DIRS, tmp_path)
+    assert (r.returncode, r.stdout.strip()) == (0, "no reboot")
+
+
+class FakeSshd:
+    """A TCP listener on loopback standing in for a host's sshd: up, down (closed), up again."""
+
+    def __init__(self) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.sock: socket.socket | None = None
+
+    def up(self) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", self.port))
+        self.sock.listen(16)
+
+    def down(self) -> None:
+        if self.sock:
+            self.sock.close()
+            self.sock = None
+
+
+def run_wait(port: int, status: str, tmp: Path, down_timeout_s: int = 30, timeout_s: int = 60) -> subprocess.Popen:
+    # The stack's bounds are minutes; the same template with seconds, to watch each way out.
+    script = render.render_template("waitboot.sh.j2", host=HOST, address="127.0.0.1", port=port,
+                                    down_timeout_s=down_timeout_s, timeout_s=timeout_s)
+    (tmp / "wait.sh").write_text(script)
+    return subprocess.Popen(["bash", str(tmp / "wait.sh")], env={"PATH": "/usr/bin:/bin", "REBOOT_STATUS": status},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_wait_sees_the_host_go_down_and_come_back(tmp_path):
+    sshd = FakeSshd()
+    sshd.up()
+    try:
+        p = run_wait(sshd.port, "reboot 1234", tmp_path)
+        time.sleep(1.5)
+        sshd.down()
+        time.sleep(2)
+        sshd.up()
+        out, err = p.communicate(timeout=30)
+    finally:
+        sshd.down()
+    assert p.returncode == 0, err
+    assert f"{HOST}: down after" in out and f"{HOST}: SSH back after" in out
+
+
+def test_wait_leaves_a_host_never_seen_down_to_the_boot_check(tmp_path):
+    sshd = FakeSshd()
+    sshd.up()
+    try:  # rebooted before the wait began, or still draining: the boot check after it tells
+        p = run_wait(sshd.port, "reboot 1234", tmp_path, down_timeout_s=2)
+        out, err = p.communicate(timeout=30)
+    finally:
+        sshd.down()
+    assert p.returncode == 0, err
+    assert f"{HOST}: SSH never went down in 2s after the reboot was scheduled; the boot check decides" in out
+
+
+def test_wait_fails_for_a_host_that_does_not_come_back(tmp_path):
+    sshd = FakeSshd()  # never listening: down from the start, and it stays down
+    p = run_wait(sshd.port, "reboot 1234", tmp_path, timeout_s=3)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 1 and f"{HOST}: not back after 3s" in err
+    out, _ = run_wait(sshd.port, "no-reboot", tmp_path).communicate(timeout=10)
+    assert out.strip() == f"{HOST}: no reboot needed"
 
 
 # --- rdma.sh -------------------------------------------------------------------------------------

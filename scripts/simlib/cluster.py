@@ -229,6 +229,10 @@ while :; do
   [ -e "$dir/stop" ] && exit 0
   [ "$rc" -eq 133 ] || { echo "launcher: $(date -u +%FT%TZ) systemd-nspawn exited $rc" >&2; exit "$rc"; }
   echo "launcher: $(date -u +%FT%TZ) host rebooted" >&2
+  # A server spends minutes in firmware before it boots again; a container would be back in a second
+  # or two, sooner than anything waiting for a real reboot could count on seeing it gone.
+  sleep 5 & wait $!
+  [ -e "$dir/stop" ] && exit 0
 done
 """
 
