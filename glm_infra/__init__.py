@@ -12,7 +12,7 @@ the steps of the per-host plan (``glm_infra.hostplan``). ``ClusterArgs`` and its
 """
 
 from .args import (
-    ClusterArgs, ColocatedInput, DecodeInput, DriversInput, HostInput, ModelInput, MonitoringInput, NixlInput,
+    ClusterArgs, ColocatedInput, DecodeInput, DriversInput, HostInput, HostsArgs, ModelInput, MonitoringInput, NixlInput,
     PrefillInput, PreflightInput, RdmaInput, RouterInput, RuntimeInput, SlaInput, SshInput,
 )
 from .components import (
@@ -24,7 +24,7 @@ __version__ = "0.2.0"
 
 __all__ = [
     "Cluster", "ClusterArgs", "ColocatedInput", "DecodeInput", "Drivers", "DriversArgs", "DriversInput", "Host",
-    "HostArgs", "HostInput", "HostStep", "HostStepArgs", "Hosts", "InvalidArgsError", "ModelInput", "ModelWeights",
+    "HostArgs", "HostInput", "HostStep", "HostStepArgs", "Hosts", "HostsArgs", "InvalidArgsError", "ModelInput", "ModelWeights",
     "ModelWeightsArgs", "MonitoredHost", "Monitoring", "MonitoringArgs", "MonitoringInput", "NixlInput", "PrefillInput", "PreflightInput", "RdmaInput", "Router", "RouterArgs",
     "RouterInput", "RuntimeInput", "SlaInput", "SshInput", "VllmService", "VllmServiceArgs", "WeightsHost",
 ]

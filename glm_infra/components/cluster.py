@@ -1,9 +1,11 @@
 """The whole deployment (``Cluster``) and its provisioning part alone (``Hosts``), both built from the
 per-host plan: per host preflight → driver → health gate → RDMA → NIXL → facts (→ runtime), the
 weights (downloaded once, fanned out), then for a Cluster the vLLM instances (each pool one at a
-time) and the router."""
+time) and the router.
 
-from __future__ import annotations
+The annotations are evaluated (no ``from __future__ import annotations``) and the class-level ones
+of Cluster and Hosts are their outputs only: the component package (provider/) infers its schema
+from them, for programs in other Pulumi languages."""
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,7 +16,7 @@ import pulumi
 import pulumi_command.remote as remote
 
 from .. import hostplan, inputs, paths, render, topology
-from ..args import ClusterArgs
+from ..args import ClusterArgs, HostsArgs
 from ..hostplan import HostSteps
 from ..stack import StackError
 from ..steps import Step, digest
@@ -48,9 +50,6 @@ class _Chain:
 
 class _Deployment(pulumi.ComponentResource):
     """What Cluster and Hosts share: validation of the Args, the plan, the per-host chains and the weights."""
-
-    hosts: dict[str, Host]
-    weights: ModelWeights | None
 
     def __init__(self, type_: str, name: str, args: Mapping[str, Any], serve: bool,
                  opts: pulumi.ResourceOptions | None, runtime: bool = False,
@@ -86,10 +85,10 @@ class _Deployment(pulumi.ComponentResource):
         key = self._split.secrets.get("private_key")
         self._private_key = pulumi.Output.secret(key if key is not None else
                                                  _read_key(self._split.private_key_path or "", source))
-        self.hosts = {}
+        self.hosts: dict[str, Host] = {}
         chains = {h.name: self._provision(name, self.steps[h.name]) for h in self.plan.hosts if self.mine(h.name)}
         self.hosts = {n: c.host for n, c in chains.items()}
-        self.weights = self._stage_weights(name, chains)
+        self.weights: ModelWeights | None = self._stage_weights(name, chains)
         self._chains = chains
         self.facts = pulumi.Output.all(**{n: c.facts or c.host.facts for n, c in chains.items()})
 
@@ -233,14 +232,22 @@ class Hosts(_Deployment):
     host facts, and the checkpoint staged on every host (downloaded once, fanned out) — for a
     serving engine of your own.
 
-    ``args`` are ``ClusterArgs`` without pools or router: ``hosts``, ``ssh``, ``model`` and optionally
-    ``preflight``, ``drivers``, ``rdma``, ``nixl``, ``runtime``. The hub source (``model.source:
-    huggingface``) needs glm-infra's Python runtime on the seed (set ``install_runtime``).
+    ``args`` are ``ClusterArgs`` without pools or router (``HostsArgs``; pools and router given are
+    ignored): ``hosts``, ``ssh``, ``model`` and optionally ``preflight``, ``drivers``, ``rdma``,
+    ``nixl``, ``runtime``. The hub source (``model.source: huggingface``) needs glm-infra's Python
+    runtime on the seed (``install_runtime``, the keyword or the Args key).
     """
 
-    def __init__(self, name: str, args: ClusterArgs, install_runtime: bool = False,
-                 opts: pulumi.ResourceOptions | None = None) -> None:
-        args = {k: v for k, v in dict(args).items() if k not in ("prefill", "decode", "colocated", "router")}
+    facts: pulumi.Output[dict[str, Any]]
+    """Each host as provisioned, by host name: OS, kernel, GPUs and driver, RDMA ports, memlock, free disk at the model path."""
+    prometheus_url: pulumi.Output[str]
+    """Prometheus on the monitoring host (http://HOST:PORT); empty without monitoring."""
+
+    def __init__(self, name: str, args: HostsArgs, opts: pulumi.ResourceOptions | None = None, *,
+                 install_runtime: bool = False) -> None:
+        install_runtime = install_runtime or bool(dict(args).get("install_runtime", False))
+        args = {k: v for k, v in dict(args).items()
+                if k not in ("prefill", "decode", "colocated", "router", "install_runtime")}
         super().__init__("glm-infra:index:Hosts", name, args, False, opts, install_runtime)
         self.monitoring = self._monitor(name)
         self.prometheus_url = self.monitoring.prometheus_url if self.monitoring else pulumi.Output.from_input("")
@@ -258,8 +265,16 @@ class Cluster(_Deployment):
     other resources.
     """
 
-    services: dict[str, VllmService]
-    router: Router | None
+    router_url: pulumi.Output[str]
+    """The router's public URL (https://HOST:PORT); empty without a router."""
+    router_ca_certificate: pulumi.Output[str]
+    """PEM of the CA clients trust for routerUrl when glm-infra generated its certificate, else empty."""
+    instances: pulumi.Output[dict[str, dict[str, str]]]
+    """Every vLLM instance by name: its host, url and gpus (CUDA_VISIBLE_DEVICES)."""
+    facts: pulumi.Output[dict[str, Any]]
+    """Each host as provisioned, by host name: OS, kernel, GPUs and driver, RDMA ports, memlock, free disk at the model path."""
+    prometheus_url: pulumi.Output[str]
+    """Prometheus on the monitoring host (http://HOST:PORT); empty without monitoring."""
 
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None,
                  only_hosts: Sequence[str] | None = None) -> None:
@@ -270,7 +285,7 @@ class Cluster(_Deployment):
         vllm_secrets = self.secret_digest("vllm_secrets_env")
         # Instances start together on a first deploy; a change restarts each pool one instance at a
         # time, each gated on /health.
-        self.services = {}
+        self.services: dict[str, VllmService] = {}
         last_of_pool: dict[str, VllmService] = {}
         prefill_stoppers: list[pulumi.Resource] = []
         for inst in plan.instances:
@@ -306,7 +321,7 @@ class Cluster(_Deployment):
                          self.hosts[h.name].connection, self,
                          depends_on=[self.services[i.name].rollout for i in h.instances])
 
-        self.router = None
+        self.router: Router | None = None
         if plan.router is not None and self.mine(plan.router.host):
             r = plan.router
             s = self.steps[r.host]
@@ -329,9 +344,8 @@ class Cluster(_Deployment):
         self.monitoring = self._monitor(name)
         self.prometheus_url = self.monitoring.prometheus_url if self.monitoring else pulumi.Output.from_input("")
         self.router_url = self._resolved.apply(lambda x: x.plan.router.url if x.plan.router else "")
-        self.router_ca_certificate: pulumi.Output[str] = self.router.ca_certificate if self.router is not None \
+        self.router_ca_certificate = self.router.ca_certificate if self.router is not None \
             else pulumi.Output.from_input("")
-        """PEM of the CA clients trust for routerUrl when glm-infra generated its certificate, else empty."""
         self.instances = self._resolved.apply(lambda x: {
             i.name: {"host": i.host, "url": i.url, "gpus": i.cuda_visible_devices} for i in x.plan.instances})
         self.register_outputs({"routerUrl": self.router_url, "routerCaCertificate": self.router_ca_certificate,
