@@ -1,11 +1,11 @@
 # shellcheck shell=bash
-# Debian packages the simulated cluster and the team-state tests need on this machine (installed when
-# missing, as root).
+# Debian packages the simulated cluster, the team-state tests and the TypeScript example (Node.js, npm)
+# need on this machine (installed when missing, as root).
 
 ensure_host_deps() {
   local need=() pkg
   for pkg in debootstrap:debootstrap systemd-nspawn:systemd-container dpkg-scanpackages:dpkg-dev \
-    curl:curl ssh:openssh-client gpg:gnupg ip:iproute2 tc:iproute2 nft:nftables; do
+    curl:curl ssh:openssh-client gpg:gnupg ip:iproute2 tc:iproute2 nft:nftables node:nodejs npm:npm; do
     command -v "${pkg%%:*}" >/dev/null 2>&1 || need+=("${pkg#*:}")
   done
   python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)

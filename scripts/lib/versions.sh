@@ -7,6 +7,10 @@ PULUMI_VERSION=3.274.1
 # not served by the Go module proxy reachable here: scripts/toolchain builds it from the upstream source
 # (GLM_INFRA_PLUGIN_SOURCES). Hosts since v3.80 honour Pulumi.yaml's `virtualenv`.
 PULUMI_LANGHOST_VERSION=3.259.0
+# Node.js language host: its module (github.com/pulumi/pulumi/sdk/nodejs/cmd/pulumi-language-nodejs/v3) is in
+# the same situation; built from GLM_INFRA_PLUGIN_SOURCES too. It runs examples/typescript-cluster, whose
+# @pulumi/pulumi and typescript are pinned in its package.json and package-lock.json.
+PULUMI_NODEJS_LANGHOST_VERSION=3.259.0
 # pulumi-resource-command, matching the pulumi-command Python SDK pinned in pyproject.toml.
 PULUMI_COMMAND_VERSION=1.2.1
 # llm-d-inference-sim, the vLLM stand-in of the simulated cluster.
