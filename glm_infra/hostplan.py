@@ -25,7 +25,7 @@ from pathlib import Path
 
 from . import firewall, monitoring, paths, render
 from .config import StackConfig
-from .steps import RenderedFile, ScriptStep, Step, command, digest, file_step
+from .steps import TRIGGERS_TOKEN, RenderedFile, ScriptStep, Step, command, digest, file_step
 from .topology import HostPlan, Instance, Plan, seed_host
 
 HOST_FILES = ("vllm-secrets", "hf-secrets")
@@ -178,7 +178,9 @@ def instance_steps(stack: StackConfig, inst: Instance) -> list[Step]:
     return [
         file_step(f"{inst.name}-unit", paths.unit(inst.unit), unit),
         service,
-        Step(f"{inst.name}-rollout", f"echo {stem} started by its service step", update=f"{script} apply",
+        # Restarts only when its triggers changed since the instance last (re)started: a step re-run
+        # for another reason (a new SSH key changes every step's connection) leaves it running.
+        Step(f"{inst.name}-rollout", f"{script} record {TRIGGERS_TOKEN}", update=f"{script} rollout {TRIGGERS_TOKEN}",
              triggers=(digest(unit), digest(render.ucx_env(stack, inst.host)), stack.model.revision,
                        digest(stack.runtime.vllm_version, stack.runtime.nixl_version, stack.runtime.venv)),
              timeout=timeout),
@@ -199,7 +201,8 @@ def router_steps(stack: StackConfig, plan: Plan, secrets: Mapping[str, str]) -> 
     unit = render.router_unit(stack, plan)
     front_conf = render.router_front_conf(stack, plan)
     stem = r.unit.removesuffix(".service")
-    service = ScriptStep(stem, render.router_service_script(stack, plan)).step("router-service")
+    service = ScriptStep(stem, render.router_service_script(stack, plan), action=f"rollout {TRIGGERS_TOKEN}").step(
+        "router-service")
     # vllm-router is its own wheel in the shared venv: a new vllm pin leaves its files alone.
     service = Step(**{**service.__dict__, "triggers": (digest(unit), digest(rt.router_version, rt.venv))})
     tls = ScriptStep("router-front-tls", render.router_front_tls_script(stack, plan)).step("router-front-tls")

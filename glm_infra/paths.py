@@ -28,6 +28,7 @@ FRONT_CA_KEY = f"{TLS_DIR}/ca.key"
 FRONT_TLS_GIVEN = f"{SECRETS_DIR}/router-tls.pem"  # router.tlsCertificate + tlsKey, when the stack sets them
 HF_ENV = f"{OPT}/hf"
 BOOT_BEFORE_REBOOT = f"{STATE}/boot-before-reboot"
+ROLLOUT_DIR = f"{STATE}/rollout"  # per unit, the triggers digest it last (re)started with
 REBOOT_UNIT = "glm-infra-reboot"  # the transient timer and service the reboot step schedules
 
 # The monitoring, where the Debian and Ubuntu packages look (prometheus, prometheus-alertmanager,

@@ -17,6 +17,12 @@ from dataclasses import dataclass, field
 from . import paths
 
 
+# Stands in a step's commands for the digest of its triggers (filled in by the component), so a host
+# script can tell "re-run with the same triggers" (a new SSH key, a new dial timeout: nothing to
+# restart) from "re-run because a trigger changed".
+TRIGGERS_TOKEN = "@glm-infra-triggers@"
+
+
 def digest(*parts: str) -> str:
     h = hashlib.sha256()
     for p in parts:

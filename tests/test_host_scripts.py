@@ -283,6 +283,39 @@ def test_wait_fails_for_a_host_that_does_not_come_back(tmp_path):
     assert out.strip() == f"{HOST}: no reboot needed"
 
 
+# --- service.sh: a rollout restarts only when its triggers changed -------------------------------
+
+
+@pytest.fixture
+def unit_stubs(tmp_path):
+    s = StubPath(tmp_path / "stubs")
+    s.add("systemctl", 'case "$1" in is-active) [ -e "$STATE/active" ] ;; start|restart) touch "$STATE/active" ;;\n'
+                       '  show) echo 0 ;; *) exit 0 ;; esac')
+    s.add("curl", '[ -e "$STATE/active" ]')
+    return s
+
+
+def test_a_rollout_restarts_only_when_its_triggers_changed(unit_stubs, tmp_path):
+    inst = plan(PROD).instances[0]
+    script = render.vllm_service_script(PROD, inst)
+    marker = in_root(tmp_path, f"/var/lib/glm-infra/rollout/{inst.unit}")
+    run = lambda *args: isolated(unit_stubs, script, list(args), ["/var/lib/glm-infra"], tmp_path)  # noqa: E731
+    assert run("start").returncode == 0
+    r = run("record", "0123456789abcdef")  # created: the service step started it with these triggers
+    assert r.returncode == 0 and marker.read_text().strip() == "0123456789abcdef"
+    r = run("rollout", "0123456789abcdef")  # re-run for another reason (a new SSH key): nothing restarts
+    assert r.returncode == 0 and not r.called("systemctl restart") and "not restarted" in r.stdout
+    r = run("rollout", "fedcba9876543210")  # a trigger changed: restart, then note the new triggers
+    assert r.returncode == 0 and f"systemctl restart {inst.unit}" in r.calls
+    assert marker.read_text().strip() == "fedcba9876543210"
+    (unit_stubs.state / "active").unlink()  # stopped behind glm-infra's back: the same triggers start it
+    r = run("rollout", "fedcba9876543210")
+    assert r.returncode == 0 and f"systemctl start {inst.unit}" in r.calls
+    r = run("rollout", "not-a-digest")
+    assert r.returncode == 2 and "16 hex digits" in r.stderr and marker.read_text().strip() == "fedcba9876543210"
+    assert run("remove").returncode == 0 and not marker.exists() and not marker.parent.exists()
+
+
 # --- rdma.sh -------------------------------------------------------------------------------------
 
 DEVINFO_PORT = """hca_id:\t{dev}

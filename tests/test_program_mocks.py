@@ -81,8 +81,10 @@ def test_prefill_restarts_one_at_a_time_and_router_comes_last(key_file):
     assert run.urn("glm-prefill-0-service") not in run.get("glm-decode-0").dependencies  # pools roll independently
     assert not any("prefill" in d for d in run.get("glm-decode-0-rollout").dependencies)
     rollout = run.get("glm-prefill-1-rollout")
-    assert rollout.inputs["create"].split("; ", 1)[1].startswith("echo glm-vllm-prefill-1 started by")
-    assert rollout.inputs["update"].endswith("/usr/local/libexec/glm-infra/glm-vllm-prefill-1.sh apply")
+    # Created: notes the triggers it runs with; updated: restarts only if they changed since.
+    stamp = rollout.inputs["create"].split("; ", 1)[0].removeprefix(": glm-infra-triggers=")
+    assert rollout.inputs["create"].endswith(f"/usr/local/libexec/glm-infra/glm-vllm-prefill-1.sh record {stamp}")
+    assert rollout.inputs["update"].endswith(f"/usr/local/libexec/glm-infra/glm-vllm-prefill-1.sh rollout {stamp}")
     assert run.get("glm-prefill-1-service").inputs["create"].endswith("glm-vllm-prefill-1.sh start")
     router = run.get("glm-router-service")
     for name in ["prefill-0", "prefill-1", "prefill-2", "prefill-3", "decode-0"]:

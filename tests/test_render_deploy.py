@@ -13,9 +13,17 @@ from conftest import STACKS, stack_file
 from glm_infra import hostplan, render
 from glm_infra.cli import main as cli
 from glm_infra.stack import load_file
+from glm_infra.steps import TRIGGERS_TOKEN
 from pulumi_harness import run_program
 
-TRIGGERS = re.compile(r"^: glm-infra-triggers=[0-9a-f]{16}; ")
+TRIGGERS = re.compile(r"^: glm-infra-triggers=([0-9a-f]{16}); ")
+
+
+def as_rendered(command: str) -> str:
+    """A command as sent, as the review tree shows it: without the triggers prefix, and with the
+    triggers token where the component filled in the digest."""
+    m = TRIGGERS.match(command)
+    return command[m.end():].replace(m[1], TRIGGERS_TOKEN) if m else command
 
 
 @pytest.fixture
@@ -75,8 +83,8 @@ def test_every_resource_sends_what_the_render_shows(stack, key_file, tmp_path, c
             (host,) = [h for a, h in addresses.items() if f"({a}:" in r.inputs["stdin"]]
         else:
             host = addresses[r.inputs["connection"]["host"]]
-        create = TRIGGERS.sub("", r.inputs["create"])
-        update = TRIGGERS.sub("", r.inputs["update"])
+        create = as_rendered(r.inputs["create"])
+        update = as_rendered(r.inputs["update"])
         sent[host][(create, update, r.inputs.get("delete"), r.inputs.get("stdin"))] += 1
     for host in shown:
         missing = shown[host] - sent[host]

@@ -9,7 +9,7 @@ import pulumi
 import pulumi_command.local as local
 import pulumi_command.remote as remote
 
-from ..steps import Step, digest
+from ..steps import TRIGGERS_TOKEN, Step, digest
 
 
 def inherited(opts: pulumi.ResourceOptions | None) -> list[pulumi.Resource]:
@@ -28,8 +28,12 @@ def with_triggers(command: pulumi.Input[str], triggers: Sequence[pulumi.Input[st
     if not triggers:
         return command
     joined = pulumi.Output.all(command, *triggers).apply(
-        lambda vs: f": glm-infra-triggers={digest(*(str(v) for v in vs[1:]))}; {vs[0]}")
+        lambda vs: _stamp(vs[0], digest(*(str(v) for v in vs[1:]))))
     return pulumi.Output.unsecret(joined)
+
+
+def _stamp(command: str, triggers_digest: str) -> str:
+    return f": glm-infra-triggers={triggers_digest}; {command.replace(TRIGGERS_TOKEN, triggers_digest)}"
 
 
 def run_step(
