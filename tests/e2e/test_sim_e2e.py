@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import socket
 import ssl
 import subprocess
@@ -259,6 +260,70 @@ def test_rolling_prefill_restart_loses_no_request(stack):
     order = sorted(prefill, key=lambda u: after[u])
     assert order == prefill, f"one at a time, in order: {order}"
     assert sent[0] >= 10 and not failures, failures
+
+
+ROUTER_UNIT = ("sim-3", "glm-vllm-router")
+
+
+def accepted_keys(host: str) -> str:
+    """sshd's 'Accepted publickey … SHA256:…' lines of this boot."""
+    return on_host(host, "journalctl -b --no-pager -o cat -u ssh | grep 'Accepted publickey' || true")
+
+
+def test_a_new_ssh_key_is_used_and_restarts_nothing(stack, tmp_path):
+    """The operator's guide's rotation: authorize the new key, point the stack at it, up (then the
+    old key can go; here the suite's own key stays and the rotated one goes). Every step's
+    connection changes, so every step re-runs; nothing restarts."""
+    key = ROOT / ".pulumi-state" / "rotated-ssh-key"  # beside the state: kept out of git, gone at the end
+    key.unlink(missing_ok=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    try:
+        public = key.with_suffix(".pub").read_text().strip()
+        fingerprint = subprocess.run(["ssh-keygen", "-lf", str(key)], capture_output=True, text=True,
+                                     check=True).stdout.split()[1]
+        for h in HOSTS:
+            on_host(h, f"echo {shlex.quote(public)} >> /root/.ssh/authorized_keys")
+        before = {**all_starts(), ROUTER_UNIT[1]: started_at(*ROUTER_UNIT)}
+        original = sh("pulumi config get -s sim --path glm-infra:ssh.privateKeyPath").stdout.strip()
+        stack.config_set("glm-infra:ssh.privateKeyPath", str(key))
+        try:
+            stack.up()
+            for h in HOSTS:
+                assert fingerprint in accepted_keys(h), f"{h}: the up logged in with the new key"
+            after = {**all_starts(), ROUTER_UNIT[1]: started_at(*ROUTER_UNIT)}
+            assert after == before, "a new SSH key restarts no instance and not the router"
+            assert chat("after the key rotation")["choices"]
+        finally:
+            stack.config_set("glm-infra:ssh.privateKeyPath", original)
+            for h in HOSTS:  # retire the rotated key again; the suite's key stays authorized
+                on_host(h, f"grep -vF {shlex.quote(public)} /root/.ssh/authorized_keys > /root/.ssh/k; "
+                           "mv /root/.ssh/k /root/.ssh/authorized_keys; chmod 600 /root/.ssh/authorized_keys")
+        stack.up()
+        assert {**all_starts(), ROUTER_UNIT[1]: started_at(*ROUTER_UNIT)} == before
+    finally:
+        key.unlink(missing_ok=True)
+        key.with_suffix(".pub").unlink(missing_ok=True)
+
+
+def test_a_new_api_key_is_served_and_the_old_one_refused(stack):
+    """Rotation of router.apiKey: set it as a secret from stdin, up; the instances restart one pool
+    member at a time and the router after them; the old key gets 401 from then on."""
+    old, new = API_KEY[0], "rotated-" + os.urandom(16).hex()
+    before = {**all_starts(), ROUTER_UNIT[1]: started_at(*ROUTER_UNIT)}
+    sh(f"pulumi config set -s sim --secret --path glm-infra:router.apiKey < <(printf %s {shlex.quote(new)})")
+    stack.up()
+    after = {**all_starts(), ROUTER_UNIT[1]: started_at(*ROUTER_UNIT)}
+    assert all(after[u] != before[u] for u in before), "every instance and the router read the new key"
+    assert after[ROUTER_UNIT[1]] > max(t for u, t in after.items() if u != ROUTER_UNIT[1]), "the router last"
+    with pytest.raises(urllib.error.HTTPError) as e:
+        chat("the old key", key=old)
+    assert e.value.code == 401
+    API_KEY[0] = new
+    assert chat("the new key")["choices"]
+    assert new not in sh("pulumi stack export -s sim").stdout
+    for h in HOSTS:
+        assert new not in on_host(h, "ps -eo args") and new not in on_host(h, "journalctl --no-pager -o cat")
+    assert json.loads(sh("pulumi stack output -s sim --json --show-secrets").stdout)["routerApiKey"] == new
 
 
 def test_broken_stand_in_fails_naming_host_and_check(stack):
