@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
 
 from . import hostplan, topology
-from .config import StackConfig
 from .stack import LoadedStack, StackError, load_file, resolve_stack_file
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
@@ -86,8 +84,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    schema = StackConfig.model_json_schema(by_alias=True)
-    print(json.dumps(schema, indent=2, sort_keys=True))
+    from . import schema
+
+    sys.stdout.write(schema.dumps(schema.model_schema() if args.model else schema.stack_file_schema()))
     return EXIT_OK
 
 
@@ -105,7 +104,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--out", required=True, metavar="DIR")
     r.add_argument("--force", action="store_true", help="replace DIR if it is not empty")
     r.set_defaults(func=cmd_render)
-    s = sub.add_parser("schema", help="print the JSON Schema of the glm-infra config keys")
+    s = sub.add_parser("schema", help="print the JSON Schema of a stack file (schemas/stack.schema.json is this "
+                                      "output)")
+    s.add_argument("--model", action="store_true", help="only the glm-infra keys' model (StackConfig), unprefixed")
     s.set_defaults(func=cmd_schema)
     from .sla import add_parser as add_sla
 
