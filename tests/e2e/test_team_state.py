@@ -110,6 +110,27 @@ def test_secrets_stay_encrypted_in_the_rows(team_stack):
     assert '"routerApiKey"' in blobs[checkpoint]
 
 
+def test_the_state_moves_to_another_backend_intact(team_stack, tmp_path):
+    """The operator's guide's move between backends (here the team's PostgreSQL to a file backend,
+    the other way round works alike): export, init the stack in the new backend, import; the
+    new backend then sees the hosts as deployed — no change pending — and the secrets still as ciphertext."""
+    env = team_stack
+    state = tmp_path / "sim.state.json"
+    sh(f"pulumi stack export -s sim --file {state}", env=env)
+    other = {"PULUMI_BACKEND_URL": f"file://{tmp_path / 'backend'}"}
+    (tmp_path / "backend").mkdir()
+    sh("pulumi stack init sim --secrets-provider passphrase", env=other)
+    try:
+        sh(f"pulumi stack import -s sim --file {state}", env=other)
+        sh("pulumi preview -s sim --expect-no-changes --non-interactive", env=other)
+        api_key = json.loads(sh("pulumi stack output -s sim --json --show-secrets", env=env).stdout)["routerApiKey"]
+        moved = json.loads(sh("pulumi stack output -s sim --json --show-secrets", env=other).stdout)["routerApiKey"]
+        assert moved == api_key and api_key not in "".join(
+            p.read_text() for p in (tmp_path / "backend").rglob("*.json"))
+    finally:  # the team's backend keeps managing the hosts: only the copy's record goes
+        sh("pulumi stack rm -s sim --yes --force --preserve-config", check=False, env=other)
+
+
 def test_destroy_through_the_team_backend(team_stack):
     env = team_stack
     sh("pulumi destroy -s sim --yes --skip-preview --non-interactive", env=env)
