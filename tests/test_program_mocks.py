@@ -299,3 +299,25 @@ def test_host_facts_are_read_after_the_host_is_provisioned(key_file):
         assert facts.inputs["create"].endswith("/usr/local/libexec/glm-infra/hostcheck.py facts --model-path /mnt/model/glm/GLM-5.2-NVFP4")
         assert run.urn(f"glm-{h}-nixl-ucx-env") in facts.dependencies
         assert run.urn(f"glm-{h}-rdma-setup") in facts.dependencies
+
+
+def test_a_rotated_secret_changes_only_what_reads_it(key_file, tmp_path):
+    """The guide's rotations: a new HF token rewrites the seed's token file and restarts nothing; a
+    new API key rewrites the key files and restarts every instance and the router."""
+    path = secret_stack(tmp_path)
+
+    def sent(**rotated):
+        run = run_program(path, key_file, secrets={**CANARIES, **rotated})
+        return {r.name: (r.inputs.get("create"), r.inputs.get("update"), r.inputs.get("stdin")) for r in run.by_type(CMD)}
+
+    base = sent()
+    hf = sent(**{"glm-infra:model.hfToken": "hf_rotatedTOKEN0e1f"})
+    assert [n for n in base if hf[n] != base[n]] == ["glm-b300-1-etc-glm-infra-secrets-hf-env"]
+    key = sent(**{"glm-infra:router.apiKey": "sk-rotated-key-77aa"})
+    changed = {n for n in base if key[n] != base[n]}
+    rollouts = {n for n in base if n.endswith("-rollout")}
+    assert len(rollouts) == 5 and rollouts <= changed and "glm-router-service" in changed
+    key_files = {n for n in changed if "-secrets-vllm-env" in n}
+    assert len(key_files) == 3, key_files  # each serving host's vLLM env
+    assert changed - rollouts - key_files == {"glm-router-secrets", "glm-router-service", "glm-router-front",
+                                              "glm-router-front-keys"}, changed

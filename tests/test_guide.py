@@ -1,0 +1,143 @@
+"""docs/OPERATIONS.md: every command the on-call guide tells an operator to type is one a test (or
+scripts/demo) runs. Each ```sh block is preceded by ``<!-- tested: FILE::TEST, ... -->``; the named
+tests must exist, and each command's subcommand, long flags and glm-infra keys must appear in them."""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GUIDE = ROOT / "docs" / "OPERATIONS.md"
+# Helpers the end-to-end tests run their commands through.
+E2E_HELPERS = [ROOT / "tests/e2e/harness.py", ROOT / "tests/e2e/conftest.py"]
+BLOCK = re.compile(r"(?:<!-- tested: (?P<refs>[^>]*) -->\n)?```sh\n(?P<body>.*?)```", re.S)
+SEGMENT_SPLIT = re.compile(r"\$\(|\)|\|\||&&|\||;")
+
+
+def blocks(text: str) -> list[tuple[list[str], list[str]]]:
+    out = []
+    for m in BLOCK.finditer(text):
+        refs = [r.strip() for r in (m["refs"] or "").split(",") if r.strip()]
+        lines = [re.sub(r"\s+#.*$", "", line).strip() for line in m["body"].splitlines()]
+        out.append((refs, [line for line in lines if line]))
+    return out
+
+
+def corpus(refs: list[str]) -> str:
+    """The source of the tests a block names (whole files, and the e2e helpers they call)."""
+    texts = []
+    for ref in refs:
+        path, _, test = ref.partition("::")
+        f = ROOT / path
+        assert f.is_file(), f"{ref}: no such file"
+        source = f.read_text()
+        if test:
+            names = {n.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef)}
+            assert test in names, f"{ref}: no test of that name in {path}"
+        texts.append(source)
+        if path.startswith("tests/e2e/"):
+            texts += [h.read_text() for h in E2E_HELPERS]
+    return "\n".join(texts)
+
+
+def words_of(segment: str) -> list[str]:
+    words = shlex.split(segment.replace("<", " < ").replace(">", " > "))
+    while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):  # VAR=value before the command
+        words.pop(0)
+    out, skip = [], False
+    for w in words:  # drop redirections and their targets
+        if skip:
+            skip = False
+        elif w in ("<", ">"):
+            skip = True
+        else:
+            out.append(w)
+    return out
+
+
+def required(segment: str) -> list[tuple[str, ...]]:
+    """What a test must contain for it to run this command: each entry is a set of alternatives."""
+    words = words_of(segment)
+    if not words:
+        return []
+    program, rest = words[0].removeprefix("venv/bin/"), words[1:]
+    need: list[tuple[str, ...]] = []
+    if program == "pulumi":
+        sub = []
+        for w in rest:
+            if not re.fullmatch(r"[a-z]+", w):
+                break
+            sub.append(w)
+        need.append((" ".join(["pulumi", *sub]),))
+    elif program == "glm-infra":
+        need.append((f'"{rest[0]}"', f"'{rest[0]}'", f"glm-infra {rest[0]}"))
+    elif program == "check-jsonschema":
+        need.append(("check-jsonschema", "check_jsonschema"))
+    elif program.startswith("scripts/"):
+        need.append((program, program.rsplit("/", 1)[1]))
+        if rest and not rest[0].startswith("-"):
+            need.append((f"{rest[0]})", f'"{rest[0]}"'))
+    elif program == "export":
+        need.append((rest[0].split("=", 1)[0],))
+    elif program == "cp":
+        return []
+    else:
+        raise AssertionError(f"the guide runs {program!r}: teach tests/test_guide.py what its tests must show")
+    for w in rest:
+        if w.startswith("--"):
+            need.append((w.split("=", 1)[0],))
+        for key in re.findall(r"glm-infra:([\w.\[\]]+)", w):
+            need.append((re.sub(r"\[\d+\]", "", key).rsplit(".", 1)[-1],))
+    return need
+
+
+def test_every_command_block_names_the_tests_that_run_it():
+    found = blocks(GUIDE.read_text())
+    assert len(found) >= 10, "the guide's command blocks"
+    for refs, lines in found:
+        assert refs, f"a command block names no test: {lines}"
+        source = corpus(refs)
+        for line in lines:
+            for segment in SEGMENT_SPLIT.split(line):
+                for alternatives in required(segment):
+                    assert any(a in source for a in alternatives), (
+                        f"`{line}`: none of {list(alternatives)} is in {', '.join(refs)}")
+
+
+def test_the_guide_covers_what_an_operator_on_call_needs():
+    text = GUIDE.read_text()
+    for heading in ("Quick start", "A new topology is a new stack", "Reusing the components", "Roll a flag change",
+                    "Add a decode or prefill host", "Rotate the API key", "Rotate the HF token", "Rotate the SSH key",
+                    "Upgrade vLLM", "Upgrade the driver", "Move the state to a team backend", "SLA gate",
+                    "Troubleshooting"):
+        assert heading in text, heading
+    # The troubleshooting table names every alert the rules define.
+    rules = (ROOT / "glm_infra/templates/prometheus-rules.yml.j2").read_text()
+    for alert in re.findall(r"alert: (Glm\w+?)(?:\{\{|\s)", rules):
+        assert alert in text, f"{alert} is missing from the troubleshooting table"
+
+
+@pytest.mark.parametrize("segment,need", [
+    ("pulumi config set -s x --secret --path 'glm-infra:router.apiKey' < key.txt",
+     [("pulumi config set",), ("--secret",), ("--path",), ("apiKey",)]),
+    ("venv/bin/glm-infra sla prod-b300 --cacert ca.pem", [('"sla"', "'sla'", "glm-infra sla"), ("--cacert",)]),
+    ("GLM_INFRA_API_KEY=x scripts/demo up", [("scripts/demo", "demo"), ("up)", '"up"')]),
+    ("export PULUMI_BACKEND_URL='postgres://x'", [("PULUMI_BACKEND_URL",)]),
+])
+def test_what_a_command_needs_its_test_to_show(segment, need):
+    assert required(segment) == need
+
+
+def test_a_block_without_its_test_is_caught(tmp_path):
+    text = "<!-- tested: tests/test_guide.py::no_such_test -->\n```sh\npulumi up -s x\n```\n```sh\npulumi up\n```\n"
+    (refs, _), (bare, _) = blocks(text)
+    with pytest.raises(AssertionError, match="no test of that name"):
+        corpus(refs)
+    assert bare == []
+    with pytest.raises(AssertionError, match="teach tests/test_guide.py"):
+        required("rm -rf /")
