@@ -83,6 +83,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return doctor.run(loaded.config, loaded.name, args)
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    from . import review
+
+    return review.run_diff(args)
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     from . import schema
 
@@ -104,6 +110,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--out", required=True, metavar="DIR")
     r.add_argument("--force", action="store_true", help="replace DIR if it is not empty")
     r.set_defaults(func=cmd_render)
+    from .review import add_parser as add_diff
+
+    add_diff(sub)
+    sub.choices["diff"].set_defaults(func=cmd_diff)
     s = sub.add_parser("schema", help="print the JSON Schema of a stack file (schemas/stack.schema.json is this "
                                       "output)")
     s.add_argument("--model", action="store_true", help="only the glm-infra keys' model (StackConfig), unprefixed")

@@ -319,6 +319,23 @@ def test_the_firewall_lets_the_stack_in_and_keeps_others_out(stack, outsider):
     assert all(outside[t] == "refused" for t in internal), {t: s for t, s in outside.items() if t in internal and s != "refused"}
 
 
+def test_pr_review_previews_one_decode_flag_as_decode_updates_only(stack, tmp_path):
+    """scripts/pr-review's preview part on the live stack: one decode flag updates the decode unit and
+    its rollout (a restart of decode), and nothing of prefill or the router."""
+    stack.config_set("glm-infra:decode.maxNumBatchedTokens", "2048")
+    try:
+        out = tmp_path / "review.json"
+        sh(f"scripts/pr-review --base HEAD --stack sim --json {out} --summary {tmp_path / 'summary.md'}")
+        preview = json.loads(out.read_text())["previews"]["sim"]
+    finally:
+        stack.config_set("glm-infra:decode.maxNumBatchedTokens", "1024")
+    changed = {n for names in preview["resources"].values() for n in names}
+    assert changed == {"glm-decode-0-unit", "glm-decode-0-rollout"}, preview
+    assert preview["counts"]["update"] == preview["change_summary"]["update"] == 2, preview
+    assert preview["restarts"] == ["glm-decode-0-rollout: glm-vllm-decode-0.service"], preview
+    assert "glm-vllm-decode-0.service" in (tmp_path / "summary.md").read_text()
+
+
 def test_destroy_removes_the_monitoring_and_the_firewall(stack):
     sh("pulumi destroy -s sim --yes --skip-preview --non-interactive")
     for h in HOSTS:
