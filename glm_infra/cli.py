@@ -1,4 +1,4 @@
-"""``glm-infra validate | plan | render | schema``: review a stack without the Pulumi engine;
+"""``glm-infra validate | plan | render | diff | schema``: review a stack without the Pulumi engine;
 ``glm-infra sla`` (the SLA gate) and ``glm-infra doctor`` (the drift check) on a deployed one."""
 
 from __future__ import annotations

@@ -6,10 +6,11 @@ A stack is rendered twice, each time by its own code: at a git revision (the rev
 rendering is the review tree of ``glm-infra render`` (what deploys is exactly that) plus who runs
 where (hosts, instances and their pools, the router). ``compare`` turns two renderings into a
 ``StackChange``: the hosts and pools touched, the files that change (with a unified diff), the steps
-that re-run, and the services that restart. A restart is read off the steps themselves: a step that
-re-runs and whose command runs ``SCRIPT apply``, where SCRIPT is the service script of a unit
-(``unit=…``: the vLLM instances' and the router's; ``services=(…)`` of a packaged service, which
-restarts only when its ``config_digest`` changed). Nothing here lists the services by hand.
+that re-run, and the services that restart. A restart is read off the steps themselves
+(``restarted_units``): a step that re-runs and runs a unit's service script (``unit=…``: the vLLM
+instances' and the router's) with ``apply``, or with ``rollout ARG`` and an ARG (its triggers) it did
+not run with before; or a packaged service's script (``services=(…)``) with ``apply`` and a new
+``config_digest``. Nothing here lists the services by hand.
 
 ``summarize_preview`` reads the JSON of ``pulumi preview --json``: its steps, its own
 ``changeSummary``, and which updates are service restarts (by the same script test, on the
@@ -733,6 +734,10 @@ def preview(stack: str, repo: Path) -> dict | str:
                            cwd=repo, capture_output=True, text=True, timeout=1800)
     except FileNotFoundError:
         return "not run: no pulumi on PATH"
+    except subprocess.TimeoutExpired:
+        return "failed: pulumi preview ran over 30 min"
+    if p.returncode != 0 and f"no stack named '{stack}'" in p.stderr:
+        return f"not run: the backend has no stack {stack} yet (`pulumi stack init {stack}` once, by whoever deploys)"
     try:
         data = json.loads(p.stdout)
     except ValueError:
@@ -805,7 +810,8 @@ def pr_main(argv: Sequence[str] | None = None) -> int:
             data = preview(s, repo)
             result = summarize_preview(s, data, review.new.get(s)) if isinstance(data, dict) else data
             previews[s] = result
-            if isinstance(result, str) or result.errors:
+            if (isinstance(result, str) and not result.startswith("not run")) or (
+                    isinstance(result, PreviewSummary) and result.errors):
                 status = 1
     lead = [f"`glm-infra validate`: {len(names)} stacks valid.", ""]
     _emit(format_markdown(review, previews, lead=lead), *outputs,

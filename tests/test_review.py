@@ -237,8 +237,11 @@ def test_pr_review_runs_pulumi_preview_for_the_stack_that_changed(engine, repo, 
     def engine_run(cmd: str) -> subprocess.CompletedProcess:
         return run(["bash", "-c", f". {ROOT}/scripts/lib/pulumi-env.sh; {cmd}"], cwd=repo, env=env)
 
-    assert engine_run("pulumi stack init prod-b300 --secrets-provider passphrase").returncode == 0
     out = tmp_path / "review.json"
+    first = engine_run(f"scripts/pr-review --base HEAD~1 --json {out} --summary {tmp_path / 'first.md'}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert json.loads(out.read_text())["previews"]["prod-b300"].startswith("not run: the backend has no stack prod-b300")
+    assert engine_run("pulumi stack init prod-b300 --secrets-provider passphrase").returncode == 0
     p = engine_run(f"scripts/pr-review --base HEAD~1 --json {out} --summary {tmp_path / 'summary.md'}")
     assert p.returncode == 0, p.stderr[-3000:]
     previews = json.loads(out.read_text())["previews"]
