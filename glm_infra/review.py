@@ -327,11 +327,18 @@ import json, sys
 from pathlib import Path
 root, out = Path(sys.argv[1]).resolve(), Path(sys.argv[2])
 sys.path.insert(0, str(root))
-import glm_infra
-if Path(glm_infra.__file__).resolve().parent != root / "glm_infra":
-    sys.exit(f"imported glm_infra from {glm_infra.__file__}, not from {root}")
-from glm_infra import hostplan, topology
-from glm_infra.stack import StackError, load_file
+# An editable install of glm_infra (this venv's) would fill in any module the revision lacks.
+sys.meta_path[:] = [f for f in sys.meta_path if not str(getattr(f, "__module__", "")).startswith("__editable__")]
+try:
+    import glm_infra
+    from glm_infra import hostplan, topology
+    from glm_infra.stack import StackError, load_file
+    hostplan.write_tree, hostplan.plan_all
+except (ImportError, AttributeError) as e:
+    sys.exit(f"this revision's code cannot write the review tree ({e}): it predates glm-infra render's <host>/_steps")
+where = getattr(glm_infra, "__file__", None)
+if where is None or Path(where).resolve().parent != root / "glm_infra":
+    sys.exit(f"imported glm_infra from {where or 'a namespace package'}, not from {root}/glm_infra/__init__.py")
 for name in sys.argv[3:]:
     d = out / name
     d.mkdir(parents=True)
@@ -345,12 +352,20 @@ for name in sys.argv[3:]:
         (d / "invalid").write_text(str(e))
         continue
     p = topology.plan(loaded.config)
-    hostplan.write_tree(d / "tree", hostplan.plan_all(loaded.config, p, stack_name=loaded.name))
+    try:
+        steps = hostplan.plan_all(loaded.config, p, stack_name=name)
+    except TypeError:  # a revision from before the stack's name labelled its metrics
+        steps = hostplan.plan_all(loaded.config, p)
+    hostplan.write_tree(d / "tree", steps)
     (d / "plan.json").write_text(json.dumps({
         "hosts": {h.name: h.address for h in p.hosts},
         "instances": {i.name: {"pool": i.role, "host": i.host, "unit": i.unit} for i in p.instances},
         "router": [p.router.host, p.router.unit] if p.router else None,
     }))
+strays = [m.__file__ for n, m in list(sys.modules.items()) if n.split(".")[0] == "glm_infra"
+          and getattr(m, "__file__", None) and root not in Path(m.__file__).resolve().parents]
+if strays:
+    sys.exit(f"rendered with modules from outside {root}: {strays}")
 """
 
 

@@ -319,6 +319,17 @@ def test_glm_infra_diff_against_a_ref(repo):
     assert ref.returncode == 1 and "--against no-such-branch: not a commit" in ref.stderr
 
 
+def test_a_revision_whose_code_cannot_render_is_a_clear_error(repo):
+    hostplan_py = repo / "glm_infra/hostplan.py"
+    kept = hostplan_py.read_text()
+    git(repo, "rm", "-q", "glm_infra/hostplan.py")
+    commit(repo, "no review tree here")
+    hostplan_py.write_text(kept)  # the working tree renders
+    p = diff_cli(repo, "prod-b300", "--against", "HEAD")
+    assert p.returncode == 1
+    assert "rendering at HEAD (" in p.stderr and "cannot write the review tree" in p.stderr, p.stderr
+
+
 def test_a_stack_new_in_the_working_tree_is_added(repo):
     shutil.copy(repo / "stacks/Pulumi.b300-2node.yaml", repo / "stacks/Pulumi.b300-2node-copy.yaml")
     p = diff_cli(repo, "--all", "--against", "HEAD", "--format", "json")
