@@ -105,7 +105,7 @@ def workspace(tmp_path_factory):
     p = subprocess.run([str(ROOT / "scripts/toolchain")], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-3000:]
     root = tmp_path_factory.mktemp("examples")
-    shutil.copytree(EXAMPLES, root / "examples")
+    shutil.copytree(EXAMPLES, root / "examples", ignore=shutil.ignore_patterns("node_modules", "sdks", "bin"))
     for name in ("venv", "scripts", "stacks"):
         (root / name).symlink_to(ROOT / name)
     (root / "state").mkdir()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -43,7 +44,9 @@ def sh(cmd: str, check: bool = True, timeout: int = 3600, env: dict | None = Non
     if check and p.returncode != 0:
         # pulumi prints its errors early and a long summary last: both, so the cause is in the report.
         errors = "\n".join(line for line in p.stdout.splitlines() if "error" in line.lower())[-6000:]
-        raise AssertionError(f"`{cmd}` exited {p.returncode}\n--- errors\n{errors}\n--- stdout\n{p.stdout[-4000:]}"
+        # The stack's outputs (the host facts are long) would push the diagnostics out of the tail.
+        shown = re.sub(r"\nOutputs:\n.*?\n(?=Resources:)", "\n", p.stdout, flags=re.S)
+        raise AssertionError(f"`{cmd}` exited {p.returncode}\n--- errors\n{errors}\n--- stdout\n{shown[-6000:]}"
                              f"\n--- stderr\n{p.stderr[-4000:]}")
     return p
 

@@ -15,7 +15,7 @@ from e2e.harness import ROOT, on_host, sh
 
 def test_cluster_from_inventory_deploys_and_serves(toolchain, sim, tmp_path):
     root = tmp_path / "checkout"
-    shutil.copytree(ROOT / "examples", root / "examples")
+    shutil.copytree(ROOT / "examples", root / "examples", ignore=shutil.ignore_patterns("node_modules", "sdks", "bin"))
     for name in ("venv", "scripts", "stacks"):
         (root / name).symlink_to(ROOT / name)
     project = root / "examples" / "cluster-from-inventory"
