@@ -59,6 +59,16 @@ SECRETS = {
     "webhook_url": ("monitoring", "webhookUrl"),
 }
 SECRET_PATHS = tuple(SECRETS.values())
+# What a secret may hold, checked where its value is known (inside a Pulumi run, before any resource
+# when it is given as a string): each lands in a file a service reads — an env file, nginx's map of
+# keys — where a quote, a space or a newline would break the file or add to it.
+API_KEY_MAX = 512
+SECRET_VALUE_RULES: dict[str, tuple[str, str]] = {
+    "router_api_key": (rf"[A-Za-z0-9._~+/-]{{16,{API_KEY_MAX}}}=*",
+                       f"16 to {API_KEY_MAX} characters of a bearer token (letters, digits, - . _ ~ + /, then = padding)"),
+    "hf_token": (r"[A-Za-z0-9_.-]{8,512}", "8 to 512 letters, digits, _ . or - (a Hugging Face token)"),
+    "webhook_url": (r"https?://[^\s\"'\\]{1,2048}", "an http(s) URL without spaces, quotes or backslashes"),
+}
 
 
 def snake(key: str) -> str:

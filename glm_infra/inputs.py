@@ -17,7 +17,7 @@ import pulumi
 from . import topology
 from .config import SECRETS, StackConfig, snake
 from .stack import LoadedStack, StackError, load_dict
-from .validate import Problem
+from .validate import Problem, secret_value_problem
 
 # Stand-ins while a value is unknown: TEST-NET-2 addresses, which no real host has.
 _PLACEHOLDER_NET = "198.51.100."
@@ -93,7 +93,26 @@ def load(args: Mapping[str, Any], source: str, serve: bool = True) -> tuple[Spli
     """Validate what can be judged now; raise ``StackError`` (the same messages as ``glm-infra
     validate``) before any resource exists."""
     s = split(args)
-    return s, load_dict(s.raw, source, serve)
+    bad = [p for name, value in s.secrets.items() if isinstance(value, str) and (p := secret_value_problem(name, value))]
+    try:
+        loaded = load_dict(s.raw, source, serve)
+    except StackError as e:
+        raise StackError(source, e.problems + bad, e.lines) from None
+    if bad:
+        raise StackError(source, bad)
+    return s, loaded
+
+
+def checked_secret(name: str, value: pulumi.Input[str], source: str) -> pulumi.Output[str]:
+    """A secret another resource produces, checked once its value is known (config.SECRET_VALUE_RULES)."""
+
+    def check(v: str) -> str:
+        problem = secret_value_problem(name, v)
+        if problem is not None:
+            raise pulumi.RunError(str(StackError(source, [problem])))
+        return v
+
+    return pulumi.Output.secret(pulumi.Output.from_input(value).apply(check))
 
 
 def resolve(loaded: LoadedStack, s: SplitArgs, source: str, serve: bool = True,

@@ -16,7 +16,7 @@ from pathlib import Path
 import jinja2
 
 from . import paths
-from .config import SECRETS, StackConfig, dump_json, snake
+from .config import API_KEY_MAX, SECRETS, StackConfig, dump_json, snake
 from .paths import (  # noqa: F401  (re-exported: where things land, for callers of render)
     FRONT_CONF, FRONT_KEYS, HF_SECRETS, HOSTCHECK, ROUTER_SECRETS, SECRETS_DIR, UCX_ENV, UNIT_DIR, VLLM_SECRETS,
     WEIGHTS,
@@ -312,7 +312,8 @@ def router_front_conf(stack: StackConfig, plan: Plan) -> str:
     address = plan.router.address
     return render_template(
         "router-front.conf.j2", host=plan.router.host, r=stack.router, keys_path=FRONT_KEYS,
-        api_key=stack.router.api_key is not None, listen=paths.url_host(address),
+        api_key=stack.router.api_key is not None, listen=paths.url_host(address), api_key_max=API_KEY_MAX,
+        map_bucket=1 << (len("Bearer ") + API_KEY_MAX + 16).bit_length(),
         cert=paths.FRONT_CERT, key=paths.FRONT_KEY,
     )
 

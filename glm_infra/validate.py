@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 import difflib
 import posixpath
+import re
 
 from . import pins, ports
-from .config import StackConfig, snake
+from .config import SECRET_VALUE_RULES, SECRETS, StackConfig, snake
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,16 @@ class Problem:
 
 def _key(top: str, rest: str = "") -> str:
     return f"glm-infra:{top}{rest}"
+
+
+def secret_value_problem(name: str, value: str) -> Problem | None:
+    """A secret whose value breaks the file it lands in (config.SECRET_VALUE_RULES); the message
+    names the key and the rule, never the value."""
+    rule = SECRET_VALUE_RULES.get(name)
+    if rule is None or re.fullmatch(rule[0], value):
+        return None
+    top, sub = SECRETS[name]
+    return Problem(_key(top, f".{sub}"), f"the secret's value is not {rule[1]}")
 
 
 def check(stack: StackConfig, serve: bool = True) -> list[Problem]:

@@ -125,6 +125,41 @@ def test_bad_args_are_refused_with_the_validate_messages_before_any_resource():
                                              "decode": {"hosts": ["b300-2"]}, "router": {"host": "b300-2"}}))
 
 
+@pytest.mark.parametrize("key,path,value", [
+    ("router", "apiKey", 'sk-0123456789abcdef"; 1;\n'),  # would add to nginx's map of keys
+    ("router", "apiKey", "short"),
+    ("router", "apiKey", "k" * 513),
+    ("model", "hfToken", "hf_abc def0123"),  # a space in an env file
+    ("monitoring", "webhookUrl", "https://hooks.example.com/x y"),
+    ("monitoring", "webhookUrl", "file:///etc/shadow"),
+])
+def test_a_secret_that_would_break_its_file_is_refused_without_its_value(key, path, value):
+    args = {"hosts": hosts("10.0.0.11", "10.0.0.12", "10.0.0.13"), "ssh": {"private_key": KEY}, "model": dict(MODEL)}
+    args.setdefault(key, {"host": "b300-3"} if key == "router" else {})[path] = value
+    with pytest.raises(InvalidArgsError) as e:
+        run_callable(lambda: Cluster("glm", args))
+    assert [p.path for p in e.value.problems] == [f"glm-infra:{key}.{path}"]
+    assert value.strip() not in str(e.value) and "the secret's value is not" in str(e.value)
+    # Given by another resource, it is checked once known, and the run fails with the same message.
+    args[key][path] = pulumi.Output.from_input(value)
+    with pytest.raises(Exception, match=rf"glm-infra:{key}.{path}: the secret's value is not") as e:
+        run_callable(lambda: Cluster("glm", args).router_url)
+    assert value.strip() not in str(e.value)
+
+
+def test_a_long_api_key_fits_nginx_map_of_keys():
+    from glm_infra import render
+    from glm_infra.config import API_KEY_MAX
+    from glm_infra.stack import load_dict
+    from glm_infra.topology import plan
+    cfg = load_dict({"hosts": hosts("10.0.0.11", "10.0.0.12", "10.0.0.13"), "ssh": {"private_key": KEY},
+                     "model": MODEL, "router": {"host": "b300-3", "api_key": "k" * 16}}, "test").config
+    conf = render.router_front_conf(cfg, plan(cfg))
+    bucket = int(conf.split("map_hash_bucket_size ", 1)[1].split(";", 1)[0])
+    # nginx keeps a key with its length and a pointer in a bucket, aligned: room for the longest line.
+    assert bucket >= len("Bearer ") + API_KEY_MAX + 16 and bucket & (bucket - 1) == 0
+
+
 def test_an_address_known_later_is_still_checked():
     def program():
         same = [local.Command(f"inventory-{i}", create="echo 10.2.0.1") for i in (1, 2)]

@@ -20,7 +20,7 @@ EXAMPLES = ROOT / "examples"
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-real-key\n-----END OPENSSH PRIVATE KEY-----\n"
 PASSPHRASE = "glm-infra-sim"
 BASE_OUTPUTS = {"hosts": {"b300-1": "10.0.0.11", "b300-2": "10.0.0.12", "b300-3": "10.0.0.13"},
-                "routerApiKey": "sk-base-router"}
+                "routerApiKey": "sk-base-router-0123456789"}
 
 
 def example_config(name: str, stack: str) -> dict:
@@ -48,7 +48,7 @@ def test_cluster_from_inventory_under_mocks(tmp_path):
     cfg = example_config("cluster-from-inventory", "sim")["glm-example:cluster"]
     cfg["ssh"]["private_key_path"] = str(key)
     run = run_example("cluster-from-inventory", "sim", {
-        "glm-example:cluster": cfg, "glm-example:apiKey": "sk-example",
+        "glm-example:cluster": cfg, "glm-example:apiKey": "sk-example-0123456789",
         # Under the mocks a local command answers what it echoes: the inventory.
         "glm-example:inventoryCommand": "echo " + json.dumps({"sim-1": "10.88.0.11", "sim-2": "10.88.0.12"}),
     }, ["glm-example:apiKey"])
@@ -87,7 +87,7 @@ def test_add_decode_host_under_mocks():
     register = cmds["register-with-router"]
     assert register.inputs["create"] == ("curl -fsS -X POST 'http://127.0.0.1:8001/add_worker?"
                                          "url=http://10.0.0.14:8200&worker_type=decode'")
-    assert "sk-base-router" in cmds["extra-b300-4-etc-glm-infra-secrets-vllm-env"].inputs["stdin"]
+    assert "sk-base-router-0123456789" in cmds["extra-b300-4-etc-glm-infra-secrets-vllm-env"].inputs["stdin"]
 
 
 # --- through the real engine ---------------------------------------------------------------------
@@ -139,7 +139,7 @@ def created_types(preview_json: dict) -> list[str]:
 def test_examples_preview_through_the_engine(workspace):
     root, env = workspace
     ex = root / "examples"
-    types = created_types(preview(ex / "cluster-from-inventory", "sim", env, "--secret glm-example:apiKey sk-preview"))
+    types = created_types(preview(ex / "cluster-from-inventory", "sim", env, "--secret glm-example:apiKey sk-preview-0123456789"))
     assert types.count("glm-infra:index:VllmService") == 2 and types.count("glm-infra:index:Router") == 1
     assert "command:local:Command" in types  # the inventory lookup
     types = created_types(preview(ex / "hosts-only", "sim", env))
@@ -151,7 +151,7 @@ def test_examples_preview_through_the_engine(workspace):
     (base / "__main__.py").write_text(
         "import pulumi\n"
         f"pulumi.export('hosts', {BASE_OUTPUTS['hosts']!r})\n"
-        "pulumi.export('routerApiKey', pulumi.Output.secret('sk-base-router'))\n")
+        "pulumi.export('routerApiKey', pulumi.Output.secret('sk-base-router-0123456789'))\n")
     assert pulumi(base, "stack init prod-b300 --secrets-provider passphrase", env).returncode == 0
     up = pulumi(base, "up -s prod-b300 --yes --skip-preview --non-interactive", env)
     assert up.returncode == 0, up.stdout[-2000:]

@@ -77,7 +77,8 @@ class _Deployment(pulumi.ComponentResource):
         self._live = resolved.apply(lambda r: hostplan.plan_all(r.stack, r.plan, stack_name=pulumi.get_stack())) \
             if self._split.later else None
         self._resolved = resolved
-        secrets = {k: pulumi.Output.secret(v) for k, v in self._split.secrets.items() if k != "private_key"}
+        secrets = {k: inputs.checked_secret(k, v, source) if not isinstance(v, str) else pulumi.Output.secret(v)
+                   for k, v in self._split.secrets.items() if k != "private_key"}
         self.secrets: dict[str, pulumi.Output[str]] = secrets
         """The secret values given (router_api_key, hf_token), as secret Outputs."""
         self._secret_values = pulumi.Output.secret(pulumi.Output.all(**secrets)) if secrets else \
