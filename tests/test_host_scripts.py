@@ -444,7 +444,9 @@ def test_runtime_reinstalls_only_when_a_pin_changes_and_downloads_kernels_after_
 
     bumped = PROD.model_copy(update={"runtime": rt.model_copy(update={"vllm_version": "0.33.1"})})
     r = isolated(runtime_stubs, render.runtime_script(bumped, HOST), ["apply"], RUNTIME_DIRS, tmp_path)
-    assert r.returncode == 0 and "vllm==0.33.1" in next(c for c in r.calls if c.startswith("uv pip install"))
+    install = next(c for c in r.calls if c.startswith("uv pip install"))
+    assert r.returncode == 0 and "vllm==0.33.1" in install
+    assert " --refresh " in install, "the index is read again: the new pin's wheel is newer than uv's cached listing"
     assert r.called("vllm download-kernels"), "a new vLLM gets its kernels again"
 
     # Kernels gone behind glm-infra's back: check names them, apply downloads them without reinstalling.
