@@ -28,6 +28,7 @@ from e2e.harness import ROOT, assert_clean, make_revision, on_host, sh, throttle
 HOSTS = ("sim-1", "sim-2", "sim-3")
 PREFILL_UNITS = {"sim-1": ["glm-vllm-prefill-0", "glm-vllm-prefill-1"], "sim-2": ["glm-vllm-prefill-2", "glm-vllm-prefill-3"]}
 DECODE = ("sim-3", "glm-vllm-decode-0")
+ROUTER_UNIT = ("sim-3", "glm-vllm-router")
 ROUTER = "https://10.88.0.13:8000"
 MODEL_LOG = "/run/glm-infra-sim/models.log"
 API_KEY: list[str] = []  # read from the stack's secret output once it is up
@@ -55,9 +56,12 @@ def started_at(host: str, unit: str) -> int:
     return int(out.strip())
 
 
-def all_starts() -> dict[str, int]:
+def all_starts(router: bool = False) -> dict[str, int]:
+    """The last start of every vLLM instance (``router``: and of the router)."""
     units = {u: h for h, us in PREFILL_UNITS.items() for u in us}
     units[DECODE[1]] = DECODE[0]
+    if router:
+        units[ROUTER_UNIT[1]] = ROUTER_UNIT[0]
     return {u: started_at(h, u) for u, h in units.items()}
 
 
@@ -264,9 +268,6 @@ def test_rolling_prefill_restart_loses_no_request(stack):
     assert sent[0] >= 10 and not failures, failures
 
 
-ROUTER_UNIT = ("sim-3", "glm-vllm-router")
-
-
 def accepted_keys(host: str) -> str:
     """sshd's 'Accepted publickey … SHA256:…' lines of this boot."""
     return on_host(host, "journalctl -b --no-pager -o cat -u ssh | grep 'Accepted publickey' || true")
@@ -285,14 +286,14 @@ def test_a_new_ssh_key_is_used_and_restarts_nothing(stack, tmp_path):
                                      check=True).stdout.split()[1]
         for h in HOSTS:
             on_host(h, f"echo {shlex.quote(public)} >> /root/.ssh/authorized_keys")
-        before = {**all_starts(), ROUTER_UNIT[1]: started_at(*ROUTER_UNIT)}
+        before = all_starts(router=True)
         original = sh("pulumi config get -s sim --path glm-infra:ssh.privateKeyPath").stdout.strip()
         stack.config_set("glm-infra:ssh.privateKeyPath", str(key))
         try:
             stack.up()
             for h in HOSTS:
                 assert fingerprint in accepted_keys(h), f"{h}: the up logged in with the new key"
-            after = {**all_starts(), ROUTER_UNIT[1]: started_at(*ROUTER_UNIT)}
+            after = all_starts(router=True)
             assert after == before, "a new SSH key restarts no instance and not the router"
             assert chat("after the key rotation")["choices"]
         finally:
@@ -301,7 +302,7 @@ def test_a_new_ssh_key_is_used_and_restarts_nothing(stack, tmp_path):
                 on_host(h, f"grep -vF {shlex.quote(public)} /root/.ssh/authorized_keys > /root/.ssh/k; "
                            "mv /root/.ssh/k /root/.ssh/authorized_keys; chmod 600 /root/.ssh/authorized_keys")
         stack.up()
-        assert {**all_starts(), ROUTER_UNIT[1]: started_at(*ROUTER_UNIT)} == before
+        assert all_starts(router=True) == before
     finally:
         key.unlink(missing_ok=True)
         key.with_suffix(".pub").unlink(missing_ok=True)
@@ -311,10 +312,10 @@ def test_a_new_api_key_is_served_and_the_old_one_refused(stack):
     """Rotation of router.apiKey: set it as a secret from stdin, up; the instances restart one pool
     member at a time, the router beside them; the old key gets 401 from then on."""
     old, new = API_KEY[0], "rotated-" + os.urandom(96).hex()  # 200 characters: nginx's key map must hold it
-    before = {**all_starts(), ROUTER_UNIT[1]: started_at(*ROUTER_UNIT)}
+    before = all_starts(router=True)
     sh(f"pulumi config set -s sim --secret --path glm-infra:router.apiKey < <(printf %s {shlex.quote(new)})")
     stack.up()
-    after = {**all_starts(), ROUTER_UNIT[1]: started_at(*ROUTER_UNIT)}
+    after = all_starts(router=True)
     assert all(after[u] != before[u] for u in before), "every instance and the router read the new key"
     with pytest.raises(urllib.error.HTTPError) as e:
         chat("the old key", key=old)
@@ -344,12 +345,12 @@ def test_a_vllm_upgrade_reinstalls_and_restarts_the_instances_not_the_router(sta
     subprocess.run([sys.executable, str(standins / "wheels.py"), "index", str(wheels)], check=True, capture_output=True)
     installed = ("/opt/glm-infra/venv/bin/python -c "
                  "'import importlib.metadata as m; print(m.version(\"vllm\"))'")
-    before = {**all_starts(), ROUTER_UNIT[1]: started_at(*ROUTER_UNIT)}
+    before = all_starts(router=True)
     stack.config_set("glm-infra:runtime.vllmVersion", version)
     out = stack.up()
     # A version whose flag choices glm_infra/pins.py does not list is deployed, with a warning.
     assert f"not checked against {version}" in out.stdout + out.stderr
-    after = {**all_starts(), ROUTER_UNIT[1]: started_at(*ROUTER_UNIT)}
+    after = all_starts(router=True)
     for h in HOSTS:
         assert on_host(h, installed).strip() == version, h
     assert all(after[u] != before[u] for u in after if u != ROUTER_UNIT[1]), "every instance restarted"
