@@ -47,6 +47,8 @@ STACK_KEYS = (
     "sla",
     "firewall",
 )
+# The keys of what serves (the pools and the router): Hosts, which provisions without serving, leaves them out.
+SERVING_KEYS = ("prefill", "decode", "colocated", "router")
 
 # The values that must be Pulumi secrets, in one place: the name templates and components know each
 # by → (top key, nested key) in the stack file.

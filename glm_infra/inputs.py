@@ -104,7 +104,8 @@ def load(args: Mapping[str, Any], source: str, serve: bool = True) -> tuple[Spli
 
 
 def checked_secret(name: str, value: pulumi.Input[str], source: str) -> pulumi.Output[str]:
-    """A secret another resource produces, checked once its value is known (config.SECRET_VALUE_RULES)."""
+    """A secret as a secret Output, checked once its value is known (config.SECRET_VALUE_RULES): for
+    one another resource produces; one given as a string ``load`` checked already, before any resource."""
 
     def check(v: str) -> str:
         problem = secret_value_problem(name, v)

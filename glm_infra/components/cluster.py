@@ -17,6 +17,7 @@ import pulumi_command.remote as remote
 
 from .. import hostplan, inputs, paths, render, topology
 from ..args import ClusterArgs, HostsArgs
+from ..config import SERVING_KEYS
 from ..hostplan import HostSteps
 from ..stack import StackError
 from ..steps import Step, digest
@@ -77,8 +78,7 @@ class _Deployment(pulumi.ComponentResource):
         self._live = resolved.apply(lambda r: hostplan.plan_all(r.stack, r.plan, stack_name=pulumi.get_stack())) \
             if self._split.later else None
         self._resolved = resolved
-        secrets = {k: inputs.checked_secret(k, v, source) if not isinstance(v, str) else pulumi.Output.secret(v)
-                   for k, v in self._split.secrets.items() if k != "private_key"}
+        secrets = {k: inputs.checked_secret(k, v, source) for k, v in self._split.secrets.items() if k != "private_key"}
         self.secrets: dict[str, pulumi.Output[str]] = secrets
         """The secret values given (router_api_key, hf_token), as secret Outputs."""
         self._secret_values = pulumi.Output.secret(pulumi.Output.all(**secrets)) if secrets else \
@@ -247,8 +247,7 @@ class Hosts(_Deployment):
     def __init__(self, name: str, args: HostsArgs, opts: pulumi.ResourceOptions | None = None, *,
                  install_runtime: bool = False) -> None:
         install_runtime = install_runtime or bool(dict(args).get("install_runtime", False))
-        args = {k: v for k, v in dict(args).items()
-                if k not in ("prefill", "decode", "colocated", "router", "install_runtime")}
+        args = {k: v for k, v in dict(args).items() if k not in (*SERVING_KEYS, "install_runtime")}
         super().__init__("glm-infra:index:Hosts", name, args, False, opts, install_runtime)
         self.monitoring = self._monitor(name)
         self.prometheus_url = self.monitoring.prometheus_url if self.monitoring else pulumi.Output.from_input("")
