@@ -31,6 +31,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache" / "glm-infra"))
 SIM = CACHE / "sim"
+DEFAULT_NET = ipaddress.ip_network("10.88.0.0/24")  # the sim stack's, the end-to-end suite's
 RUN = Path(os.environ.get("GLM_SIM_RUN", "/run/glm-infra-sim"))
 BRIDGE = "br-glmsim"
 HTTP_PORT = 8088
@@ -77,7 +78,18 @@ def hosts_of(stack: str) -> tuple[list[SimHost], ipaddress.IPv4Interface]:
         if ipaddress.ip_address(h.address) not in net or h.address.endswith(".1"):
             raise SimError(f"{path}: {h.name} {h.address} is not a host address in {net}")
     gateway = ipaddress.IPv4Interface(f"{next(net.hosts())}/24")
+    use_network(net)
     return hosts, gateway
+
+
+def use_network(net: ipaddress.IPv4Network) -> None:
+    """A cluster on another /24 than the sim stack's gets a bridge and a run folder of its own, so a
+    benchmark's fleet (10.89.0.0/24, say) can run beside the end-to-end suite's hosts."""
+    global RUN, BRIDGE
+    if net == DEFAULT_NET or "GLM_SIM_RUN" in os.environ:
+        return
+    octet = str(net.network_address).split(".")[2]
+    RUN, BRIDGE = Path(f"/run/glm-infra-sim-{octet}"), f"br-glmsim{octet}"
 
 
 def run(cmd: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -179,6 +191,14 @@ def ensure_bridge(gateway: ipaddress.IPv4Interface) -> None:
     run(["ip", "link", "set", BRIDGE, "up"])
 
 
+def owned_env() -> dict[str, str]:
+    """The environment of what the cluster leaves running. Started outside a test session it carries a
+    session of its own, so a test session running meanwhile never takes these for its leftovers."""
+    env = dict(os.environ)
+    env.setdefault("GLM_INFRA_TEST_SESSION", f"sim-by-hand-{os.getpid()}")
+    return env
+
+
 def start_http(gateway: ipaddress.IPv4Interface) -> None:
     """Serve the repository and wheels on :8088 and the model mirror on :8089 (with range requests,
     as a real mirror), from the bridge address only."""
@@ -195,7 +215,7 @@ def start_http(gateway: ipaddress.IPv4Interface) -> None:
         if _alive(pidfile):
             continue
         log = open(RUN / f"{name}.log", "ab")
-        p = subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True)
+        p = subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True, env=owned_env())
         pidfile.write_text(str(p.pid))
 
 
@@ -270,7 +290,7 @@ def boot(h: SimHost, image: Path, hosts: list[SimHost], key: Path) -> None:
     p = subprocess.Popen(
         [str(launcher), str(d), "--quiet", "--register=no", "--keep-unit", "-D", str(merged), "-M", h.name,
          "-b", f"--network-bridge={BRIDGE}"],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=owned_env(),
     )
     (d / "launcher.pid").write_text(str(p.pid))
 
