@@ -10,11 +10,16 @@ targeted: addresses outside the bridge's private /24 are refused.
     sim status [--stack sim]  one line per host
     sim inventory [--stack sim]  the running hosts as JSON {name: address}
     sim ssh HOST [CMD...]     log in (or run CMD) as root
+    sim fleet N [--subnet 10.89.0.0/24] [--out FILE]
+                              write a stack file of N hosts fleet-1..N on the subnet (the sim stack's
+                              settings, one colocated DP8 instance per host, the router on fleet-1);
+                              then ``sim --stack FILE up|down``
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import ipaddress
 import os
@@ -88,8 +93,15 @@ def use_network(net: ipaddress.IPv4Network) -> None:
     global RUN, BRIDGE
     if net == DEFAULT_NET or "GLM_SIM_RUN" in os.environ:
         return
-    octet = str(net.network_address).split(".")[2]
-    RUN, BRIDGE = Path(f"/run/glm-infra-sim-{octet}"), f"br-glmsim{octet}"
+    RUN, BRIDGE = network_home(net)
+
+
+def network_home(net: ipaddress.IPv4Network) -> tuple[Path, str]:
+    """The run folder and bridge of a cluster on ``net`` (not the sim stack's): named by the whole /24,
+    so 10.89.0.0/24 and 10.90.0.0/24 never share a bridge or an HTTP server (a bridge name holds 15
+    characters: the /24 in hex)."""
+    prefix = int(net.network_address) >> 8
+    return Path(f"/run/glm-infra-sim-{str(net.network_address).rsplit('.', 1)[0]}"), f"br-glmsim{prefix:06x}"
 
 
 def run(cmd: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -180,6 +192,20 @@ def ensure_nspawn_tmpfs() -> None:
     fstype = run(["stat", "-f", "-c", "%T", str(d)], capture_output=True).stdout.strip()
     if fstype != "tmpfs":  # nspawn aborts otherwise (SIM-NOTES)
         run(["mount", "-t", "tmpfs", "tmpfs", str(d)])
+
+
+# Each host's systemd takes a few dozen inotify instances (all of root's, shared by every container):
+# at the kernel's default 128, a sixth or so of 16 hosts booting at once fail "Too many open files"
+# and exit (and a running host's next unit may fail). Raised only, never lowered.
+INOTIFY_MIN = {"max_user_instances": 8192, "max_user_watches": 1048576}
+
+
+def ensure_inotify() -> None:
+    for key, least in INOTIFY_MIN.items():
+        f = Path("/proc/sys/fs/inotify") / key
+        if int(f.read_text()) < least:
+            say(f"fs.inotify.{key}: {f.read_text().strip()} → {least} (enough for many hosts' systemd)")
+            f.write_text(str(least))
 
 
 def ensure_bridge(gateway: ipaddress.IPv4Interface) -> None:
@@ -352,6 +378,72 @@ def stop(h: SimHost) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+# --- a generated fleet -----------------------------------------------------------------------------
+
+FLEET_NET = ipaddress.ip_network("10.89.0.0/24")  # the default subnet of `sim fleet`
+FIRST_HOST = 11  # host addresses from .11 up, as the sim stack's (.1 is the machine's bridge)
+
+
+def fleet_addresses(n: int, net: ipaddress.IPv4Network) -> list[str]:
+    """n host addresses on a private /24, .11 up; a clear refusal for anything else."""
+    if net.version != 4 or net.prefixlen != 24:
+        raise SimError(f"{net}: a simulated cluster lives on one /24 (its bridge is the .1 address)")
+    if not net.is_private:
+        raise SimError(f"{net} is not a private network; simulated hosts only live on a private bridge")
+    room = 254 - FIRST_HOST + 1
+    if not 1 <= n <= room:
+        raise SimError(f"{n} hosts do not fit {net}: its host addresses .{FIRST_HOST}–.254 hold 1 to {room}")
+    return [str(net.network_address + FIRST_HOST + i) for i in range(n)]
+
+
+def fleet_config(n: int, net: ipaddress.IPv4Network = FLEET_NET, prefix: str = "fleet") -> dict:
+    """The sim stack's settings on n hosts PREFIX-1..n of ``net``: one colocated DP8 instance per host
+    (the same work on every host), the router on the first, and every address of the machine's
+    bridge (apt repository, wheels, model mirror, allowed CIDRs) moved to ``net``'s .1."""
+    addresses = fleet_addresses(n, net)
+    doc = yaml.safe_load((REPO / "stacks" / "Pulumi.sim.yaml").read_text())
+    cfg = doc["config"]
+    template = cfg["glm-infra:hosts"][0]
+    hosts = [{**copy.deepcopy(template), "name": f"{prefix}-{i + 1}", "address": a} for i, a in enumerate(addresses)]
+    cfg["glm-infra:hosts"] = hosts
+    for key in ("glm-infra:prefill", "glm-infra:decode"):
+        cfg.pop(key, None)
+    cfg["glm-infra:colocated"] = {
+        "hosts": [h["name"] for h in hosts], "tp": 1, "dp": 8, "speculativeTokens": 3, "gpuMemoryUtilization": 0.9,
+    }
+    cfg["glm-infra:router"]["host"] = hosts[0]["name"]
+    doc["config"] = _moved(cfg, str(DEFAULT_NET.network_address + 1), str(net.network_address + 1))
+    return doc
+
+
+def _moved(value, old: str, new: str):
+    """``value`` with the machine's address ``old`` (in URLs and CIDRs: ``old:``, ``old/``) as ``new``."""
+    if isinstance(value, dict):
+        return {k: _moved(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_moved(v, old, new) for v in value]
+    if isinstance(value, str):
+        return value.replace(f"{old}:", f"{new}:").replace(f"{old}/", f"{new}/")
+    return value
+
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    try:
+        net = ipaddress.ip_network(args.subnet)
+    except ValueError as e:
+        raise SimError(f"--subnet {args.subnet}: {e}") from None
+    doc = fleet_config(args.n, net)
+    header = (f"# {args.n} simulated hosts on {net}, generated by `scripts/sim fleet {args.n} --subnet {net}`:\n"
+              "# the sim stack's settings, one colocated DP8 instance per host, the router on fleet-1.\n")
+    text = header + yaml.safe_dump(doc, sort_keys=False)
+    if args.out:
+        Path(args.out).write_text(text)
+        say(f"{args.out}: {args.n} hosts on {net} (boot them: scripts/sim --stack {args.out} up)")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 # --- commands ------------------------------------------------------------------------------------
 
 
@@ -364,6 +456,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     image = rootfs()
     build_standins(args.stack)
     ensure_nspawn_tmpfs()
+    ensure_inotify()
     ensure_bridge(gateway)
     start_http(gateway)
     t0 = time.monotonic()
@@ -448,11 +541,17 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("status").set_defaults(func=cmd_status)
     sub.add_parser("inventory").set_defaults(func=cmd_inventory)
     sub.add_parser("tokenizer").set_defaults(func=cmd_tokenizer)
+    f = sub.add_parser("fleet", help="write a stack file of N simulated hosts")
+    f.add_argument("n", type=int, metavar="N")
+    f.add_argument("--subnet", default=str(FLEET_NET), help=f"a private /24 (default {FLEET_NET})")
+    f.add_argument("--out", metavar="FILE", help="where to write it (default: standard output)")
+    f.set_defaults(func=cmd_fleet)
     s = sub.add_parser("ssh")
     s.add_argument("host")
     s.add_argument("cmd", nargs=argparse.REMAINDER)
     s.set_defaults(func=cmd_ssh)
     args = ap.parse_args(argv)
+    os.environ.update(GLM_INFRA_TEST_SESSION=owned_env()["GLM_INFRA_TEST_SESSION"])  # sim itself, too
     try:
         return args.func(args)
     except SimError as e:
