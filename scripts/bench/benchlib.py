@@ -3,11 +3,12 @@ environment of scripts/lib/pulumi-env.sh, the simulated hosts, and medians."""
 
 from __future__ import annotations
 
-import copy
+import ipaddress
 import os
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -15,8 +16,15 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+from simlib.cluster import fleet_config  # noqa: E402  (the one generator of simulated stacks)
+
 SIM_STACK = ROOT / "stacks" / "Pulumi.sim.yaml"
 PASSPHRASE = "glm-infra-sim"
+# A benchmark carries a test session of its own: a test session ending meanwhile on this machine kills
+# the watched programs (pulumi, nspawn, scripts/sim, …) that carry none and hang below nothing older
+# than itself — a benchmark started from a fresh shell looks just like that (seen: `sim up` SIGKILLed).
+os.environ.setdefault("GLM_INFRA_TEST_SESSION", f"bench-{os.getpid()}")
 
 
 def median(xs: list[float]) -> float:
@@ -46,10 +54,10 @@ class Project:
         return path
 
     def pulumi(self, args: str, check: bool = True, timeout: int = 3600,
-               env_prefix: str = "") -> tuple[float, subprocess.CompletedProcess]:
+               env_prefix: str = "", pre: str = "") -> tuple[float, subprocess.CompletedProcess]:
         env = dict(os.environ, PULUMI_CONFIG_PASSPHRASE=PASSPHRASE, PULUMI_BACKEND_URL=f"file://{self.dir / 'state'}")
         t0 = time.monotonic()
-        cmd = f". {ROOT}/scripts/lib/pulumi-env.sh; cd {self.dir}; HOME={self.home} {env_prefix}pulumi {args}"
+        cmd = f"{pre}. {ROOT}/scripts/lib/pulumi-env.sh; cd {self.dir}; HOME={self.home} {env_prefix}pulumi {args}"
         p = subprocess.run(["bash", "-c", cmd],
                            env=env, text=True, capture_output=True, timeout=timeout)
         elapsed = time.monotonic() - t0
@@ -64,20 +72,11 @@ class Project:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def sim_config(n_hosts: int) -> dict:
-    """The sim stack with the colocated topology on n simulated hosts: the same per-host work on each
-    host, so a first `up` on 1 and on 3 hosts compares like with like."""
-    cfg = copy.deepcopy(yaml.safe_load(SIM_STACK.read_text())["config"])
-    hosts = cfg["glm-infra:hosts"][:n_hosts]
-    for i, h in enumerate(hosts):
-        h["name"], h["address"] = f"sim-{i + 1}", f"10.88.0.{11 + i}"
-    cfg["glm-infra:hosts"] = hosts
-    for key in ("glm-infra:prefill", "glm-infra:decode"):
-        cfg.pop(key, None)
-    cfg["glm-infra:colocated"] = {
-        "hosts": [h["name"] for h in hosts], "tp": 1, "dp": 8, "speculativeTokens": 3, "gpuMemoryUtilization": 0.9,
-    }
-    cfg["glm-infra:router"] = {"host": "sim-1", "port": 8000}
+def sim_config(n_hosts: int, subnet: str = "10.88.0.0/24", prefix: str = "sim") -> dict:
+    """The sim stack with the colocated topology on n simulated hosts PREFIX-1..n of ``subnet``
+    (``scripts/sim fleet``'s stack): the same per-host work on each host, so a first `up` on 1 and on
+    n hosts compares like with like."""
+    cfg = fleet_config(n_hosts, ipaddress.ip_network(subnet), prefix)["config"]
     # The benchmarks run pulumi with a HOME of their own: name the sim key by its absolute path.
     cfg["glm-infra:ssh"]["privateKeyPath"] = os.path.expanduser(cfg["glm-infra:ssh"]["privateKeyPath"])
     return cfg
