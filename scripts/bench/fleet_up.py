@@ -34,7 +34,7 @@ import yaml
 from benchlib import ROOT, Project, median, sim, sim_config
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from simlib.cluster import SimError, _moved, fleet_addresses, network_home  # noqa: E402
+from simlib.cluster import DEFAULT_NET, FLEET_NET, SimError, fleet_addresses, moved, network_home  # noqa: E402
 
 CG = Path("/sys/fs/cgroup/unified")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -244,7 +244,7 @@ def hosts_only_config(n: int, net: ipaddress.IPv4Network) -> dict:
     hosts["hosts"] = [{"name": f"fleet-{i + 1}", "address": a, "compute_nics": nics}
                       for i, a in enumerate(fleet_addresses(n, net))]
     hosts["ssh"]["private_key_path"] = os.path.expanduser(hosts["ssh"]["private_key_path"])
-    return _moved(cfg, "10.88.0.1", str(net.network_address + 1))
+    return moved(cfg, str(DEFAULT_NET.network_address + 1), str(net.network_address + 1))
 
 
 def project_for(variant: str) -> Project:
@@ -309,7 +309,6 @@ def one_up(variant: str, n: int, net: ipaddress.IPv4Network, run: int, parallel:
                                f"{p.stderr[-2000:]}")
         summary = next((e["summaryEvent"] for e in evs if "summaryEvent" in e), {})
         result["resources"] = summary.get("resourceChanges", {}).get("create", 0)
-        wall = t_up
         split = cpu.split()
         hosts_cpu = sum(cg_usage(CG / "glm-sim" / h) for h in hosts) - hosts_cpu0
         servers_cpu = sum(proc_cpu(p) for p in servers) - servers_cpu0
@@ -322,7 +321,7 @@ def one_up(variant: str, n: int, net: ipaddress.IPv4Network, run: int, parallel:
         result["cpu_s"] = {**split, "hosts": hosts_cpu, "servers (apt, wheels, model mirror)": servers_cpu,
                            "machine busy (everyone)": busy,
                            "others on the machine": max(0.0, busy - split["total"] - hosts_cpu - servers_cpu)}
-        result["cpu_of_2_cores"] = busy / (2 * wall)
+        result["cpu_of_2_cores"] = busy / (2 * t_up)
         t_idle, c_idle = time.monotonic(), sum(cg_usage(CG / "glm-sim" / h) for h in hosts)
         time.sleep(10)  # deployed and idle: the instance, exporters, Prometheus scraping every 5 s
         result["deployed_idle_cpu_pct_per_host"] = 100 * (sum(cg_usage(CG / "glm-sim" / h) for h in hosts) - c_idle) \
@@ -404,7 +403,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--hosts", default="1,16", help="fleet sizes, comma-separated (the first is the baseline)")
-    ap.add_argument("--subnet", default="10.89.0.0/24", help="a private /24 of the fleet's own (not 10.88.0.0/24)")
+    ap.add_argument("--subnet", default=str(FLEET_NET), help=f"a private /24 of the fleet's own (not {DEFAULT_NET})")
     ap.add_argument("--variant", default="cluster,hosts", help="cluster, hosts or both (comma-separated)")
     ap.add_argument("--parallel", type=int, help="pulumi up --parallel (default: pulumi's, 8 resource operations)")
     ap.add_argument("--json", metavar="FILE", help="also write every run's figures here")
@@ -417,8 +416,8 @@ def main() -> int:
             fleet_addresses(n, net)  # refuses a size or subnet that cannot hold it, before anything boots
         except SimError as e:
             ap.error(str(e))
-    if net == ipaddress.ip_network("10.88.0.0/24"):
-        ap.error("10.88.0.0/24 is the sim stack's and the end-to-end suite's: give the fleet a /24 of its own")
+    if net == DEFAULT_NET:
+        ap.error(f"{DEFAULT_NET} is the sim stack's and the end-to-end suite's: give the fleet a /24 of its own")
     results = []
     for v in variants:
         for n in sizes:

@@ -217,14 +217,6 @@ def ensure_bridge(gateway: ipaddress.IPv4Interface) -> None:
     run(["ip", "link", "set", BRIDGE, "up"])
 
 
-def owned_env() -> dict[str, str]:
-    """The environment of what the cluster leaves running. Started outside a test session it carries a
-    session of its own, so a test session running meanwhile never takes these for its leftovers."""
-    env = dict(os.environ)
-    env.setdefault("GLM_INFRA_TEST_SESSION", f"sim-by-hand-{os.getpid()}")
-    return env
-
-
 def start_http(gateway: ipaddress.IPv4Interface) -> None:
     """Serve the repository and wheels on :8088 and the model mirror on :8089 (with range requests,
     as a real mirror), from the bridge address only."""
@@ -241,7 +233,7 @@ def start_http(gateway: ipaddress.IPv4Interface) -> None:
         if _alive(pidfile):
             continue
         log = open(RUN / f"{name}.log", "ab")
-        p = subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True, env=owned_env())
+        p = subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True)
         pidfile.write_text(str(p.pid))
 
 
@@ -316,7 +308,7 @@ def boot(h: SimHost, image: Path, hosts: list[SimHost], key: Path) -> None:
     p = subprocess.Popen(
         [str(launcher), str(d), "--quiet", "--register=no", "--keep-unit", "-D", str(merged), "-M", h.name,
          "-b", f"--network-bridge={BRIDGE}"],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=owned_env(),
+        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
     )
     (d / "launcher.pid").write_text(str(p.pid))
 
@@ -412,16 +404,16 @@ def fleet_config(n: int, net: ipaddress.IPv4Network = FLEET_NET, prefix: str = "
         "hosts": [h["name"] for h in hosts], "tp": 1, "dp": 8, "speculativeTokens": 3, "gpuMemoryUtilization": 0.9,
     }
     cfg["glm-infra:router"]["host"] = hosts[0]["name"]
-    doc["config"] = _moved(cfg, str(DEFAULT_NET.network_address + 1), str(net.network_address + 1))
+    doc["config"] = moved(cfg, str(DEFAULT_NET.network_address + 1), str(net.network_address + 1))
     return doc
 
 
-def _moved(value, old: str, new: str):
+def moved(value, old: str, new: str):
     """``value`` with the machine's address ``old`` (in URLs and CIDRs: ``old:``, ``old/``) as ``new``."""
     if isinstance(value, dict):
-        return {k: _moved(v, old, new) for k, v in value.items()}
+        return {k: moved(v, old, new) for k, v in value.items()}
     if isinstance(value, list):
-        return [_moved(v, old, new) for v in value]
+        return [moved(v, old, new) for v in value]
     if isinstance(value, str):
         return value.replace(f"{old}:", f"{new}:").replace(f"{old}/", f"{new}/")
     return value
@@ -551,7 +543,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("cmd", nargs=argparse.REMAINDER)
     s.set_defaults(func=cmd_ssh)
     args = ap.parse_args(argv)
-    os.environ.update(GLM_INFRA_TEST_SESSION=owned_env()["GLM_INFRA_TEST_SESSION"])  # sim itself, too
+    # Started outside a test session, sim and what it leaves running (they inherit this) carry a session
+    # of their own, so a test session running meanwhile never takes them for its leftovers.
+    os.environ.setdefault("GLM_INFRA_TEST_SESSION", f"sim-by-hand-{os.getpid()}")
     try:
         return args.func(args)
     except SimError as e:
