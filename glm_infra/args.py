@@ -85,7 +85,7 @@ class ModelInput(TypedDict, total=False):
     seed_host: str
     """Host that downloads from the source (default: first serving host)."""
     fanout_port: int
-    """Port the seed serves verified files to the other hosts on. Default: 8090."""
+    """Port a host serves its verified files on to the hosts that copy from it (weights relay). Default: 8090."""
     disk_margin_gb: float
     """Free space required beyond the checkpoint. Default: 20."""
     hf_hub_version: str

@@ -257,7 +257,7 @@ class ModelConfig(StrictModel):
     )
     mirror_url: str | None = Field(None, description="Mirror base URL: files and manifest.json under URL/REVISION/.")
     seed_host: str | None = Field(None, description="Host that downloads from the source (default: first serving host).")
-    fanout_port: Port = Field(8090, description="Port the seed serves verified files to the other hosts on.")
+    fanout_port: Port = Field(8090, description="Port a host serves its verified files on to the hosts that copy from it (weights relay).")
     disk_margin_gb: float = Field(20, ge=0, description="Free space required beyond the checkpoint.")
     hf_hub_version: str = Field(pins.HF_HUB, pattern=r"^[0-9][A-Za-z0-9.+_-]*$", description="huggingface_hub pin (hf CLI).")
     verify: str = Field("", description="Change to re-verify (and repair) the checkpoint on every host.")

@@ -9,7 +9,7 @@ Step keys per host, in the order the steps run:
 
     preflight, <host files>, drivers-install, drivers-reboot, drivers-wait (local), drivers-back, firewall,
     health-gate, rdma, ucx-env, facts, runtime,
-    weights-hf-cli, weights-fanout, weights-stage, weights-fanout-stop  (the seed's fan-out on the seed),
+    weights-hf-cli (the seed, from the hub), weights-stage (serving the host's relay children while it runs),
     <instance>-unit, <instance>-service, <instance>-rollout, <instance>-stop, prune-weights,
     router-secrets, router-unit, router-service, router-front-conf, router-front-keys,
     router-front-tls-given (when the stack gives a certificate), router-front-tls, router-front,
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import firewall, monitoring, paths, render
+from . import firewall, monitoring, paths, render, topology
 from .config import StackConfig
 from .steps import TRIGGERS_TOKEN, RenderedFile, ScriptStep, Step, command, digest, file_step
 from .topology import HostPlan, Instance, Plan, seed_host
@@ -106,21 +106,30 @@ def health_gate_step(stack: StackConfig, h: HostPlan) -> Step:
 
 
 def weights_steps(stack: StackConfig, plan: Plan, h: HostPlan) -> list[Step]:
-    """Staging of the checkpoint on one host (see ModelWeights): the seed downloads and serves the
-    others; every host verifies every file; the old revision goes once the instances moved on."""
-    m, rt = stack.model, stack.runtime
+    """Staging of the checkpoint on one host (see ModelWeights): the seed reads the source, every other
+    host copies from its parent in the relay tree (``topology.weights_relay``; failing over to its
+    ancestors), every host verifies every file and serves what it verified to its children while it
+    stages; the old revision goes once the instances moved on."""
+    m = stack.model
     seed = seed_host(stack, plan.serve)
     source = render.weights_source()
     install = f"install -D -m 0755 /dev/stdin {paths.WEIGHTS}"
     base = [paths.WEIGHTS, "stage", "--revision", m.revision, "--path", m.path, "--margin-gb", f"{m.disk_margin_gb:g}"]
+    relay = topology.weights_relay(stack, plan.serve).get(h.name)
     if m.source == "local":
         argv = [paths.WEIGHTS, "stage", "--source", "local", "--path", m.path]
-    elif h.name == seed:
-        argv = base + ["--role", "seed", "--source", m.source]
-        argv += ["--url", m.mirror_url or ""] if m.source == "mirror" else ["--repo", m.repo, "--token-file", paths.HF_SECRETS]
     else:
-        seed_address = stack.host(seed).address if seed else ""
-        argv = base + ["--role", "peer", "--peer", f"http://{paths.url_host(seed_address)}:{m.fanout_port}"]
+        assert relay is not None, f"{h.name} stages the weights but is not in the relay tree"
+        if h.name == seed:
+            argv = base + ["--role", "seed", "--source", m.source]
+            argv += ["--url", m.mirror_url or ""] if m.source == "mirror" else ["--repo", m.repo, "--token-file", paths.HF_SECRETS]
+        else:
+            argv = base + ["--role", "peer"]
+            for up in relay.ancestors:  # the parent first, the seed last: the failover order
+                argv += ["--peer", f"http://{paths.url_host(stack.host(up).address)}:{m.fanout_port}"]
+        argv += ["--name", h.name]
+        if relay.children:
+            argv += ["--serve", f"{stack.host(h.name).address}:{m.fanout_port}", "--children", ",".join(relay.children)]
     # Re-staged when the checkpoint, its source or the set of hosts changes, or on request (verify).
     staged_on = sorted(x.name for x in plan.hosts if x.provisioned)
     triggers = (m.repo, m.revision, m.source, m.mirror_url or "", m.path, m.verify, digest(*staged_on), digest(source))
@@ -128,18 +137,11 @@ def weights_steps(stack: StackConfig, plan: Plan, h: HostPlan) -> list[Step]:
     out = []
     if h.name == seed and m.source == "huggingface":
         out.append(hf_cli_step(stack))
-    if h.name == seed and m.source != "local":
-        bind = f"{stack.host(h.name).address}:{m.fanout_port}"
-        start = command(paths.WEIGHTS, "fanout-start", "--revision", m.revision, "--path", m.path, "--bind", bind)
-        out.append(Step("weights-fanout", f"{install} && {start}", None, source, triggers))
     verify = (command(*argv) if m.source == "local" else
               command(paths.WEIGHTS, "verify", "--revision", m.revision, "--path", m.path) + "${GLM_DOCTOR_QUICK:+ --quick}")
     out.append(Step("weights-stage", f"{install} && {command(*argv)}", remove, source, triggers, timeout="24h",
                     retain=not m.remove_on_destroy, files=(RenderedFile(paths.WEIGHTS, source, 0o755),),
                     check=verify))
-    if h.name == seed and m.source != "local":
-        out.append(Step("weights-fanout-stop", command(paths.WEIGHTS, "fanout-stop"), triggers=triggers))
-    del rt
     return out
 
 

@@ -2,9 +2,9 @@
 reach it: one list, from which ``validate`` finds collisions and the firewall opens what it must.
 
 Audiences: ``peers`` (the stack's hosts only: vLLM HTTP, DP RPC, NIXL side channels, the weights
-fan-out, the exporters, the router's own ports), ``router`` (the public port: the stack's hosts and
-``router.allowedCidrs``), ``operators`` (Prometheus and Alertmanager: the stack's hosts and
-``monitoring.allowedCidrs``).
+relay on the hosts that have relay children, the exporters, the router's own ports), ``router`` (the
+public port: the stack's hosts and ``router.allowedCidrs``), ``operators`` (Prometheus and
+Alertmanager: the stack's hosts and ``monitoring.allowedCidrs``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import StackConfig
-from .topology import allocate, seed_host
+from .topology import allocate, weights_relay
 
 PEERS, ROUTER, OPERATORS = "peers", "router", "operators"
 _INSTANCE_KEYS = {"http": ".httpPort", "dp-rpc": ".dpRpcPort", "nixl": ".nixlSideChannelPort"}
@@ -37,9 +37,10 @@ def listeners(stack: StackConfig, serve: bool = True) -> list[Listener]:
     for inst in allocate(stack) if serve else ():
         for kind, port in inst.ports():
             out.append(Listener(inst.host, port, f"{inst.name} {kind}", _key(inst.role, _INSTANCE_KEYS[kind]), PEERS))
-    seed = seed_host(stack, serve)
-    if seed is not None and stack.model.source != "local":
-        out.append(Listener(seed, stack.model.fanout_port, "weights fan-out", _key("model", ".fanoutPort"), PEERS))
+    for relay in weights_relay(stack, serve).values():  # hosts that serve relay children while they stage
+        if relay.children:
+            out.append(Listener(relay.host, stack.model.fanout_port, "weights relay", _key("model", ".fanoutPort"),
+                                PEERS))
     r = stack.router
     if r is not None and serve:
         out.append(Listener(r.host, r.port, "router http", _key("router", ".port"), ROUTER))

@@ -177,6 +177,49 @@ def seed_host(stack: StackConfig, serve: bool = True) -> str | None:
     return None
 
 
+RELAY_DEGREE = 2  # children per host in the weights relay: each sends at most 2 copies, ≥ half its uplink each
+
+
+@dataclass(frozen=True)
+class Relay:
+    """One host's place in the weights relay tree."""
+
+    host: str
+    parent: str | None  # None: the seed (it reads the source)
+    ancestors: tuple[str, ...]  # parent first, seed last: where it copies from, in failover order
+    children: tuple[str, ...]  # the hosts that copy from it (it serves them while it stages)
+
+
+def relay_tree(order: list[str], degree: int = RELAY_DEGREE) -> dict[str, Relay]:
+    """A complete ``degree``-ary tree over ``order``, the first at the root: host i copies from host
+    (i - 1) // degree. Depth ⌈log_degree N⌉ at most; a host appended at the end only adds a leaf, so
+    every other host keeps its parent and children."""
+    parent_of = {order[i]: (order[(i - 1) // degree] if i else None) for i in range(len(order))}
+    children: dict[str, list[str]] = {h: [] for h in order}
+    for h in order[1:]:
+        children[parent_of[h]].append(h)  # type: ignore[index]
+    out = {}
+    for h in order:
+        up, p = [], parent_of[h]
+        while p is not None:
+            up.append(p)
+            p = parent_of[p]
+        out[h] = Relay(h, parent_of[h], tuple(up), tuple(children[h]))
+    return out
+
+
+def weights_relay(stack: StackConfig, serve: bool = True) -> dict[str, Relay]:
+    """The relay tree of the checkpoint over the hosts that stage it (in the stack's order, the seed at
+    the root): the seed reads the source once, every other host copies from its parent as files are
+    verified there, and from the next ancestor up when its parent fails. Empty for source local."""
+    seed = seed_host(stack, serve)
+    if seed is None or stack.model.source == "local":
+        return {}
+    serving = {i.host for i in allocate(stack)} if serve else None
+    staged = [h.name for h in stack.hosts if serving is None or h.name in serving]
+    return relay_tree([seed, *(h for h in staged if h != seed)])
+
+
 def plan(stack: StackConfig, serve: bool = True, runtime: bool = False) -> Plan:
     """The plan of a validated stack. ``serve=False``: every host provisioned, nothing served (the
     pools and the router are left out), with the Python runtime only if ``runtime``."""

@@ -1,6 +1,6 @@
 """The whole deployment (``Cluster``) and its provisioning part alone (``Hosts``), both built from the
 per-host plan: per host preflight → driver → health gate → RDMA → NIXL → facts (→ runtime), the
-weights (downloaded once, fanned out), then for a Cluster the vLLM instances (each pool one at a
+weights (read once from the source, relayed host to host), then for a Cluster the vLLM instances (each pool one at a
 time) and the router.
 
 The annotations are evaluated (no ``from __future__ import annotations``) and the class-level ones
@@ -201,12 +201,14 @@ class _Deployment(pulumi.ComponentResource):
         staging = [h for h in self.plan.hosts if "weights-stage" in self.steps[h.name].steps and self.mine(h.name)]
         if not staging:
             return None
+        relay = topology.weights_relay(self.stack, self.plan.serve)
         weights = ModelWeights(
             f"{name}-weights",
             ModelWeightsArgs([
                 WeightsHost(h.name, chains[h.name].host.connection, self.steps[h.name].only("weights-"),
                             chains[h.name].ready,
-                            self.lives(h.name, self.steps[h.name].only("weights-")))
+                            self.lives(h.name, self.steps[h.name].only("weights-")),
+                            relay[h.name].children if h.name in relay else ())
                 for h in staging
             ]),
             pulumi.ResourceOptions(parent=self),

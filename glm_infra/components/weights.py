@@ -1,6 +1,9 @@
-"""The model weights on every serving host: downloaded once by a seed host, fanned out to the
-others while it downloads, verified everywhere, switched atomically per revision, kept on destroy
-unless the stack says otherwise. The steps come from the per-host plan (hostplan.weights_steps)."""
+"""The model weights on every serving host: read once from the source by a seed host and relayed down
+a tree of hosts (``topology.weights_relay``: each host copies from its parent as files are verified
+there and serves its own children while it stages, failing over to its ancestors), verified
+everywhere, switched atomically per revision, kept on destroy unless the stack says otherwise. Each
+host's weights-stage step is the whole of it on that host: its relay server lives inside the step and
+stops once its children have every file. The steps come from the per-host plan (hostplan.weights_steps)."""
 
 from __future__ import annotations
 
@@ -21,18 +24,19 @@ class WeightsHost:
     connection: remote.ConnectionArgs
     """SSH connection."""
     steps: Mapping[str, Step]
-    """This host's weights steps (weights-stage; on the seed also weights-hf-cli, weights-fanout,
-    weights-fanout-stop)."""
+    """This host's weights steps (weights-stage; on the seed from the hub also weights-hf-cli)."""
     after: Sequence[pulumi.Resource] = field(default_factory=list)
     """What must be in place on this host first (its runtime, the token file)."""
     live: Mapping[str, pulumi.Output[Step]] = field(default_factory=dict)
-    """The steps as resolved at deploy time (the peers' commands name the seed's address)."""
+    """The steps as resolved at deploy time (the peers' commands name their parents' addresses)."""
+    children: Sequence[str] = ()
+    """The hosts that copy from this one (its relay children)."""
 
 
 @dataclass
 class ModelWeightsArgs:
     hosts: Sequence[WeightsHost]
-    """Every host that gets the checkpoint; the one with weights-fanout is the seed."""
+    """Every host that gets the checkpoint."""
 
 
 class ModelWeights(pulumi.ComponentResource):
@@ -40,24 +44,25 @@ class ModelWeights(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ModelWeightsArgs, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("glm-infra:index:ModelWeights", name, None, opts)
-        seeds = [h for h in args.hosts if "weights-fanout" in h.steps or "weights-hf-cli" in h.steps]
+        by_name = {h.name: h for h in args.hosts}
         before_stage: dict[str, list[pulumi.Resource]] = {h.name: list(h.after) for h in args.hosts}
-        fanout: list[pulumi.Resource] = []
-        for seed in seeds:
-            if "weights-hf-cli" in seed.steps:
-                before_stage[seed.name].append(run_step(
-                    f"{name}-{seed.name}-hf-cli", seed.steps["weights-hf-cli"], seed.connection, self,
-                    live=seed.live.get("weights-hf-cli"), depends_on=list(seed.after)))
-            if "weights-fanout" in seed.steps:
-                fanout.append(run_step(f"{name}-{seed.name}-fanout", seed.steps["weights-fanout"], seed.connection,
-                                       self, live=seed.live.get("weights-fanout"), depends_on=list(seed.after)))
+        for h in args.hosts:
+            if "weights-hf-cli" in h.steps:
+                before_stage[h.name].append(run_step(
+                    f"{name}-{h.name}-hf-cli", h.steps["weights-hf-cli"], h.connection, self,
+                    live=h.live.get("weights-hf-cli"), depends_on=list(h.after)))
         self.staged = {}
         for h in args.hosts:
+            # A host stages once every host below it in the tree can stage too: it serves them from its
+            # first file on, and none of them waits for a parent that has not started.
+            below: list[pulumi.Resource] = []
+            todo = list(h.children)
+            while todo:
+                c = by_name.get(todo.pop())
+                if c is not None:
+                    below += before_stage[c.name]
+                    todo += c.children
             self.staged[h.name] = run_step(
                 f"{name}-{h.name}-stage", h.steps["weights-stage"], h.connection, self,
-                live=h.live.get("weights-stage"), depends_on=[*before_stage[h.name], *fanout])
-        for seed in seeds:
-            if "weights-fanout-stop" in seed.steps:
-                run_step(f"{name}-{seed.name}-fanout-stop", seed.steps["weights-fanout-stop"], seed.connection, self,
-                         live=seed.live.get("weights-fanout-stop"), depends_on=list(self.staged.values()))
+                live=h.live.get("weights-stage"), depends_on=[*before_stage[h.name], *below])
         self.register_outputs({"hosts": sorted(self.staged)})

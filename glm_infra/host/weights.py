@@ -31,6 +31,7 @@ import concurrent.futures
 import contextlib
 import fcntl
 import hashlib
+import http.client
 import http.server
 import json
 import os
@@ -39,6 +40,7 @@ import shutil
 import socketserver
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -47,6 +49,7 @@ import urllib.request
 MANIFEST = ".glm-manifest.json"
 PROGRESS = ".glm-progress.json"
 COMPLETE = ".glm-complete"
+DONE = ".glm-done"  # a host that copied from this one GETs it once it has every file
 CHUNK = 4 << 20
 HOST = os.uname().nodename
 
@@ -149,46 +152,252 @@ def check_files(root: str, manifest: dict, full: bool) -> list[str]:
 # --- transfers -----------------------------------------------------------------------------------
 
 
-def fetch(url: str, dest: str, size: int | None, headers: dict[str, str] | None = None, tries: int = 5) -> None:
-    """Download url to dest, resuming dest.partial with a Range request."""
+class SourceFailed(StageError):
+    """The host copied from failed: refused, reset, a short body, a stalled transfer."""
+
+
+class BadBytes(StageError):
+    """What arrived does not match the manifest's sha256."""
+
+
+def _sha_of_prefix(path: str) -> "hashlib._Hash":
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h
+
+
+def download(url: str, dest: str, size: int | None, headers: dict[str, str] | None = None, timeout: float = 60,
+             on_bytes=None) -> str:
+    """One attempt at url → dest, resuming dest.partial with a Range request; streamed through a CHUNK
+    buffer (never a whole file in memory) and hashed on the way. Returns the sha256 of dest."""
     partial = dest + ".partial"
-    for attempt in range(1, tries + 1):
-        have = os.path.getsize(partial) if os.path.exists(partial) else 0
-        if size is not None and have > size:
+    have = os.path.getsize(partial) if os.path.exists(partial) else 0
+    if size is not None and have > size:
+        os.remove(partial)
+        have = 0
+    req = urllib.request.Request(url, headers=dict(headers or {}))
+    if have:
+        req.add_header("Range", f"bytes={have}-")
+    h = _sha_of_prefix(partial) if have else hashlib.sha256()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            if have and resp.status != 206:  # the server sends it all again: start over
+                h, have = hashlib.sha256(), 0
+            with open(partial, "ab" if have else "wb") as f:
+                while chunk := resp.read(CHUNK):
+                    f.write(chunk)
+                    h.update(chunk)
+                    if on_bytes:
+                        on_bytes(len(chunk))
+    except urllib.error.HTTPError as e:
+        if e.code == 416 and size is not None and have == size:
+            pass  # the partial file is already whole (interrupted before its rename)
+        elif e.code == 416:
             os.remove(partial)
-            have = 0
-        req = urllib.request.Request(url, headers=dict(headers or {}))
-        if have:
-            req.add_header("Range", f"bytes={have}-")
+            raise SourceFailed(f"{url}: HTTP 416 for bytes {have}- (partial file dropped)") from None
+        elif e.code == 404:
+            raise NotThere(f"{url}: HTTP 404") from None
+        elif e.code in (401, 403):
+            raise StageError(f"{url}: HTTP {e.code}") from None
+        else:
+            raise SourceFailed(f"{url}: HTTP {e.code}") from None
+    except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as e:
+        raise SourceFailed(f"{url}: {getattr(e, 'reason', None) or e!r}") from None
+    got = os.path.getsize(partial)
+    if size is not None and got != size:
+        raise SourceFailed(f"{url}: short body ({got} of {size} bytes)")
+    os.replace(partial, dest)
+    return h.hexdigest()
+
+
+def fetch(url: str, dest: str, size: int | None, headers: dict[str, str] | None = None, tries: int = 5,
+          on_bytes=None) -> str:
+    """download() with retries against one source (the mirror): resumes where the last try stopped."""
+    for attempt in range(1, tries + 1):
         try:
-            with urllib.request.urlopen(req, timeout=60) as resp:
-                mode = "ab" if have and resp.status == 206 else "wb"
-                with open(partial, mode) as f:
-                    shutil.copyfileobj(resp, f, CHUNK)
-            if size is None or os.path.getsize(partial) == size:
-                os.replace(partial, dest)
-                return
-        except (urllib.error.URLError, OSError, TimeoutError) as e:
-            if isinstance(e, urllib.error.HTTPError) and e.code == 404:
-                raise NotThere(f"{url}: HTTP 404") from None
-            if isinstance(e, urllib.error.HTTPError) and e.code in (401, 403):
-                raise StageError(f"{url}: HTTP {e.code}") from None
+            return download(url, dest, size, headers, on_bytes=on_bytes)
+        except SourceFailed as e:
             if attempt == tries:
-                raise StageError(f"{url}: {e}") from None
+                raise StageError(f"{e} (after {tries} tries)") from None
         time.sleep(min(2 * attempt, 10))
-    raise StageError(f"{url}: incomplete after {tries} tries")
+    raise AssertionError("unreachable")
 
 
-def fetch_verified(url: str, root: str, entry: dict, headers: dict[str, str] | None = None) -> None:
+def fetch_verified(url: str, root: str, entry: dict, headers: dict[str, str] | None = None, on_bytes=None) -> None:
     dest = os.path.join(root, entry["path"])
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     for _ in range(2):
-        fetch(url, dest, entry["size"], headers)
-        if sha256_file(dest) == entry["sha256"]:
+        if fetch(url, dest, entry["size"], headers, on_bytes=on_bytes) == entry["sha256"]:
             return
         os.remove(dest)
         log(f"{entry['path']}: sha256 mismatch after download, fetching again")
     raise StageError(f"{entry['path']}: sha256 mismatch twice from {url}")
+
+
+# --- what a host serves while it stages: its verified files, to the hosts that copy from it ---------
+
+
+class Relay:
+    """The published state of this host (shared by the staging and its server thread) and who copies
+    from it. Only files this host verified are ever listed or served."""
+
+    def __init__(self, revision: str, name: str) -> None:
+        self.lock = threading.Lock()
+        self.revision, self.name = revision, name
+        self.files: list[dict] = []
+        self.published: list[str] = []
+        self.complete = False
+        self.received = 0  # bytes written so far: a host that is still receiving is not stalled
+        self.clients: dict[str, dict] = {}  # host → {"last": monotonic, "active": transfers, "done": bool}
+        self.progress_path: str | None = None
+
+    def publish(self, name: str = "", complete: bool = False) -> None:
+        with self.lock:
+            if name and name not in self.published:
+                self.published.append(name)
+            self.complete = self.complete or complete
+            doc = self.snapshot()
+        if self.progress_path:
+            write_json(self.progress_path, doc)
+
+    def snapshot(self) -> dict:
+        return {"revision": self.revision, "files": self.files, "published": list(self.published),
+                "complete": self.complete, "received": self.received}
+
+    def got(self, n: int) -> None:
+        with self.lock:
+            self.received += n
+
+    def seen(self, client: str, active: int = 0, done: bool = False) -> None:
+        with self.lock:
+            c = self.clients.setdefault(client, {"last": 0.0, "active": 0, "done": False})
+            c["last"] = time.monotonic()
+            c["active"] += active
+            c["done"] = c["done"] or done
+
+
+class _Files(http.server.SimpleHTTPRequestHandler):
+    """Static files with single-range requests (resumed transfers) and no directory listings.
+    With ``published_only`` it serves just the progress file and the files listed there as published."""
+
+    published_only = True
+    relay: Relay | None = None  # the staging's own server: its state in memory, clients tracked
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server API)
+        url = urllib.parse.urlparse(self.path)
+        name = urllib.parse.unquote(url.path).lstrip("/")
+        client = urllib.parse.parse_qs(url.query).get("host", [self.client_address[0]])[0]
+        relay = self.relay
+        if relay is not None:
+            relay.seen(client, done=name == DONE)
+            if name == DONE:
+                return self._send(b"ok\n", "text/plain")
+            with relay.lock:
+                doc, published = relay.snapshot(), set(relay.published)
+            if name == PROGRESS:
+                return self._send(json.dumps(doc).encode(), "application/json")
+        elif self.published_only and name != PROGRESS:
+            try:
+                published = set(read_json(os.path.join(self.directory, PROGRESS))["published"])
+            except (OSError, ValueError, KeyError):
+                published = set()
+        else:
+            published = None
+        if published is not None and name not in published:
+            self.send_error(404, "not published")
+            return
+        path = self.translate_path(url.path)
+        if not os.path.isfile(path):
+            self.send_error(404)
+            return
+        size = os.path.getsize(path)
+        start = 0
+        rng = self.headers.get("Range", "")
+        if rng.startswith("bytes=") and rng.endswith("-") and rng[6:-1].isdigit():
+            start = int(rng[6:-1])
+            if start >= size:
+                self.send_error(416)
+                return
+        if relay is not None:
+            relay.seen(client, active=1)
+        try:
+            with open(path, "rb") as f:
+                self.send_response(206 if start else 200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(size - start))
+                if start:
+                    self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+                self.end_headers()
+                f.seek(start)
+                shutil.copyfileobj(f, self.wfile, CHUNK)
+        finally:
+            if relay is not None:
+                relay.seen(client, active=-1)
+
+    def _send(self, body: bytes, kind: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, fmt: str, *a) -> None:
+        if not self.published_only:  # the mirror stand-in logs what it served
+            super().log_message(fmt, *a)
+
+
+class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def start_relay(relay: Relay, root: str, bind: str, stall: float) -> _Server:
+    """Serve this host's verified files from a thread of the staging itself: nothing outlives the step."""
+    host, _, port = bind.rpartition(":")
+    # A blocked write to a client that went away ends after ``stall`` seconds.
+    handler_class = type("Handler", (_Files,), {"relay": relay, "published_only": True, "timeout": stall})
+    handler = lambda *a, **kw: handler_class(*a, directory=root, **kw)  # noqa: E731
+    try:
+        server = _Server((host.strip("[]"), int(port)), handler)
+    except OSError as e:
+        raise StageError(f"cannot serve the relay on {bind}: {e.strerror or e}") from None
+    threading.Thread(target=server.serve_forever, name="relay", daemon=True).start()
+    return server
+
+
+def wait_for_children(relay: Relay, children: list[str], stall: float) -> None:
+    """Keep serving until every host that copies from here has everything: each says so (/.glm-done).
+    One that made no request for ``stall`` seconds (or never came within ``stall`` seconds of this
+    host finishing) is left behind with a log line; it copies from another ancestor."""
+    since = time.monotonic()
+    told = 0.0
+    while True:
+        now = time.monotonic()
+        with relay.lock:
+            clients = {k: dict(v) for k, v in relay.clients.items()}
+        waiting, gone = [], []
+        for c in sorted(set(children) | set(clients)):
+            info = clients.get(c)
+            if info and info["done"]:
+                continue
+            last = max(info["last"], since) if info else since
+            if (info and info["active"] > 0) or now - last < stall:
+                waiting.append(c)
+            else:
+                gone.append((c, "made no request" if info else "never came"))
+        for c, why in gone:
+            if c not in relay.clients or not relay.clients[c].get("left"):
+                log(f"{c} {why} for {stall:g}s: not waiting for it any longer (it copies from another ancestor)")
+                with relay.lock:
+                    relay.clients.setdefault(c, {"last": 0.0, "active": 0, "done": False})["left"] = True
+        if not waiting:
+            return
+        if now - told >= 30:
+            log(f"serving {', '.join(waiting)} until they have every file")
+            told = now
+        time.sleep(0.2)
 
 
 # --- the seed ------------------------------------------------------------------------------------
@@ -244,6 +453,15 @@ def hf_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+def _tree_bytes(root: str) -> int:
+    total = 0
+    for d, _, names in os.walk(root):
+        for n in names:
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(os.path.join(d, n))
+    return total
+
+
 HF_BATCH = 8  # files per `hf download`: its parallel workers, and how often the seed publishes
 
 
@@ -257,8 +475,17 @@ def hf_download(args: argparse.Namespace, root: str, entries: list[dict]) -> Non
             with contextlib.suppress(FileNotFoundError):
                 os.remove(stale)
     hf = os.path.join(os.path.dirname(args.hf_python), "hf")
-    subprocess.run([hf, "download", args.repo, *[e["path"] for e in entries], "--revision", args.revision,
-                    "--local-dir", root], check=True, env=hf_env(args), stdout=subprocess.DEVNULL)
+    p = subprocess.Popen([hf, "download", args.repo, *[e["path"] for e in entries], "--revision", args.revision,
+                          "--local-dir", root], env=hf_env(args), stdout=subprocess.DEVNULL)
+    seen = 0
+    while p.poll() is None:  # what the hub client wrote so far: the hosts copying from here see progress
+        time.sleep(2)
+        now = _tree_bytes(root)
+        if now > seen:
+            args.relay.got(now - seen)
+            seen = now
+    if p.returncode != 0:
+        raise subprocess.CalledProcessError(p.returncode, p.args)
     for e in entries:
         if not file_ok(root, e):
             raise StageError(f"{e['path']}: the hub delivered bytes that do not match its sha256/size")
@@ -267,34 +494,8 @@ def hf_download(args: argparse.Namespace, root: str, entries: list[dict]) -> Non
             del e["git_blob"]
 
 
-FANOUT_UNIT = "glm-weights-fanout"
-
-
-def cmd_fanout_start(args: argparse.Namespace) -> int:
-    """Serve the seed's verified files while the hosts stage (a transient unit, a day at most)."""
-    root = revision_dir(args.path, args.revision)
-    os.makedirs(root, exist_ok=True)
-    subprocess.run(["systemctl", "stop", FANOUT_UNIT], capture_output=True)
-    subprocess.run(["systemctl", "reset-failed", FANOUT_UNIT], capture_output=True)
-    subprocess.run(
-        ["systemd-run", "--quiet", f"--unit={FANOUT_UNIT}", "--property=Restart=on-failure",
-         "--property=RuntimeMaxSec=86400",
-         "--description=glm-infra weights fan-out (stopped once every host has the checkpoint)",
-         sys.executable, os.path.abspath(__file__), "serve", "--dir", root, "--bind", args.bind],
-        check=True,
-    )
-    log(f"serving verified files of {args.revision} to the other hosts on {args.bind}")
-    return 0
-
-
-def cmd_fanout_stop(args: argparse.Namespace) -> int:
-    subprocess.run(["systemctl", "stop", FANOUT_UNIT], capture_output=True)
-    subprocess.run(["systemctl", "reset-failed", FANOUT_UNIT], capture_output=True)
-    log("fan-out server stopped")
-    return 0
-
-
 def stage_seed(args: argparse.Namespace, root: str) -> None:
+    relay: Relay = args.relay
     manifest = source_manifest(args, root)
     need_disk(args, root, manifest)
     if args.source == "huggingface":
@@ -312,16 +513,8 @@ def stage_seed(args: argparse.Namespace, root: str) -> None:
     else:
         fresh = set()
     write_json(os.path.join(root, MANIFEST), manifest)
-    published: list[str] = []
-    progress = os.path.join(root, PROGRESS)
-
-    def publish(name: str, complete: bool = False) -> None:
-        if name:
-            published.append(name)
-        write_json(progress, {"revision": args.revision, "files": manifest["files"], "published": published,
-                              "complete": complete})
-
-    publish("")
+    relay.files = manifest["files"]
+    relay.publish()
     kept = fetched = 0
     todo: list[dict] = []
     for e in manifest["files"]:
@@ -331,14 +524,15 @@ def stage_seed(args: argparse.Namespace, root: str) -> None:
                 fetched += 1
             else:
                 kept += 1
-            publish(e["path"])
+            relay.publish(e["path"])
         elif args.source == "mirror":
             if os.path.exists(p):
                 log(f"{e['path']}: does not match the manifest, fetching it again")
                 os.remove(p)
-            fetch_verified(f"{args.url.rstrip('/')}/{args.revision}/{urllib.parse.quote(e['path'])}", root, e)
+            fetch_verified(f"{args.url.rstrip('/')}/{args.revision}/{urllib.parse.quote(e['path'])}", root, e,
+                           on_bytes=relay.got)
             fetched += 1
-            publish(e["path"])
+            relay.publish(e["path"])
         elif args.source == "huggingface":
             if os.path.exists(p):
                 log(f"{e['path']}: does not match the hub's sha256, downloading it again")
@@ -350,40 +544,87 @@ def stage_seed(args: argparse.Namespace, root: str) -> None:
         hf_download(args, root, batch)
         fetched += len(batch)
         for e in batch:
-            publish(e["path"])
+            relay.publish(e["path"])
         log(f"{fetched}/{len(todo)} files downloaded from {args.repo}")
-    publish("", complete=True)
+    relay.publish(complete=True)
     log(f"seed: {fetched} files from the {args.source} source, {kept} already here and verified")
 
 
-# --- a peer --------------------------------------------------------------------------------------
+# --- a peer: copies from its parent in the relay tree, from the next ancestor up when that fails ----
+
+
+def get_json(url: str, timeout: float) -> dict:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return json.load(r)
+    except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException, ValueError) as e:
+        raise SourceFailed(f"{url}: {getattr(e, 'reason', None) or e!r}") from None
 
 
 def stage_peer(args: argparse.Namespace, root: str) -> None:
-    base = args.peer.rstrip("/")
+    """Copy every file as soon as the host copied from has verified it (pipelined), verify it here,
+    publish it. The sources are the parent first, then each ancestor up to the seed: a source that
+    fails (refused or reset after it answered, a short body, bad bytes, no progress for ``--stall``
+    seconds) is left for the next one; after the seed, the parent again."""
+    relay: Relay = args.relay
+    sources = [u.rstrip("/") for u in args.peer]
+    me = urllib.parse.urlencode({"host": args.name})
     deadline = time.monotonic() + args.timeout
+    at = 0
+    answered = False  # the current source answered at least once
+    since = time.monotonic()  # when the current source last showed progress (or we came to it)
+    last_sig: tuple | None = None
     have: set[str] = set()
-    kept = copied = 0
+    kept = 0
+    copied: dict[str, int] = {}
     checked_disk = False
+
+    def move(why: str, to: int | None = None) -> None:
+        nonlocal at, answered, since, last_sig
+        nxt = (at + 1) % len(sources) if to is None else to
+        role = "the seed" if nxt == len(sources) - 1 else ("its parent" if nxt == 0 else "an ancestor")
+        log(f"{sources[at]}: {why}; copying from {sources[nxt]} ({role}) now")
+        at, answered, since, last_sig = nxt, False, time.monotonic(), None
+
     while True:
+        if time.monotonic() > deadline:
+            if not checked_disk:
+                raise StageError(f"{', '.join(sources)} did not answer within {args.timeout}s")
+            raise StageError(f"timed out after {args.timeout}s with {len(have)} files "
+                             f"(sources: {', '.join(sources)})")
+        base = sources[at]
         try:
-            with urllib.request.urlopen(f"{base}/{PROGRESS}", timeout=30) as r:
-                progress = json.load(r)
-        except (urllib.error.URLError, OSError, ValueError):
-            if time.monotonic() > deadline:
-                raise StageError(f"the seed {base} did not answer within {args.timeout}s") from None
-            time.sleep(2)
+            progress = get_json(f"{base}/{PROGRESS}?{me}", timeout=args.stall)
+        except SourceFailed as e:
+            if answered:
+                move(f"failed ({e})")
+            elif time.monotonic() - since > args.stall and (up := first_answering(sources, at, me)) is not None:
+                # Not started yet, or gone: a parent starts no later than its ancestors, so one that
+                # still does not answer while an ancestor does has failed.
+                move(f"did not answer within {args.stall:g}s", to=up)
+            else:
+                if time.monotonic() - since > args.stall:
+                    since = time.monotonic()  # nobody answers yet: keep waiting for the parent
+                time.sleep(1)
             continue
         if progress.get("revision") != args.revision:
-            if time.monotonic() > deadline:
-                raise StageError(f"the seed {base} serves revision {progress.get('revision')}, not {args.revision}")
-            time.sleep(2)
+            if time.monotonic() - since > args.stall:
+                move(f"serves revision {progress.get('revision')}, not {args.revision}")
+            else:
+                time.sleep(1)
             continue
+        answered = True
         entries = {e["path"]: e for e in progress["files"]}
-        if not checked_disk:
+        if not checked_disk and entries:
             write_json(os.path.join(root, MANIFEST), {"revision": args.revision, "files": progress["files"]})
             need_disk(args, root, {"files": progress["files"]})
+            relay.files = progress["files"]
+            relay.publish()
             checked_disk = True
+        sig = (len(progress["published"]), progress.get("received"), progress["complete"])
+        if sig != last_sig:
+            last_sig, since = sig, time.monotonic()
+        failed = None
         for name in progress["published"]:
             if name in have:
                 continue
@@ -393,20 +634,57 @@ def stage_peer(args: argparse.Namespace, root: str) -> None:
                 kept += 1
             else:
                 if os.path.exists(p):
-                    log(f"{name}: does not match the seed's sha256, copying it again")
+                    log(f"{name}: does not match its sha256, copying it again")
                     os.remove(p)
+                os.makedirs(os.path.dirname(p), exist_ok=True)
                 try:
-                    fetch_verified(f"{base}/{urllib.parse.quote(name)}", root, e)
+                    sha = download(f"{base}/{urllib.parse.quote(name)}?{me}", p, e["size"], timeout=args.stall,
+                                   on_bytes=relay.got)
                 except NotThere:
-                    continue  # listed in a progress file the seed has since rewritten: next round
-                copied += 1
+                    break  # listed in a progress file the source has since rewritten: next round
+                except SourceFailed as err:
+                    failed = f"failed ({err})"
+                    break
+                if sha != e["sha256"]:
+                    os.remove(p)
+                    failed = f"{name}: sha256 mismatch (bytes rejected)"
+                    break
+                copied[base] = copied.get(base, 0) + 1
             have.add(name)
-        if progress["complete"] and have >= set(entries):
+            relay.publish(name)
+            since = time.monotonic()
+        if failed:
+            move(failed)
+            continue
+        if progress["complete"] and entries and have >= set(entries):
             break
-        if time.monotonic() > deadline:
-            raise StageError(f"timed out after {args.timeout}s with {len(have)}/{len(entries)} files")
-        time.sleep(1)
-    log(f"peer: {copied} files copied from {base}, {kept} already here and verified")
+        if time.monotonic() - since > args.stall:
+            move(f"no progress for {args.stall:g}s")
+            continue
+        time.sleep(0.5)
+    relay.publish(complete=True)
+    for base in sources:  # every host copied from may be waiting for this one
+        with contextlib.suppress(SourceFailed):
+            get_json_done(f"{base}/{DONE}?{me}")
+    where = ", ".join(f"{n} from {b}" for b, n in copied.items()) or "none"
+    log(f"peer: {sum(copied.values())} files copied ({where}), {kept} already here and verified")
+
+
+def first_answering(sources: list[str], at: int, me: str) -> int | None:
+    """The index of the first source after ``at`` (in failover order) that answers, if any."""
+    for i in list(range(at + 1, len(sources))) + list(range(0, at)):
+        with contextlib.suppress(SourceFailed):
+            get_json(f"{sources[i]}/{PROGRESS}?{me}", timeout=5)
+            return i
+    return None
+
+
+def get_json_done(url: str) -> None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            r.read()
+    except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as e:
+        raise SourceFailed(str(e)) from None
 
 
 # --- shared steps --------------------------------------------------------------------------------
@@ -473,25 +751,39 @@ def verify_in_place(path: str) -> int:
 def cmd_stage(args: argparse.Namespace) -> int:
     if args.source == "local":
         return verify_in_place(args.path)
+    if args.role == "peer" and not args.peer:
+        raise StageError("--role peer needs at least one --peer URL (its parent, then its ancestors)")
+    children = [c for c in (args.children or "").split(",") if c]
     with locked(args.path):
         root = revision_dir(args.path, args.revision)
         os.makedirs(root, exist_ok=True)
-        complete = os.path.join(root, COMPLETE)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(complete)
-        if args.role == "seed":
-            stage_seed(args, root)
-        else:
-            stage_peer(args, root)
-        manifest = read_json(os.path.join(root, MANIFEST))
-        bad = check_files(root, manifest, full=False)
-        if bad:
-            raise StageError(f"after staging, not in place: {', '.join(bad[:5])}")
-        with open(complete, "w") as f:
-            f.write(f"{len(manifest['files'])} files, {sum(e['size'] for e in manifest['files'])} bytes\n")
-        switch(args.path, args.revision)
-    total = sum(e["size"] for e in manifest["files"])
-    log(f"{args.revision}: {len(manifest['files'])} files, {total / 1e9:.2f} GB verified at {args.path}")
+        args.relay = relay = Relay(args.revision, args.name)
+        relay.progress_path = os.path.join(root, PROGRESS)
+        server = start_relay(relay, root, args.serve, args.stall) if args.serve else None
+        try:
+            complete = os.path.join(root, COMPLETE)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(complete)
+            if args.role == "seed":
+                stage_seed(args, root)
+            else:
+                stage_peer(args, root)
+            manifest = read_json(os.path.join(root, MANIFEST))
+            bad = check_files(root, manifest, full=False)
+            if bad:
+                raise StageError(f"after staging, not in place: {', '.join(bad[:5])}")
+            with open(complete, "w") as f:
+                f.write(f"{len(manifest['files'])} files, {sum(e['size'] for e in manifest['files'])} bytes\n")
+            switch(args.path, args.revision)
+            total = sum(e["size"] for e in manifest["files"])
+            log(f"{args.revision}: {len(manifest['files'])} files, {total / 1e9:.2f} GB verified at {args.path}")
+            if server is not None:
+                wait_for_children(relay, children, args.stall)
+                log(f"relay on {args.serve} stopped: every host copying from here is done or left")
+        finally:
+            if server is not None:
+                server.shutdown()
+                server.server_close()
     return 0
 
 
@@ -537,54 +829,6 @@ def cmd_remove(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Files(http.server.SimpleHTTPRequestHandler):
-    """Static files with single-range requests (resumed transfers) and no directory listings.
-    With ``published_only`` it serves just the progress file and the files the seed verified."""
-
-    published_only = True
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server API)
-        name = urllib.parse.unquote(urllib.parse.urlparse(self.path).path).lstrip("/")
-        if self.published_only and name != PROGRESS:
-            try:
-                published = set(read_json(os.path.join(self.directory, PROGRESS))["published"])
-            except (OSError, ValueError, KeyError):
-                published = set()
-            if name not in published:
-                self.send_error(404, "not published")
-                return
-        path = self.translate_path(self.path)
-        if not os.path.isfile(path):
-            self.send_error(404)
-            return
-        size = os.path.getsize(path)
-        start = 0
-        rng = self.headers.get("Range", "")
-        if rng.startswith("bytes=") and rng.endswith("-") and rng[6:-1].isdigit():
-            start = int(rng[6:-1])
-            if start >= size:
-                self.send_error(416)
-                return
-        with open(path, "rb") as f:
-            self.send_response(206 if start else 200)
-            self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(size - start))
-            if start:
-                self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
-            self.end_headers()
-            f.seek(start)
-            shutil.copyfileobj(f, self.wfile, CHUNK)
-
-    def log_message(self, fmt: str, *a) -> None:
-        if not self.published_only:  # the mirror stand-in logs what it served
-            super().log_message(fmt, *a)
-
-
-class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
 def cmd_serve(args: argparse.Namespace) -> int:
     host, _, port = args.bind.rpartition(":")
     handler_class = type("Handler", (_Files,), {"published_only": not args.all})
@@ -595,6 +839,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global HOST
     ap = argparse.ArgumentParser(prog="weights.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("stage")
@@ -604,11 +849,17 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--repo", help="Hugging Face repository")
     s.add_argument("--hf-python", default="/opt/glm-infra/hf/bin/python", help="python of the venv with the hf CLI")
     s.add_argument("--token-file", help="EnvironmentFile with HF_TOKEN=")
-    s.add_argument("--peer", help="the seed's fan-out URL (role peer)")
+    s.add_argument("--peer", action="append", default=[],
+                   help="role peer: a host to copy from, repeated: the parent first, then each ancestor up to the seed")
+    s.add_argument("--serve", metavar="ADDR:PORT", help="serve verified files here while staging (hosts with children)")
+    s.add_argument("--children", default="", help="comma-separated names of the hosts that copy from this one")
+    s.add_argument("--name", default=os.uname().nodename, help="this host's name in the relay (default: its hostname)")
+    s.add_argument("--stall", type=float, default=120,
+                   help="seconds without progress before a peer leaves the host it copies from")
     s.add_argument("--revision", default="")
     s.add_argument("--path", required=True)
     s.add_argument("--margin-gb", type=float, default=10)
-    s.add_argument("--timeout", type=int, default=86400, help="seconds a peer waits for the seed")
+    s.add_argument("--timeout", type=int, default=86400, help="seconds a peer may take in all")
     for name in ("verify", "prune"):
         p = sub.add_parser(name)
         p.add_argument("--revision", required=True)
@@ -617,18 +868,14 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--quick", action="store_true", help="sizes only, no sha256")
     r = sub.add_parser("remove")
     r.add_argument("--path", required=True)
-    f = sub.add_parser("fanout-start")
-    f.add_argument("--revision", required=True)
-    f.add_argument("--path", required=True)
-    f.add_argument("--bind", required=True)
-    sub.add_parser("fanout-stop")
     v = sub.add_parser("serve")
     v.add_argument("--dir", required=True)
     v.add_argument("--bind", required=True)
     v.add_argument("--all", action="store_true", help="serve every file (a mirror), not only published ones")
     args = ap.parse_args(argv)
+    HOST = getattr(args, "name", None) or HOST
     handlers = {"stage": cmd_stage, "verify": cmd_verify, "prune": cmd_prune, "remove": cmd_remove,
-                "fanout-start": cmd_fanout_start, "fanout-stop": cmd_fanout_stop, "serve": cmd_serve}
+                "serve": cmd_serve}
     try:
         return handlers[args.cmd](args)
     except StageError as e:
