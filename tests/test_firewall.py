@@ -129,6 +129,16 @@ def test_every_port_glm_infra_opens_is_in_its_hosts_table():
                     assert f" {li.port}," in rules or f" {li.port} }}" in rules or f"{{ {li.port}," in rules, (stack, li)
 
 
+def test_the_weights_relay_port_is_open_only_where_a_host_has_relay_children():
+    cfg = load_file(stack_file("prod-b300")).config  # serving b300-1 (seed) → b300-2, b300-3: both leaves
+    port = cfg.model.fanout_port
+    opened = {h.name for h in plan(cfg).hosts if "weights relay" in firewall.ruleset(cfg, plan(cfg), h.name)}
+    assert opened == {"b300-1"}
+    assert f" {port}" not in firewall.ruleset(cfg, plan(cfg), "b300-2")
+    local = cfg.model_copy(update={"model": cfg.model.model_copy(update={"source": "local"})})
+    assert not any("weights relay" in firewall.ruleset(local, plan(local), h.name) for h in plan(local).hosts)
+
+
 def test_the_firewall_step_checks_its_table_and_can_be_turned_off():
     cfg = load_file(stack_file("sim")).config
     hs = hostplan.plan_all(cfg, plan(cfg), stack_name="sim")["sim-1"]

@@ -31,9 +31,9 @@ def _expected_commands(stack: str) -> int:
     bare = sum(1 for h in p.hosts if not h.runs_router and not h.instances)  # preflight only
     per_instance = 4  # unit file, service (start), rollout (restart), stopper
     router = 7 if p.router else 0  # secrets file, unit file, service, front conf, front keys, front TLS, front
-    # Weights (huggingface source in the committed stacks): the seed's token file, hf CLI and fan-out
-    # start and stop; a staging step and, after the services, a prune step per serving host.
-    weights = 4 + 2 * len(p.serving_hosts)
+    # Weights (huggingface source in the committed stacks): the seed's token file and hf CLI; a staging
+    # step (which also serves the host's relay children) and, after the services, a prune step per serving host.
+    weights = 2 + 2 * len(p.serving_hosts)
     # Monitoring: the node exporter on every host, the DCGM exporter where the driver step installs
     # DCGM, Prometheus and Alertmanager on one host.
     cfg = load_file(stack_file(stack)).config
@@ -131,21 +131,24 @@ def test_host_chain_order(key_file):
     assert not any("b300-1" in d for d in run.get(f"{h}-runtime-venv").dependencies)
 
 
-def test_weights_download_once_and_fan_out(key_file):
+def test_weights_download_once_and_relay(key_file):
     run = run_program(stack_file("prod-b300"), key_file)
     stage = {h: run.get(f"glm-weights-{h}-stage") for h in ("b300-1", "b300-2", "b300-3")}
     seed_cmd = stage["b300-1"].inputs["create"]
     assert "--role seed --source huggingface --repo nvidia/GLM-5.2-NVFP4 --token-file /etc/glm-infra/secrets/hf.env" in seed_cmd
     for peer in ("b300-2", "b300-3"):
         cmd = stage[peer].inputs["create"]
-        assert "--role peer --peer http://10.0.0.11:8090" in cmd and "huggingface" not in cmd
-    fanout = run.urn("glm-weights-b300-1-fanout")
+        assert "--role peer --peer http://10.0.0.11:8090 --name" in cmd and "huggingface" not in cmd
+        assert "--serve" not in cmd, "a leaf of the relay tree serves nobody"
+    assert "--serve 10.0.0.11:8090 --children b300-2,b300-3" in seed_cmd
     for s in stage.values():
-        assert fanout in s.dependencies, "every host stages while the seed serves"
         assert s.retain_on_delete, "destroy keeps the weights by default"
         assert not any("-stage" in d for d in s.dependencies), "hosts stage in parallel"
-    stop = run.get("glm-weights-b300-1-fanout-stop")
-    assert all(s.urn in stop.dependencies for s in stage.values())
+    # The seed starts once its relay children can start too: they never wait for a parent that is not there.
+    for peer in ("b300-2", "b300-3"):
+        assert run.urn(f"glm-{peer}-runtime-venv") in stage["b300-1"].dependencies
+        assert run.urn("glm-b300-1-runtime-venv") not in stage[peer].dependencies
+    assert not [r for r in run.resources if "fanout" in r.name], "no fan-out server outside the staging"
     assert stage["b300-2"].urn in run.get("glm-prefill-2-service").dependencies
     # The hf CLI lives on the seed only, before its staging, and goes on destroy.
     hf_cli = run.get("glm-weights-b300-1-hf-cli")

@@ -78,7 +78,7 @@ BAD = [
     ("seed-not-serving", [("glm-infra:model.seedHost", "b300-9")], "glm-infra:model.seedHost", "runs no vLLM instance"),
     ("port-above-65535", [("glm-infra:prefill.httpPort", 65535)], "glm-infra:prefill.httpPort", "above 65535"),
     ("router-internal-collision", [("glm-infra:router.internalPort", 8200)], "glm-infra:router.internalPort", "router internal"),
-    ("fanout-collision", [("glm-infra:model.fanoutPort", 8100)], "glm-infra:model.fanoutPort", "weights fan-out"),
+    ("fanout-collision", [("glm-infra:model.fanoutPort", 8100)], "glm-infra:model.fanoutPort", "weights relay"),
     ("kv-host-without-nics", [("glm-infra:hosts[2].computeNics", [])], "glm-infra:hosts[2].computeNics", "KV cache over RDMA"),
     ("unknown-seed-of-nothing", [("glm-infra:model.seedHost", "nope")], "glm-infra:model.seedHost", "'nope' runs no vLLM instance"),
     # Closed sets, against the choices of the pinned versions (glm_infra/pins.py).

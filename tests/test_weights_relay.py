@@ -214,10 +214,14 @@ def test_a_parent_killed_mid_copy_leaves_its_child_to_an_ancestor(fleet):
         assert time.monotonic() < deadline, f.log("c")
         time.sleep(0.05)
     f.procs["p"].send_signal(signal.SIGKILL)
-    f.wait("c", "s")
+    f.wait("c")
     assert f.same_as_source("c")
     assert f"copying from http://127.0.0.1:{f.ports['s']} (the seed) now" in f.log("c"), f.log("c")
+    # The seed served c to the end, then fails its own step for p: the next up stages p (and it) again.
+    assert f.procs["s"].wait(timeout=60) == 1
     assert "p made no request for 5s: not waiting for it any longer" in f.log("s"), f.log("s")
+    assert "but p stopped copying from this host before they had every file" in f.log("s")
+    assert (f.path("s") / ".glm-complete").exists()
     gets = [g for g in f.source_gets() if "manifest" not in g]
     assert len(gets) == len(set(gets)), "the seed still read each file from the source once"
 
@@ -265,3 +269,18 @@ def test_resume_keeps_verified_files_and_completes_partial_ones(fleet):
     assert "peer: 6 files copied" in f.log("r") and "3 already here and verified" in f.log("r"), f.log("r")
     assert not list(root.glob("*.partial"))
     assert "seed: 0 files from the mirror source, 9 already here and verified" in f.log("s")
+
+
+def test_a_host_with_a_complete_copy_stages_again_without_any_parent(fleet):
+    """A peer staged again alone (its parent's staging is over: nothing serves) keeps what it verified."""
+    f = fleet(rate=16 << 20)
+    tree = relay_tree(["s", "r"])
+    f.start("s", tree)
+    f.start("r", tree)
+    f.wait("r", "s")
+    f.start("r", tree, stall=2)
+    f.wait("r")
+    log = f.log("r")
+    assert "every file already here and verified; none of" in log and "answered within 2s, none needed" in log, log
+    assert "peer: 0 files copied (none), 9 already here and verified" in log, log
+    assert f.same_as_source("r")

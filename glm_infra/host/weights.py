@@ -367,12 +367,18 @@ def start_relay(relay: Relay, root: str, bind: str, stall: float) -> _Server:
     return server
 
 
-def wait_for_children(relay: Relay, children: list[str], stall: float) -> None:
-    """Keep serving until every host that copies from here has everything: each says so (/.glm-done).
-    One that made no request for ``stall`` seconds (or never came within ``stall`` seconds of this
-    host finishing) is left behind with a log line; it copies from another ancestor."""
+def info_came(clients: dict[str, dict], c: str) -> bool:
+    return clients.get(c, {}).get("last", 0.0) > 0
+
+
+def wait_for_children(relay: Relay, children: list[str], stall: float) -> list[str]:
+    """Keep serving until every host that copies from here has everything: each says so (/.glm-done,
+    also when it moves to another host). One that made no request for ``stall`` seconds (or never
+    came within ``stall`` seconds of this host finishing: not deployed with it) is left behind with a
+    log line. Returns those that came and stopped before they had every file."""
     since = time.monotonic()
     told = 0.0
+    left: list[str] = []
     while True:
         now = time.monotonic()
         with relay.lock:
@@ -389,11 +395,13 @@ def wait_for_children(relay: Relay, children: list[str], stall: float) -> None:
                 gone.append((c, "made no request" if info else "never came"))
         for c, why in gone:
             if c not in relay.clients or not relay.clients[c].get("left"):
-                log(f"{c} {why} for {stall:g}s: not waiting for it any longer (it copies from another ancestor)")
+                log(f"{c} {why} for {stall:g}s: not waiting for it any longer")
                 with relay.lock:
                     relay.clients.setdefault(c, {"last": 0.0, "active": 0, "done": False})["left"] = True
+                if info_came(clients, c):
+                    left.append(c)
         if not waiting:
-            return
+            return left
         if now - told >= 30:
             log(f"serving {', '.join(waiting)} until they have every file")
             told = now
@@ -578,12 +586,31 @@ def stage_peer(args: argparse.Namespace, root: str) -> None:
     kept = 0
     copied: dict[str, int] = {}
     checked_disk = False
+    started = time.monotonic()
+    told = started
+    # What an earlier staging of this revision verified here is published at once (its children start
+    # on it), and a complete copy needs no parent at all: one whose staging is over serves nobody.
+    local: set[str] = set()
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        earlier = read_json(os.path.join(root, MANIFEST))
+        if earlier["revision"] == args.revision:
+            relay.files = earlier["files"]
+            relay.publish()
+            local = {e["path"] for e in earlier["files"]}
+            for e in earlier["files"]:
+                if file_ok(root, e):
+                    have.add(e["path"])
+                    kept += 1
+                    relay.publish(e["path"])
 
     def move(why: str, to: int | None = None) -> None:
         nonlocal at, answered, since, last_sig
         nxt = (at + 1) % len(sources) if to is None else to
         role = "the seed" if nxt == len(sources) - 1 else ("its parent" if nxt == 0 else "an ancestor")
         log(f"{sources[at]}: {why}; copying from {sources[nxt]} ({role}) now")
+        if nxt != at:  # it need not wait for this host any longer (if it still listens)
+            with contextlib.suppress(SourceFailed):
+                get_json_done(f"{sources[at]}/{DONE}?{me}&moved=1", timeout=3)
         at, answered, since, last_sig = nxt, False, time.monotonic(), None
 
     while True:
@@ -602,9 +629,16 @@ def stage_peer(args: argparse.Namespace, root: str) -> None:
                 # Not started yet, or gone: a parent starts no later than its ancestors, so one that
                 # still does not answer while an ancestor does has failed.
                 move(f"did not answer within {args.stall:g}s", to=up)
+            elif local and have >= local and time.monotonic() - started > args.stall:
+                log(f"every file already here and verified; none of {', '.join(sources)} answered "
+                    f"within {args.stall:g}s, none needed")
+                break
             else:
                 if time.monotonic() - since > args.stall:
                     since = time.monotonic()  # nobody answers yet: keep waiting for the parent
+                if time.monotonic() - told > 60:
+                    log(f"waiting for {base} to serve (nothing answers: not started yet, or its staging is over)")
+                    told = time.monotonic()
                 time.sleep(1)
             continue
         if progress.get("revision") != args.revision:
@@ -679,9 +713,9 @@ def first_answering(sources: list[str], at: int, me: str) -> int | None:
     return None
 
 
-def get_json_done(url: str) -> None:
+def get_json_done(url: str, timeout: float = 5) -> None:
     try:
-        with urllib.request.urlopen(url, timeout=5) as r:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
             r.read()
     except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as e:
         raise SourceFailed(str(e)) from None
@@ -778,8 +812,11 @@ def cmd_stage(args: argparse.Namespace) -> int:
             total = sum(e["size"] for e in manifest["files"])
             log(f"{args.revision}: {len(manifest['files'])} files, {total / 1e9:.2f} GB verified at {args.path}")
             if server is not None:
-                wait_for_children(relay, children, args.stall)
+                left = wait_for_children(relay, children, args.stall)
                 log(f"relay on {args.serve} stopped: every host copying from here is done or left")
+                if left:  # failed, so that the next `up` stages here again and serves them
+                    raise StageError(f"staged here, but {', '.join(left)} stopped copying from this host before "
+                                     f"they had every file; the next `pulumi up` stages both again")
         finally:
             if server is not None:
                 server.shutdown()

@@ -131,9 +131,8 @@ def converged(within: float = 90) -> None:
 
 def busy_steps(host: str) -> str:
     """glm-infra's host scripts and programs still running on ``host`` (a step's leftovers)."""
-    running = on_host(host, "pgrep -af '[/]usr/local/libexec/glm-infra/|[u]v pip|[a]pt-get' || true").splitlines()
-    # The seed's fan-out server is a service between two steps: the next up or destroy stops it.
-    return "\n".join(line for line in running if "weights.py serve" not in line)
+    # The weights relay server lives inside a staging step: nothing of it outlives the step either.
+    return on_host(host, "pgrep -af '[/]usr/local/libexec/glm-infra/|[u]v pip|[a]pt-get' || true").strip()
 
 
 @contextmanager
@@ -294,6 +293,8 @@ def test_ssh_cut_during_weights_staging_then_up_converges(stack):
     finally:
         throttle_model_source(None)
     assert running.returncode != 0, out[-3000:]
+    # The seed, sim-2's relay parent, served it until it went silent (--stall), then failed its own
+    # step, so this up stages both again (the seed from what it verified) and sim-2 resumes from it.
     up()  # converges: the staging resumes (or waits for the one the cut left running), then switches
     for h in HOSTS:
         assert on_host(h, "readlink /mnt/model/glm/GLM-5.2-NVFP4").strip().endswith(rev2)

@@ -300,7 +300,7 @@ def test_the_firewall_lets_the_stack_in_and_keeps_others_out(stack, outsider):
     every = [f"{address[li.host]}:{li.port}" for li in listeners]
     internal = [f"{address[li.host]}:{li.port}" for li in listeners if li.audience != ports.ROUTER]
     # From another stack host, over the bridge: the ports that answer at all are open (DP RPC binds
-    # loopback; the fan-out runs only while staging).
+    # loopback; the weights relay listens only inside a staging step).
     on_sim1 = [t for t in every if t.startswith(address["sim-1"] + ":")]
     seen = {**probe_from(None, [t for t in every if t not in on_sim1], host="sim-1"),
             **probe_from(None, on_sim1, host="sim-2")}
