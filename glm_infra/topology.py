@@ -190,10 +190,11 @@ class Relay:
     children: tuple[str, ...]  # the hosts that copy from it (it serves them while it stages)
 
 
-def relay_tree(order: list[str], degree: int = RELAY_DEGREE) -> dict[str, Relay]:
-    """A complete ``degree``-ary tree over ``order``, the first at the root: host i copies from host
-    (i - 1) // degree. Depth ⌈log_degree N⌉ at most; a host appended at the end only adds a leaf, so
-    every other host keeps its parent and children."""
+def relay_tree(order: list[str], degree: int | None = None) -> dict[str, Relay]:
+    """A complete ``degree``-ary tree (default RELAY_DEGREE) over ``order``, the first at the root: host
+    i copies from host (i - 1) // degree. Depth ⌊log_degree N⌋ (binary); a host appended at the end
+    only adds a leaf, so every other host keeps its parent, ancestors and children (its parent gains one)."""
+    degree = degree or RELAY_DEGREE
     parent_of = {order[i]: (order[(i - 1) // degree] if i else None) for i in range(len(order))}
     children: dict[str, list[str]] = {h: [] for h in order}
     for h in order[1:]:

@@ -4,8 +4,9 @@ The base cluster's stack file is the definition: this program adds the new host 
 and has the same validation and planner decide everything (ports, GPUs, flags that must match the
 prefill instances), then deploys that one host only (``only_hosts``). From the base stack's outputs
 (a StackReference) come the router host's address, to register the new instance with the router,
-and the router API key the workers share. The new host downloads the checkpoint itself (it is the
-seed of nothing else), so the base cluster's fan-out need not be running.
+and the router API key the workers share. The new host downloads the checkpoint itself: it is the
+root of this stack's weights relay, whose other hosts (the base stack's) never come to copy from it,
+so its staging serves them for ``--stall`` (120 s) after it is done, then ends (saying so in its log).
 
 The registration lives as long as the router process: when the base stack restarts its router, run
 `pulumi up` here again (the command re-registers), or add the host to the base stack's own pool."""

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Stage a model checkpoint on a host: download once on a seed host, fan out to the others, verify
-everywhere, resume after interruption, switch revisions atomically. Runs on the hosts (stdlib only).
+"""Stage a model checkpoint on a host: read once from the source on a seed host, relayed host to host
+down a tree, verified everywhere, resumed after interruption, revisions switched atomically. Runs on
+the hosts (stdlib only).
 
 Layout under the model path P (what vLLM serves):
     P                          symlink → P.revisions/<revision>
@@ -8,20 +9,23 @@ Layout under the model path P (what vLLM serves):
                                and sha256; ``.glm-complete`` exists once every file is verified
     P.revisions/.lock          held while a staging runs
 
-    weights.py fanout-start --revision R --path P --bind ADDR:PORT   (seed: serve verified files)
-    weights.py stage --role seed --source mirror --url URL --revision R --path P
-    weights.py stage --role seed --source huggingface --repo ORG/NAME --revision R --path P
-    weights.py stage --role peer --peer http://SEED:PORT --revision R --path P
+    weights.py stage --role seed --source mirror --url URL --revision R --path P [RELAY]
+    weights.py stage --role seed --source huggingface --repo ORG/NAME --revision R --path P [RELAY]
+    weights.py stage --role peer --peer URL [--peer URL ...] --revision R --path P [RELAY]
+        RELAY: --name HOST [--serve ADDR:PORT --children HOST,HOST] [--stall SECONDS]
     weights.py stage --source local --path P       (already on every host: verify only)
-    weights.py fanout-stop                         (seed, once every host has the checkpoint)
-    weights.py serve --dir D --bind ADDR:PORT [--all]   (the fan-out server, run by systemd)
+    weights.py serve --dir D --bind ADDR:PORT [--all]   (a static mirror: the simulated model source)
     weights.py verify --revision R --path P        (full sha256 check; exit 1 naming bad files)
     weights.py prune --revision R --path P         (remove every other revision)
     weights.py remove --path P                     (remove the checkpoint and its revisions)
 
-The seed publishes each file in ``.glm-progress.json`` only after verifying it, and the fan-out
-server serves only published files, so peers copy shards while the seed is still downloading and
-never see a partial file. Peers verify every file against the seed's sha256 before using it.
+Every host publishes each file in ``.glm-progress.json`` only after verifying it; with ``--serve`` a
+thread of the staging serves the published files (never a partial one) to the hosts that copy from
+this one (``--children``) and the staging ends once each has said it has every file (``/.glm-done``)
+or went silent for ``--stall`` seconds. A peer copies each file as soon as the first of its
+``--peer`` hosts (its parent; then each ancestor up to the seed) has published it, verifies it
+against the sha256 there, and moves to the next one when its source fails: refused or reset after
+it answered, a short body, bad bytes, no progress for ``--stall`` seconds.
 """
 
 from __future__ import annotations
@@ -185,12 +189,13 @@ def download(url: str, dest: str, size: int | None, headers: dict[str, str] | No
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             if have and resp.status != 206:  # the server sends it all again: start over
                 h, have = hashlib.sha256(), 0
+            buf = memoryview(bytearray(CHUNK))  # one bounded buffer for the whole file
             with open(partial, "ab" if have else "wb") as f:
-                while chunk := resp.read(CHUNK):
-                    f.write(chunk)
-                    h.update(chunk)
+                while n := resp.readinto(buf):
+                    f.write(buf[:n])
+                    h.update(buf[:n])
                     if on_bytes:
-                        on_bytes(len(chunk))
+                        on_bytes(n)
     except urllib.error.HTTPError as e:
         if e.code == 416 and size is not None and have == size:
             pass  # the partial file is already whole (interrupted before its rename)
@@ -330,8 +335,8 @@ class _Files(http.server.SimpleHTTPRequestHandler):
                 if start:
                     self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
                 self.end_headers()
-                f.seek(start)
-                shutil.copyfileobj(f, self.wfile, CHUNK)
+                # Zero-copy from the page cache to the socket: the CPU goes to hashing, not copying.
+                self.connection.sendfile(f, start, size - start)
         finally:
             if relay is not None:
                 relay.seen(client, active=-1)
