@@ -18,6 +18,8 @@ import time
 import urllib.error
 import urllib.request
 
+import pytest
+
 from e2e.harness import ROOT, on_host, sh
 
 ROUTER = "https://10.88.0.13:8000"
@@ -52,7 +54,23 @@ def plan_text() -> str:
     return p.stdout
 
 
-def test_rolling_driver_upgrade_under_load(stack):
+MIRROR = ("/etc/apt/sources.list.d/glm-sim-mirror.list", "/usr/share/keyrings/glm-sim-mirror.gpg")
+
+
+@pytest.fixture
+def router_host_mirror():
+    """sim-3 serves no model, so no driver step adds the stand-in repository there: give it the machine's
+    repository as its distribution mirror (nginx, nftables, Prometheus), as a real router host has one."""
+    on_host("sim-3", "curl -fsSL http://10.88.0.1:8088/apt/glm-sim-archive.pub | gpg --dearmor > "
+                     f"{MIRROR[1]} && echo 'deb [signed-by={MIRROR[1]}] http://10.88.0.1:8088/apt/ ./' > {MIRROR[0]} "
+                     "&& apt-get update -qq")
+    try:
+        yield
+    finally:
+        on_host("sim-3", f"rm -f {' '.join(MIRROR)}", check=False)
+
+
+def test_rolling_driver_upgrade_under_load(stack, router_host_mirror):
     for key, value in (("prefill.instancesPerHost", "1"), ("decode.hosts[0]", "sim-1"),
                        ("decode.hosts[1]", "sim-2"), ("decode.dp", "4")):
         stack.config_set(f"glm-infra:{key}", value)
