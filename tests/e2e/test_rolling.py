@@ -11,6 +11,7 @@ host start. The failed requests are counted and printed (goal 0).
 from __future__ import annotations
 
 import json
+import re
 import ssl
 import sys
 import threading
@@ -136,12 +137,21 @@ def test_rolling_driver_upgrade_under_load(stack, router_host_mirror):
         assert boot > boots[h], f"{h} rebooted"
         assert ph["stopped"] < boot < ph["return-start"] < ph["returned"], (h, ph, boot)
         assert on_host(h, "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u").strip() == NEW_DRIVER
+    for h in ROLLING:  # the timeline, seconds from the start of the up
+        print(f"  {h}: " + ", ".join(f"{p} {t - t_up:.1f}" for p, t in sorted(phases[h].items(), key=lambda x: x[1]))
+              + f", boot {booted_at(h) - t_up:.1f}", file=sys.stderr)
+    for line in up.stdout.splitlines():
+        if ": roll: " in line or ": turn: " in line:
+            print(f"  {line.strip()[-160:]}", file=sys.stderr)
     first_host, second_host = sorted(ROLLING, key=lambda h: phases[h]["drain-start"])
     assert first_host == "sim-1", "in pool order"
     assert phases[first_host]["returned"] < phases[second_host]["drain-start"], \
         f"no two hosts of a pool down together: {phases}"
     assert up.stdout.count(f"the loaded kernel module is not {NEW_DRIVER}: reboot required") == 2
-    assert "the router marks" in up.stdout
+    for h in ROLLING:
+        assert re.search(rf"{h}: roll: the router marks (http://\S+ )+down", up.stdout), f"{h}: drained in the router"
+        assert re.search(rf"{h}: roll: the router marks (http://\S+ )+healthy", up.stdout), f"{h}: back in the router"
+        assert f"{h}: turn: prefill/slot-0 taken" in up.stdout
     assert sent[0] >= 20
     assert not failures, f"{len(failures)} of {sent[0]} requests failed during the roll: {failures[:10]}"
 
