@@ -121,6 +121,8 @@ class PrefillInput(TypedDict, total=False):
     """--all2all-backend of expert parallelism."""
     shutdown_timeout: int
     """--shutdown-timeout seconds (drain). Default: 300."""
+    max_unavailable: int
+    """Hosts of this pool a disruptive host change (a driver upgrade with reboot, an RDMA change) takes down at once; the others serve meanwhile. A host serving several pools rolls with the strictest. As many as the pool's hosts (or one host): the change interrupts the pool. Default: 1."""
     http_port: int
     """HTTP port of the first instance on a host; further instances add 1. Default: 8100."""
     dp_rpc_port: int
@@ -160,6 +162,8 @@ class DecodeInput(TypedDict, total=False):
     """--all2all-backend of expert parallelism. Default: 'flashinfer_nvlink_two_sided'."""
     shutdown_timeout: int
     """--shutdown-timeout seconds (drain). Default: 300."""
+    max_unavailable: int
+    """Hosts of this pool a disruptive host change (a driver upgrade with reboot, an RDMA change) takes down at once; the others serve meanwhile. A host serving several pools rolls with the strictest. As many as the pool's hosts (or one host): the change interrupts the pool. Default: 1."""
     http_port: int
     """HTTP port of the first instance on a host; further instances add 1. Default: 8200."""
     dp_rpc_port: int
@@ -199,6 +203,8 @@ class ColocatedInput(TypedDict, total=False):
     """--all2all-backend of expert parallelism."""
     shutdown_timeout: int
     """--shutdown-timeout seconds (drain). Default: 300."""
+    max_unavailable: int
+    """Hosts of this pool a disruptive host change (a driver upgrade with reboot, an RDMA change) takes down at once; the others serve meanwhile. A host serving several pools rolls with the strictest. As many as the pool's hosts (or one host): the change interrupts the pool. Default: 1."""
     http_port: int
     """HTTP port of the first instance on a host; further instances add 1. Default: 8100."""
     dp_rpc_port: int

@@ -330,6 +330,11 @@ class PoolConfig(StrictModel):
                                         json_schema_extra=pins.schema_enum("all2allBackend"),
                                         description="--all2all-backend of expert parallelism.")
     shutdown_timeout: int = Field(300, ge=0, le=3600, description="--shutdown-timeout seconds (drain).")
+    max_unavailable: int = Field(
+        1, ge=1, le=1024,
+        description="Hosts of this pool a disruptive host change (a driver upgrade with reboot, an RDMA change) "
+                    "takes down at once; the others serve meanwhile. A host serving several pools rolls with the "
+                    "strictest. As many as the pool's hosts (or one host): the change interrupts the pool.")
     http_port: Port = Field(description="HTTP port of the first instance on a host; further instances add 1.")
     dp_rpc_port: Port = Field(description="--data-parallel-rpc-port of the first instance on a host; +1 each.")
     nixl_side_channel_port: Port = Field(

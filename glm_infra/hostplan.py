@@ -7,8 +7,9 @@ real values inside Pulumi (``Step.secret_render``).
 
 Step keys per host, in the order the steps run:
 
-    preflight, <host files>, drivers-install, drivers-reboot, drivers-wait (local), drivers-back, firewall,
-    health-gate, rdma, ucx-env, facts, runtime,
+    preflight, <host files>, turn-acquire (local), host-drain, drivers-install, drivers-reboot,
+    drivers-wait (local), drivers-back, firewall, health-gate, rdma, ucx-env, host-return, turn-release (local),
+    facts, runtime,
     weights-hf-cli (the seed, from the hub), weights-stage (serving the host's relay children while it runs),
     <instance>-unit, <instance>-service, <instance>-rollout, <instance>-stop, prune-weights,
     router-secrets, router-unit, router-service, router-front-conf, router-front-keys,
@@ -23,10 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import firewall, monitoring, paths, render, topology
+from . import firewall, monitoring, paths, pins, render, topology
 from .config import StackConfig
-from .steps import TRIGGERS_TOKEN, RenderedFile, ScriptStep, Step, command, digest, file_step
-from .topology import HostPlan, Instance, Plan, seed_host
+from .steps import TRIGGERS_TOKEN, RenderedFile, ScriptStep, Step, command, digest, file_step, seconds
+from .topology import HostPlan, Instance, Plan, rolling, seed_host
 
 HOST_FILES = ("vllm-secrets", "hf-secrets")
 
@@ -98,6 +99,57 @@ def driver_steps(stack: StackConfig, h: HostPlan) -> list[Step]:
         Step("drivers-wait", "bash -s", None, render.waitboot_script(stack, h.name), local=True, timeout=wait_timeout),
         Step("drivers-back", "bash -s", None, render.back_script(h.name)),
     ]
+
+
+# The steps that take a host down or change what its instances run on: they roll, one turn at a time.
+DISRUPTIVE = ("drivers-install", "drivers-reboot", "rdma")
+UNTIMED_STEP_S = 600  # what a step without a timeout is assumed to take at most, for the roll's bounds
+
+
+def roll_steps(stack: StackConfig, plan: Plan, h: HostPlan, stack_name: str,
+               around: list[Step]) -> tuple[list[Step], list[Step]]:
+    """The steps before and after ``around`` (drivers … ucx-env) on a serving host: its turn in its pools
+    (turn-acquire, on the machine running pulumi), the drain of its instances (host-drain), and after
+    them their return (host-return) and the turn given back (turn-release). They run when the disruptive
+    steps change (their digest is in every command) and do nothing on a first deploy; hosts without
+    instances have none."""
+    groups = [g for g in rolling(stack, plan) if h.name in g.hosts]
+    if not groups or not plan.serve:
+        return [], []
+    by_name = {x.name: x for x in around}
+    roll = digest(*(part for k in DISRUPTIVE if k in by_name
+                    for part in (by_name[k].create, by_name[k].stdin or "", *by_name[k].triggers)))
+    pools = [(g.pool, g.max_unavailable) for g in groups]
+    r = stack.router
+    interval = r.health_check_interval if r is not None else 0
+    check = interval + pins.ROUTER_HEALTH_CHECK_TIMEOUT_S
+    stop_s = max(pool.shutdown_timeout + 30 for role, pool in stack.pools() if role in dict(pools))
+    # Down after the failure threshold's checks, up after the success threshold's, each with one more
+    # check and half a minute of margin (a loaded or restarting router is late).
+    down_s = (pins.ROUTER_HEALTH_FAILURE_THRESHOLD + 1) * check + 30
+    up_s = (pins.ROUTER_HEALTH_SUCCESS_THRESHOLD + 1) * check + 30
+    start_s = render.SERVICE_START_TIMEOUT_S
+    turn_s = stop_s + down_s + sum(seconds(x.timeout, UNTIMED_STEP_S) for x in around) + start_s + up_s
+    wait_s = turn_s + 300  # another host's whole turn, from the timeouts of its steps
+    bounds = {"guard_s": wait_s, "down_s": down_s, "up_s": up_s, "start_s": start_s}
+    script = render.roll_script(stack, plan, h.name, pools, bounds)
+    folder = f"{stack_name}-{digest(stack_name, *sorted(x.name for x in stack.hosts))}"
+    lease = render.lease_script(h.name, folder, pools, wait_s)
+    path = paths.script("roll")
+    install = f"install -D -m 0755 /dev/stdin {path}"
+    first = f"echo {shlex.quote(f'{h.name}: turn: roll {roll} recorded (first deploy: nothing serves yet)')}"
+    before = [
+        Step("turn-acquire", first, stdin=lease, update=f"bash -s acquire {roll}", local=True,
+             timeout=f"{wait_s + 120}s"),
+        Step("host-drain", f"{install} && {path} record {roll}", f"rm -f {path}", script,
+             update=f"{install} && {path} drain {roll}", timeout=f"{wait_s + stop_s + down_s + 120}s",
+             files=(RenderedFile(path, script, 0o755),), check=f"{path} check"),
+    ]
+    after = [
+        Step("host-return", f"{path} return {roll}", timeout=f"{start_s + up_s + 120}s"),
+        Step("turn-release", first, stdin=lease, update=f"bash -s release {roll}", local=True),
+    ]
+    return before, after
 
 
 def health_gate_step(stack: StackConfig, h: HostPlan) -> Step:
@@ -235,11 +287,13 @@ def host_steps(stack: StackConfig, plan: Plan, h: HostPlan, secrets: Mapping[str
     steps: list[Step] = [preflight_step(stack, h), *host_file_steps(stack, plan, h, secrets)]
     wall = firewall.step(stack, plan, h)
     if h.provisioned:
-        steps += driver_steps(stack, h)
-        steps += [wall] if wall else []  # after the driver step: it adds the repository nftables may come from
-        steps.append(health_gate_step(stack, h))
-        steps.append(ScriptStep("rdma", render.rdma_script(stack, h.name)).step("rdma", timeout="20m"))
-        steps.append(file_step("ucx-env", paths.UCX_ENV, render.ucx_env(stack, h.name)))
+        around = driver_steps(stack, h)
+        around += [wall] if wall else []  # after the driver step: it adds the repository nftables may come from
+        around.append(health_gate_step(stack, h))
+        around.append(ScriptStep("rdma", render.rdma_script(stack, h.name)).step("rdma", timeout="20m"))
+        around.append(file_step("ucx-env", paths.UCX_ENV, render.ucx_env(stack, h.name)))
+        before, after = roll_steps(stack, plan, h, stack_name, around)
+        steps += [*before, *around, *after]
         steps.append(facts_step(stack, h))
     elif wall:
         steps.append(wall)

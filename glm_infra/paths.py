@@ -30,6 +30,13 @@ HF_ENV = f"{OPT}/hf"
 BOOT_BEFORE_REBOOT = f"{STATE}/boot-before-reboot"
 ROLLOUT_DIR = f"{STATE}/rollout"  # per unit, the triggers digest it last (re)started with
 REBOOT_UNIT = "glm-infra-reboot"  # the transient timer and service the reboot step schedules
+# A rolling host change: the units the drain stopped (kept across the reboot, for the return), the roll
+# last completed, and a record of each phase with its time (one line each).
+DRAINED = f"{STATE}/roll-drained"
+ROLLED = f"{STATE}/roll-done"
+ROLL_LOG = f"{STATE}/roll.log"
+# On the machine running pulumi: the turns of each pool (GLM_INFRA_LEASES overrides it).
+LEASES = "/tmp/glm-infra-leases"
 
 # The monitoring, where the Debian and Ubuntu packages look (prometheus, prometheus-alertmanager,
 # prometheus-node-exporter) and NVIDIA's datacenter-gpu-manager-exporter.

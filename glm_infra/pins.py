@@ -14,6 +14,12 @@ from __future__ import annotations
 VLLM = "0.33.0"
 NIXL = "1.5.1"
 VLLM_ROUTER = "0.1.17"
+# vllm-router 0.1.17's worker health checking (`vllm-router --help`; glm-infra sets only the interval,
+# router.healthCheckInterval): a worker is down after this many failed checks in a row and up again after
+# this many good ones, each check waiting this long. The roll's drain and return wait from them.
+ROUTER_HEALTH_FAILURE_THRESHOLD = 3
+ROUTER_HEALTH_SUCCESS_THRESHOLD = 2
+ROUTER_HEALTH_CHECK_TIMEOUT_S = 5
 UV = "0.13.8"
 HF_HUB = "2.4.0"
 

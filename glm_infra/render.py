@@ -307,6 +307,23 @@ def router_service_script(stack: StackConfig, plan: Plan) -> str:
     )
 
 
+def roll_script(stack: StackConfig, plan: Plan, host: str, pools: list[tuple[str, int]], bounds: Mapping[str, int]) -> str:
+    """roll.sh of ``host``: drain and return its instances around a disruptive change (hostplan.roll_steps)."""
+    mine = [i for i in plan.instances if i.host == host]
+    roles = {p for p, _ in pools}
+    others = [(i.role, i.host, i.url) for i in plan.instances if i.host != host and i.role in roles]
+    metrics = ""
+    if plan.router is not None and stack.router is not None:
+        metrics = f"http://{paths.url_host(plan.router.address)}:{stack.router.metrics_port}/metrics"
+    return render_template("roll.sh.j2", host=host, instances=mine, metrics_url=metrics, pools=pools, others=others,
+                           **bounds)
+
+
+def lease_script(host: str, folder: str, pools: list[tuple[str, int]], wait_s: int) -> str:
+    """lease.sh of ``host``: its turn in its pools' roll, on the machine running pulumi."""
+    return render_template("lease.sh.j2", host=host, folder=folder, pools=pools, wait_s=wait_s)
+
+
 def router_front_conf(stack: StackConfig, plan: Plan) -> str:
     assert plan.router is not None and stack.router is not None
     address = plan.router.address

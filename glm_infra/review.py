@@ -154,7 +154,9 @@ def parse_step(text: str, filename: str, rendering: Rendering, host: str) -> Ste
 
 # A host script run with an action that (re)starts what it manages: ``apply`` always does; ``rollout
 # ARG`` does unless the unit already runs with ARG (the digest of the step's triggers).
-_RUNS = re.compile(r"(/[\w./-]+) (apply|rollout)\b(?: (\S+))?")
+# ``drain ARG`` (roll.sh) stops the host's instances (``units=(…)``), which its return starts again,
+# unless the host already did the roll ARG.
+_RUNS = re.compile(r"(/[\w./-]+) (apply|rollout|drain)\b(?: (\S+))?")
 _TOKEN = re.compile(r"@[\w-]+@")  # a placeholder the components fill in (the triggers' digest)
 
 
@@ -174,13 +176,19 @@ def restarted_units(command: str, old_command: str | None, script: Callable[[str
 
     Each ``SCRIPT apply`` or ``SCRIPT rollout ARG`` in ``command``, where SCRIPT (``script(path)``:
     its content) is a service script (``unit=NAME``) restarts NAME: ``apply`` always, ``rollout
-    ARG`` unless ``old_command`` ran the same ``rollout ARG`` (the unit then runs with it). A
+    ARG`` unless ``old_command`` ran the same ``rollout ARG`` (the unit then runs with it); ``drain ARG``
+    of a roll script (``units=(A B)``) restarts A and B unless ``old_command`` drained for the same ARG. A
     packaged service's script (``services=(A B)`` with a ``config_digest``) restarts them on
     ``apply`` when the digest differs from ``old_script(path)``'s, or when that is not known."""
     before = set(_RUNS.findall(old_command or ""))
     units: list[str] = []
     for path, action, arg in _RUNS.findall(command):
         new = script(path) or ""
+        drained = _assignment(new, "units")
+        if action == "drain" and drained is not None and drained.startswith("("):
+            if (path, action, arg) not in before:
+                units += shlex.split(drained.strip("()"))
+            continue
         unit = _assignment(new, "unit")
         if unit is not None:
             if action == "apply" or (path, action, arg) not in before:

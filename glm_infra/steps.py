@@ -120,6 +120,13 @@ def file_step(name: str, path: str, content: str, mode: int = 0o644, secret: boo
                 secret_render=secret_render)
 
 
+def seconds(timeout: str | None, default: int) -> int:
+    """A step's timeout ("30m", "780s", "24h") in seconds; ``default`` when it has none."""
+    if not timeout:
+        return default
+    return int(timeout[:-1]) * {"s": 1, "m": 60, "h": 3600}[timeout[-1]]
+
+
 def command(*argv: str) -> str:
     """argv as one shell command line."""
     return " ".join(shlex.quote(a) for a in argv)

@@ -281,4 +281,78 @@ def format_table(stack: StackConfig, p: Plan) -> str:
     if p.router is not None:
         mode = "P/D" if p.disaggregated else "round robin"
         out.append(f"router: {p.router.url} ({mode}; {len(p.instances)} workers)")
+    notes = rolling_notes(stack, p)
+    if notes:
+        out += ["", "host changes (driver upgrade with reboot, RDMA):", *(f"  {n}" for n in notes)]
     return "\n".join(out)
+
+
+# --- rolling host changes ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RollGroup:
+    """How a disruptive host change (a driver upgrade with reboot, an RDMA change) rolls through one
+    pool: its hosts in turns of ``max_unavailable``, each turn drained, changed and healthy again
+    before the next starts."""
+
+    pool: str  # role: prefill | decode | colocated
+    hosts: tuple[str, ...]  # the pool's hosts, in the stack's order
+    max_unavailable: int  # the pool's own, lowered to the strictest of any pool sharing one of its hosts
+    own: int = 0  # the pool's own maxUnavailable (0: the same)
+
+    @property
+    def turns(self) -> tuple[tuple[str, ...], ...]:
+        n = self.max_unavailable
+        return tuple(self.hosts[i:i + n] for i in range(0, len(self.hosts), n))
+
+    @property
+    def interrupting(self) -> bool:
+        """Whether the change takes the whole pool down at once (one host, or a turn as wide as the pool)."""
+        return self.max_unavailable >= len(self.hosts)
+
+
+def rolling(stack: StackConfig, p: Plan) -> tuple[RollGroup, ...]:
+    """The roll groups of a plan, one per pool, in pool order. A host serving several pools rolls with
+    the strictest ``max_unavailable`` among them, so every pool sharing it gets that limit."""
+    serving = {h.name for h in p.hosts if h.instances and h.provisioned}
+    pools = [(role, pool, tuple(h for h in pool.hosts if h in serving)) for role, pool in stack.pools()]
+    pools = [(role, pool, hosts) for role, pool, hosts in pools if hosts]
+    strictest: dict[str, int] = {}
+    for _, pool, hosts in pools:
+        for h in hosts:
+            strictest[h] = min(strictest.get(h, pool.max_unavailable), pool.max_unavailable)
+    return tuple(RollGroup(role, hosts, min(strictest[h] for h in hosts), pool.max_unavailable)
+                 for role, pool, hosts in pools)
+
+
+def roll_predecessors(groups: tuple[RollGroup, ...], host: str) -> tuple[str, ...]:
+    """The hosts whose turn comes just before ``host``'s in any of its pools (its turn waits for theirs)."""
+    out: list[str] = []
+    for g in groups:
+        turns = g.turns
+        for k, turn in enumerate(turns):
+            if host in turn and k > 0:
+                out += [h for h in turns[k - 1] if h not in out]
+    return tuple(out)
+
+
+def rolling_notes(stack: StackConfig, p: Plan, interrupting: bool = False) -> list[str]:
+    """One line per pool saying how a disruptive host change rolls through it (``interrupting``: only
+    the pools it interrupts)."""
+    out = []
+    for g in rolling(stack, p):
+        n = len(g.hosts)
+        hosts = ", ".join(g.hosts)
+        if g.interrupting:
+            what = (f"its only host, {hosts}, goes down" if n == 1 else
+                    f"maxUnavailable {g.max_unavailable} ≥ its {n} hosts: {hosts} go down together")
+            out.append(f"{g.pool}: interrupted: {what}; nothing serves {g.pool} until "
+                       f"{'it is' if n == 1 else 'they are'} back")
+        elif not interrupting:
+            order = ", then ".join(" + ".join(t) for t in g.turns)
+            limit = f"maxUnavailable {g.own}" + (f", {g.max_unavailable} on a host another pool shares"
+                                                  if g.own and g.own != g.max_unavailable else "")
+            out.append(f"{g.pool}: {n} hosts, {g.max_unavailable} at a time ({limit}), "
+                       f"each drained and healthy again before the next: {order}")
+    return out

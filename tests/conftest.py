@@ -48,7 +48,7 @@ def write_stack(tmp_path):
 # --- the whole suite: end-to-end tests last, and nothing it started outlives it -------------------
 
 
-E2E_ORDER = ("test_sim_e2e", "test_operations", "test_faults", "test_team_state", "test_examples")  # each module leaves the hosts for the next
+E2E_ORDER = ("test_sim_e2e", "test_operations", "test_faults", "test_team_state", "test_examples", "test_rolling")  # each module leaves the hosts for the next
 
 
 def pytest_collection_modifyitems(config, items):

@@ -37,7 +37,8 @@ def test_every_rendered_host_script_is_shellcheck_clean(stack, tmp_path):
     for host, hs in hostplan.plan_all(cfg, plan(cfg), stack_name=stack).items():
         scripts = {path: f.content for path, f in hs.files().items() if path.endswith(".sh")}
         # And the scripts steps run from stdin (reboot, wait for the reboot, back on a new boot).
-        scripts.update({f"step {k}": st.stdin for k, st in hs.steps.items() if st.create == "bash -s"})
+        scripts.update({f"step {k}": st.stdin for k, st in hs.steps.items()
+                        if "bash -s" in (st.create, (st.update or "").rsplit(" ", 2)[0])})
         assert any(k.startswith("step ") for k in scripts) == bool(hs.host.instances)
         for path, text in scripts.items():
             r = shellcheck(text, tmp_path)

@@ -24,9 +24,9 @@ def key_file(tmp_path):
 
 def _expected_commands(stack: str) -> int:
     p = plan(load_file(stack_file(stack)).config)
-    # Serving host: preflight, secrets env, driver install/reboot/back, health gate, RDMA, UCX env, facts
-    # after them, runtime.
-    per_serving_host = 10
+    # Serving host: preflight, secrets env, drain, driver install/reboot/back, health gate, RDMA, UCX env,
+    # return, facts after them, runtime.
+    per_serving_host = 12
     router_only = sum(1 for h in p.hosts if h.runs_router and not h.instances) * 2  # preflight, runtime
     bare = sum(1 for h in p.hosts if not h.runs_router and not h.instances)  # preflight only
     per_instance = 4  # unit file, service (start), rollout (restart), stopper
@@ -53,7 +53,8 @@ def test_resource_tree(stack, key_file):
     assert types.count("glm-infra:index:VllmService") == len(p.instances)
     assert types.count("glm-infra:index:Router") == (1 if p.router else 0)
     assert types.count(CMD) == _expected_commands(stack)
-    assert types.count("command:local:Command") == len(p.serving_hosts)  # the wait for a reboot
+    # The wait for a reboot; the turn taken and given back in the host's pools.
+    assert types.count("command:local:Command") == 3 * len(p.serving_hosts)
     assert types.count("glm-infra:index:Drivers") == len(p.serving_hosts)
     runtimes = len({h.name for h in p.hosts if h.instances or h.runs_router})
     # Per serving host: the health gate, RDMA and the UCX env file; per host that runs anything: the runtime;
@@ -116,19 +117,69 @@ def test_host_chain_order(key_file):
         assert run.urn(earlier) in run.get(later).dependencies, f"{later} must wait for {earlier}"
 
     h = "glm-b300-2"
-    needs(f"{h}-drivers-install", f"{h}-preflight")
+    needs(f"{h}-turn-acquire", f"{h}-preflight")
+    needs(f"{h}-host-drain", f"{h}-turn-acquire")
+    needs(f"{h}-drivers-install", f"{h}-host-drain")
     needs(f"{h}-drivers-reboot", f"{h}-drivers-install")
     needs(f"{h}-drivers-wait", f"{h}-drivers-reboot")
     needs(f"{h}-drivers-back", f"{h}-drivers-wait")
     needs(f"{h}-health-gate", f"{h}-drivers-back")
     needs(f"{h}-rdma-setup", f"{h}-health-gate")
     needs(f"{h}-nixl-ucx-env", f"{h}-rdma-setup")
-    needs(f"{h}-runtime-venv", f"{h}-nixl-ucx-env")
+    needs(f"{h}-host-return", f"{h}-nixl-ucx-env")
+    needs(f"{h}-turn-release", f"{h}-host-return")
+    needs(f"{h}-runtime-venv", f"{h}-turn-release")
     needs("glm-prefill-2-service", f"{h}-runtime-venv")
     needs("glm-prefill-2-unit", f"{h}-runtime-venv")
     needs("glm-router-service", "glm-b300-3-runtime-venv")
-    # Hosts provision in parallel: nothing on one host waits for another host's chain.
+    # Hosts provision in parallel: nothing on one host waits for another host's chain (only for its
+    # turn-acquire, which a first deploy creates at once).
     assert not any("b300-1" in d for d in run.get(f"{h}-runtime-venv").dependencies)
+    assert not any("b300-1" in d for d in run.get(f"{h}-drivers-install").dependencies)
+
+
+def test_a_host_change_rolls_through_each_pool(key_file):
+    """prod-b300: prefill on b300-1 and b300-2 (maxUnavailable 1), decode on b300-3 alone. b300-2's turn
+    comes after b300-1's; b300-3 takes its own; every roll step carries the digest of the disruptive steps."""
+    run = run_program(stack_file("prod-b300"), key_file)
+    acquire2 = run.get("glm-b300-2-turn-acquire")
+    assert run.urn("glm-b300-1-turn-acquire") in acquire2.dependencies, "b300-2's turn waits for b300-1's"
+    assert not any("b300-2" in d or "b300-1" in d for d in run.get("glm-b300-3-turn-acquire").dependencies)
+    assert not any("b300-2" in d for d in run.get("glm-b300-1-turn-acquire").dependencies)
+    # The drain waits for the host's turn; the release for its return, which is triggered by the drain.
+    assert run.urn("glm-b300-2-turn-acquire") in run.get("glm-b300-2-host-drain").dependencies
+    assert run.urn("glm-b300-2-host-return") in run.get("glm-b300-2-turn-release").dependencies
+    assert acquire2.type == "command:local:Command" and run.get("glm-b300-2-turn-release").type == acquire2.type
+    drain = run.get("glm-b300-2-host-drain")
+    roll = drain.inputs["update"].rsplit(" ", 1)[1]
+    assert drain.inputs["update"].endswith(f"/usr/local/libexec/glm-infra/roll.sh drain {roll}")
+    assert drain.inputs["create"].endswith(f"roll.sh record {roll}"), "a first deploy drains nothing"
+    assert acquire2.inputs["update"] == f"bash -s acquire {roll}" and "first deploy" in acquire2.inputs["create"]
+    assert run.get("glm-b300-2-host-return").inputs["create"].endswith(f"roll.sh return {roll}")
+    assert run.get("glm-b300-2-turn-release").inputs["update"].endswith(f"bash -s release {roll}")
+    assert "/prefill" not in acquire2.inputs["stdin"] and "pools=('prefill 1' )" in acquire2.inputs["stdin"]
+    # The interrupted pool is said in every preview and up.
+    assert any("decode: interrupted: its only host, b300-3, goes down" in m for m in run.logs), run.logs
+
+
+def test_only_disruptive_changes_roll(key_file, tmp_path):
+    """The roll's digest moves with the driver version and the RDMA settings, not with a vLLM flag or the
+    health gate's timeout."""
+    base = yaml.safe_load(stack_file("prod-b300").read_text())
+
+    def roll_of(change) -> str:
+        cfg = yaml.safe_load(stack_file("prod-b300").read_text())
+        change(cfg["config"])
+        f = tmp_path / "Pulumi.prod-b300.yaml"
+        f.write_text(yaml.safe_dump(cfg))
+        return run_program(f, key_file).get("glm-b300-1-host-drain").inputs["update"].rsplit(" ", 1)[1]
+
+    same = roll_of(lambda c: None)
+    assert roll_of(lambda c: c["glm-infra:prefill"].update(gpuMemoryUtilization=0.91)) == same
+    assert roll_of(lambda c: c.setdefault("glm-infra:drivers", {}).update(fabricTimeout=300)) == same
+    assert roll_of(lambda c: c.setdefault("glm-infra:drivers", {}).update(version="580.172.08")) != same
+    assert roll_of(lambda c: c.setdefault("glm-infra:rdma", {}).update(mtu=4200)) != same
+    del base
 
 
 def test_weights_download_once_and_relay(key_file):
@@ -300,7 +351,8 @@ def test_host_facts_are_read_after_the_host_is_provisioned(key_file):
         facts = run.get(f"glm-{h}-facts")
         assert facts.parent == run.urn(f"glm-{h}")
         assert facts.inputs["create"].endswith("/usr/local/libexec/glm-infra/hostcheck.py facts --model-path /mnt/model/glm/GLM-5.2-NVFP4")
-        assert run.urn(f"glm-{h}-nixl-ucx-env") in facts.dependencies
+        # After the host is back (turn-release comes after ucx-env and the instances' return).
+        assert run.urn(f"glm-{h}-turn-release") in facts.dependencies
         assert run.urn(f"glm-{h}-rdma-setup") in facts.dependencies
 
 

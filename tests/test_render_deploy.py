@@ -82,8 +82,8 @@ def test_every_resource_sends_what_the_render_shows(stack, key_file, tmp_path, c
     for r in run.resources:
         if r.type not in ("command:remote:Command", "command:local:Command"):
             continue
-        if r.type == "command:local:Command":  # the wait for a reboot: its script names the host
-            (host,) = [h for a, h in addresses.items() if f"({a}:" in r.inputs["stdin"]]
+        if r.type == "command:local:Command":  # the wait for a reboot, the turns: named after their host
+            (host,) = [h for h in shown if r.name.startswith(f"glm-{h}-")]
         else:
             host = addresses[r.inputs["connection"]["host"]]
         create = as_rendered(r.inputs["create"])

@@ -125,6 +125,22 @@ def test_which_actions_restart_a_unit(old, new, restarted):
     assert review.restarted_units(new, old, lambda p: "unit=u.service\n" if p == "/s.sh" else None) == restarted
 
 
+def test_a_driver_change_rolls_and_restarts_each_serving_host_s_instances():
+    old, new = stack_config("prod-b300"), stack_config("prod-b300")
+    new.setdefault("glm-infra:drivers", {})["version"] = "580.172.08"
+    c = review.compare("prod-b300", rendering(old), rendering(new))
+    rerun = {(s.host, s.step) for s in c.steps if s.change == "re-runs"}
+    assert {("b300-1", "host-drain"), ("b300-1", "turn-acquire"), ("b300-3", "host-return")} <= rerun
+    assert {u for _, u, _ in restarts(c)} == {"glm-vllm-prefill-0.service", "glm-vllm-prefill-1.service",
+                                              "glm-vllm-prefill-2.service", "glm-vllm-prefill-3.service",
+                                              "glm-vllm-decode-0.service"}
+    # A vLLM flag rolls nothing.
+    flag = stack_config("prod-b300")
+    flag["glm-infra:decode"]["maxNumBatchedTokens"] = 2048
+    c = review.compare("prod-b300", rendering(old), rendering(flag))
+    assert not any(s.step.startswith(("host-", "turn-")) for s in c.steps)
+
+
 def test_a_packaged_service_restarts_when_its_configuration_changed():
     def script(digest: str) -> str:
         return f"services=(prometheus prometheus-alertmanager )\nconfig_digest={digest}\n"

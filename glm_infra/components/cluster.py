@@ -26,6 +26,7 @@ from .drivers import Drivers, DriversArgs
 from .host import Host, HostArgs
 from .host_step import HostStep, HostStepArgs
 from .monitoring import STEP_KEYS, MonitoredHost, Monitoring, MonitoringArgs
+from .remote_step import run_step
 from .router import Router, RouterArgs
 from .vllm_service import VllmService, VllmServiceArgs
 from .weights import ModelWeights, ModelWeightsArgs, WeightsHost
@@ -87,6 +88,10 @@ class _Deployment(pulumi.ComponentResource):
         self._private_key = pulumi.Output.secret(key if key is not None else
                                                  _read_key(self._split.private_key_path or "", source))
         self.hosts: dict[str, Host] = {}
+        self._roll_groups = topology.rolling(self.stack, self.plan)
+        self._turns: dict[str, pulumi.Resource] = {}  # host → its turn-acquire
+        self._drains: dict[str, pulumi.Resource] = {}
+        self._warn_interrupting()
         chains = {h.name: self._provision(name, self.steps[h.name]) for h in self.plan.hosts if self.mine(h.name)}
         self.hosts = {n: c.host for n, c in chains.items()}
         self.weights: ModelWeights | None = self._stage_weights(name, chains)
@@ -94,6 +99,14 @@ class _Deployment(pulumi.ComponentResource):
         self.facts = pulumi.Output.all(**{n: c.facts or c.host.facts for n, c in chains.items()})
 
     # --- helpers -----------------------------------------------------------------------------------
+
+    def _warn_interrupting(self) -> None:
+        """Say, in every preview and up, which pools a disruptive host change would take down whole (the
+        program cannot tell whether this run changes a driver: the warning stands for the topology)."""
+        if not self.plan.serve:
+            return
+        for note in topology.rolling_notes(self.stack, self.plan, interrupting=True):
+            pulumi.log.warn(f"host changes (driver upgrade with reboot, RDMA): {note}", self)
 
     def mine(self, host: str) -> bool:
         """Whether this component deploys ``host`` (``only_hosts``: the others belong to another stack)."""
@@ -139,10 +152,21 @@ class _Deployment(pulumi.ComponentResource):
         previous: pulumi.Resource = host.preflight
         conn = host.connection
         if h.provisioned:
+            before_drivers: pulumi.Resource = host.preflight
+            if "host-drain" in s:
+                # A disruptive change rolls: this host's turn in its pools, then its instances drained.
+                after = [self._turns[x] for x in topology.roll_predecessors(self._roll_groups, h.name)
+                         if x in self._turns]
+                acquire = run_step(f"{name}-{h.name}-turn-acquire", s["turn-acquire"], None, self,
+                                   live=self.live(h.name, "turn-acquire"), depends_on=[host.preflight, *after])
+                self._turns[h.name] = acquire
+                before_drivers = run_step(f"{name}-{h.name}-host-drain", s["host-drain"], conn, self,
+                                          live=self.live(h.name, "host-drain"), depends_on=[acquire])
+                self._drains[h.name] = before_drivers
             drivers = Drivers(
                 f"{name}-{h.name}-drivers",
                 DriversArgs(conn, hostplan_subset(s, "drivers-"), self.lives(h.name, [k for k in s if k.startswith("drivers-")])),
-                pulumi.ResourceOptions(parent=self, depends_on=[host.preflight]),
+                pulumi.ResourceOptions(parent=self, depends_on=[before_drivers]),
             )
             after_drivers: pulumi.Resource = drivers
             if "firewall" in s:
@@ -153,6 +177,14 @@ class _Deployment(pulumi.ComponentResource):
             rdma = self._host_step(f"{name}-{h.name}-rdma", "setup", conn, s["rdma"], h.name, [], [gate], "Rdma")
             previous = self._host_step(f"{name}-{h.name}-nixl", "ucx-env", conn, s["ucx-env"], h.name, [], [rdma],
                                        "Nixl")
+            if "host-return" in s:
+                # Back in service (healthy in the router), then the turn goes to the next host.
+                back = run_step(f"{name}-{h.name}-host-return", s["host-return"], conn, self,
+                                live=self.live(h.name, "host-return"), triggers=[self._drains[h.name].stdout],
+                                depends_on=[previous])
+                previous = run_step(f"{name}-{h.name}-turn-release", s["turn-release"], None, self,
+                                    live=self.live(h.name, "turn-release"), triggers=[self._turns[h.name].stdout],
+                                    depends_on=[back])
             # The host as provisioned (driver answering, RDMA up): read again whenever the driver,
             # the gate or the RDMA step ran again.
             chain.facts = host.read_facts(
@@ -315,8 +347,6 @@ class Cluster(_Deployment):
             last_of_pool[inst.role] = svc
 
         # A host's old revision goes once every instance on that host serves the new one.
-        from .remote_step import run_step
-
         for h in plan.serving_hosts:
             if "prune-weights" in self.steps[h.name].steps and self.mine(h.name):
                 run_step(f"{name}-{h.name}-prune-weights", self.steps[h.name].steps["prune-weights"],

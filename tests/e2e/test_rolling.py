@@ -1,0 +1,162 @@
+"""A driver upgrade that reboots rolls through each pool, under load through the router.
+
+The sim stack laid out so that every pool has two hosts: prefill and decode both on sim-1 and sim-2 (one
+DP4 instance of each per host, 8 GPUs per host), the router and the monitoring on sim-3 (which runs no
+instance, so nothing rolls there). A client sends ~2 requests/s through the router's public port while
+the driver moves to the stand-in repository's other version; each host drains (its instances stopped,
+the router marking them down), reboots, comes back healthy in the router, and only then does the next
+host start. The failed requests are counted and printed (goal 0).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import ssl
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from e2e.harness import ROOT, on_host, sh
+
+ROUTER = "https://10.88.0.13:8000"
+ROLLING = ("sim-1", "sim-2")
+NEW_DRIVER = "580.172.08"  # the stand-in apt repository's second driver version
+CLIENT: dict = {}
+
+
+def chat(text: str, timeout: int = 60) -> dict:
+    req = urllib.request.Request(
+        f"{ROUTER}/v1/chat/completions",
+        data=json.dumps({"model": "glm-5.2", "messages": [{"role": "user", "content": text}]}).encode(),
+        headers={"content-type": "application/json", "authorization": f"Bearer {CLIENT['key']}"})
+    with urllib.request.urlopen(req, timeout=timeout, context=ssl.create_default_context(cadata=CLIENT["ca"])) as r:
+        return json.load(r)
+
+
+def roll_records(host: str) -> list[tuple[float, str]]:
+    """roll.sh's record of each phase on ``host``: (time, phase)."""
+    out = on_host(host, "cat /var/lib/glm-infra/roll.log 2>/dev/null || true")
+    return [(float(t), phase) for t, _, phase, _ in (line.split() for line in out.splitlines() if line.strip())]
+
+
+def booted_at(host: str) -> float:
+    """When the host's systemd last started (the reboot)."""
+    return float(on_host(host, "date -d \"$(systemctl show -p UserspaceTimestamp --value)\" +%s").strip())
+
+
+def plan_text() -> str:
+    p = sh(f"{ROOT}/venv/bin/python -c 'import sys; sys.argv = [\"glm-infra\", \"plan\", \"sim\"]; "
+           "from glm_infra.cli import main; sys.exit(main())'")
+    return p.stdout
+
+
+MIRROR = ("/etc/apt/sources.list.d/glm-sim-mirror.list", "/usr/share/keyrings/glm-sim-mirror.gpg")
+
+
+@pytest.fixture
+def router_host_mirror():
+    """sim-3 serves no model, so no driver step adds the stand-in repository there: give it the machine's
+    repository as its distribution mirror (nginx, nftables, Prometheus), as a real router host has one."""
+    on_host("sim-3", "curl -fsSL http://10.88.0.1:8088/apt/glm-sim-archive.pub | gpg --dearmor > "
+                     f"{MIRROR[1]} && echo 'deb [signed-by={MIRROR[1]}] http://10.88.0.1:8088/apt/ ./' > {MIRROR[0]} "
+                     "&& apt-get update -qq")
+    try:
+        yield
+    finally:
+        on_host("sim-3", f"rm -f {' '.join(MIRROR)}", check=False)
+
+
+def test_rolling_driver_upgrade_under_load(stack, router_host_mirror):
+    for key, value in (("prefill.instancesPerHost", "1"), ("decode.hosts[0]", "sim-1"),
+                       ("decode.hosts[1]", "sim-2"), ("decode.dp", "4")):
+        stack.config_set(f"glm-infra:{key}", value)
+    plan = plan_text()
+    assert "prefill: 2 hosts, 1 at a time (maxUnavailable 1), each drained and healthy again before the next: " \
+           "sim-1, then sim-2" in plan, plan
+    assert "decode: 2 hosts, 1 at a time" in plan and "interrupted" not in plan, plan
+    first = stack.up()
+    assert "interrupted" not in first.stdout, "no pool is interrupted: no warning"
+    out = stack.outputs()
+    CLIENT.update(key=out["routerApiKey"], ca=out["routerCaCertificate"])
+    deadline = time.monotonic() + 120
+    while True:  # the router sees every worker healthy
+        try:
+            chat("before the upgrade")
+            break
+        except (urllib.error.URLError, OSError):
+            assert time.monotonic() < deadline, "the router serves after the first up"
+            time.sleep(2)
+    boots = {h: booted_at(h) for h in ROLLING}
+    stack.config_set("glm-infra:drivers.version", NEW_DRIVER)
+    preview = stack.preview_json()
+    changed = {s["urn"].split("::")[-1] for s in preview.get("steps", []) if s.get("op") not in ("same", "read")}
+    for h in ROLLING:
+        assert {f"glm-{h}-{k}" for k in ("turn-acquire", "host-drain", "drivers-install", "host-return",
+                                         "turn-release")} <= changed, changed
+    assert not any(k.endswith(("-unit", "-rollout")) for k in changed), "no instance is restarted by a resource"
+
+    failures: list[str] = []
+    sent = [0]
+    done = threading.Event()
+
+    def load() -> None:  # ~2 requests/s through the router's public port while the hosts roll
+        while not done.is_set():
+            t0 = time.monotonic()
+            sent[0] += 1
+            try:
+                chat(f"request {sent[0]}")
+            except (urllib.error.URLError, OSError, ValueError) as e:
+                failures.append(f"{time.time():.1f} request {sent[0]}: {e}")
+            time.sleep(max(0.0, 0.5 - (time.monotonic() - t0)))
+
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    t_up = time.time()
+    try:
+        up = stack.up()
+        time.sleep(2)
+    finally:
+        done.set()
+        worker.join(timeout=120)
+    took = time.time() - t_up
+    print(f"\nrolling driver upgrade: {sent[0]} requests in {took:.0f} s, {len(failures)} failed", file=sys.stderr)
+    for f in failures:
+        print(f"  {f}", file=sys.stderr)
+
+    # Each host rebooted once, inside its own turn; the turns did not overlap, in pool order.
+    phases = {h: dict((p, t) for t, p in roll_records(h) if t >= t_up) for h in ROLLING}
+    for h in ROLLING:
+        ph = phases[h]
+        assert {"drain-start", "stopped", "drained", "return-start", "returned"} <= set(ph), (h, ph)
+        boot = booted_at(h)
+        assert boot > boots[h], f"{h} rebooted"
+        assert ph["stopped"] < boot < ph["return-start"] < ph["returned"], (h, ph, boot)
+        assert on_host(h, "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u").strip() == NEW_DRIVER
+    for h in ROLLING:  # the timeline, seconds from the start of the up
+        print(f"  {h}: " + ", ".join(f"{p} {t - t_up:.1f}" for p, t in sorted(phases[h].items(), key=lambda x: x[1]))
+              + f", boot {booted_at(h) - t_up:.1f}", file=sys.stderr)
+    for line in up.stdout.splitlines():
+        if ": roll: " in line or ": turn: " in line:
+            print(f"  {line.strip()[-160:]}", file=sys.stderr)
+    first_host, second_host = sorted(ROLLING, key=lambda h: phases[h]["drain-start"])
+    assert first_host == "sim-1", "in pool order"
+    assert phases[first_host]["returned"] < phases[second_host]["drain-start"], \
+        f"no two hosts of a pool down together: {phases}"
+    assert up.stdout.count(f"the loaded kernel module is not {NEW_DRIVER}: reboot required") == 2
+    for h in ROLLING:
+        assert re.search(rf"{h}: roll: the router marks (http://\S+ )+down", up.stdout), f"{h}: drained in the router"
+        assert re.search(rf"{h}: roll: the router marks (http://\S+ )+healthy", up.stdout), f"{h}: back in the router"
+        assert f"{h}: turn: prefill/slot-0 taken" in up.stdout
+    assert sent[0] >= 20
+    assert not failures, f"{len(failures)} of {sent[0]} requests failed during the roll: {failures[:10]}"
+
+    # Nothing pending, nothing left drained, no turn left held.
+    sh("pulumi preview -s sim --expect-no-changes --non-interactive")
+    for h in ROLLING:
+        assert "nothing drained" in on_host(h, "/usr/local/libexec/glm-infra/roll.sh check")
+    chat("after the upgrade")
