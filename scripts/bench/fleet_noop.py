@@ -3,7 +3,8 @@ asserted) and `pulumi preview` of the deployed stack (what a pull request's revi
 over --runs, for prod-b300's settings on N hosts (benchlib.b300_fleet: two thirds prefill, the rest
 decode, the router on the first decode host).
 
-    venv/bin/python scripts/bench/fleet_noop.py [--hosts 96] [--runs 3] [--first-runs 1] [--json FILE]
+    venv/bin/python scripts/bench/fleet_noop.py [--hosts 96] [--runs 3] [--first-runs 1]
+                                                [--first-up-skip-checkpoints] [--json FILE]
 
 The hosts are stand-ins, local only: one throwaway container (systemd-nspawn, the simulated hosts'
 read-only image, the machine's network) runs sshd on loopback addresses 127.77.x.y, one port, with
@@ -169,15 +170,15 @@ def summary_counts(stdout: str) -> dict[str, int]:
     return out
 
 
-def timed(project: Project, args: str, standins: StandinHosts) -> dict:
+def timed(project: Project, args: str, standins: StandinHosts, env_prefix: str = "") -> dict:
     sent0, busy0, cpu0 = standins.commands(), machine_busy(), children_cpu()
-    t, p = project.pulumi(args)
+    t, p = project.pulumi(args, env_prefix=env_prefix)
     busy, cpu = machine_busy() - busy0, children_cpu() - cpu0
     return {"s": t, **summary_counts(p.stdout), "ssh_commands": standins.commands() - sent0,
             "pulumi_cpu_s": cpu, "machine_busy_of_2_cores": busy / (2 * t)}
 
 
-def bench(n: int, runs: int, first_runs: int) -> dict:
+def bench(n: int, runs: int, first_runs: int, first_env: str = "") -> dict:
     project = Project()
     stack = f"b300-{n}h-standin"
     out: dict = {"hosts": n, "first": [], "noop": [], "preview": []}
@@ -193,9 +194,9 @@ def bench(n: int, runs: int, first_runs: int) -> dict:
             for run in range(first_runs):
                 if run:
                     project.pulumi(f"destroy -s {stack} --yes --skip-preview --non-interactive")
-                r = timed(project, up, standins)
+                r = timed(project, up, standins, first_env)
                 out["first"].append(r)
-                print(f"  {n} hosts, first up {run + 1}: {r['s']:.1f}s, {r['created']} created, "
+                print(f"  {n} hosts, {first_env}first up {run + 1}: {r['s']:.1f}s, {r['created']} created, "
                       f"{r['ssh_commands']} SSH commands, pulumi CPU {r['pulumi_cpu_s']:.0f}s, "
                       f"machine busy {r['machine_busy_of_2_cores']:.0%} of 2 cores", flush=True)
             # Alternated, so a run cut short still has figures of both.
@@ -221,6 +222,10 @@ def main() -> int:
     ap.add_argument("--hosts", default="96", help="fleet sizes, comma-separated (e.g. 16,96)")
     ap.add_argument("--runs", type=int, default=3, help="runs of the no-op up and of the preview")
     ap.add_argument("--first-runs", type=int, default=1, help="runs of the first up (each after a destroy)")
+    ap.add_argument("--first-up-skip-checkpoints", action="store_true",
+                    help="the first up with PULUMI_SKIP_CHECKPOINTS=true: the engine writes the whole state after "
+                         "every step, which grows with the square of the resources (a 96-host first up: hours "
+                         "here); the no-op up and the preview are always plain")
     ap.add_argument("--json", metavar="FILE", help="also write every run's figures here")
     args = ap.parse_args()
     # A SIGTERM unwinds like Ctrl-C: the stand-ins' container is killed and the project removed.
@@ -232,11 +237,13 @@ def main() -> int:
           "(the machine is shared with other work: noisy figures)", flush=True)
     results = []
     for n in sizes:
-        results.append(bench(n, args.runs, args.first_runs))
+        results.append(bench(n, args.runs, args.first_runs,
+                             "PULUMI_SKIP_CHECKPOINTS=true " if args.first_up_skip_checkpoints else ""))
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=1))
     print(f"\nstand-in hosts (loopback sshd, no command run); medians over {args.first_runs} first up(s) and "
-          f"{args.runs} run(s) of the rest; machine busy = every user of the 2 cores")
+          f"{args.runs} run(s) of the rest; machine busy = every user of the 2 cores"
+          + ("; the first up with PULUMI_SKIP_CHECKPOINTS=true" if args.first_up_skip_checkpoints else ""))
     print("| hosts | resources (per host) | first `pulumi up` | no-op `pulumi up` | `pulumi preview` (deployed) "
           "| changes | SSH commands: first / no-op / preview |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
