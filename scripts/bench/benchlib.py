@@ -3,6 +3,7 @@ environment of scripts/lib/pulumi-env.sh, the simulated hosts, and medians."""
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import os
 import shutil
@@ -85,3 +86,18 @@ def sim_config(n_hosts: int, subnet: str = "10.88.0.0/24", prefix: str = "sim") 
 def sim(command: str, stack_file: Path) -> None:
     subprocess.run([str(ROOT / "scripts/sim"), "--stack", str(stack_file), command], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def b300_fleet(n_hosts: int, address=lambda i: f"10.0.{i // 200}.{i % 200 + 10}") -> dict:
+    """prod-b300's settings on n hosts b300-000…: the first two thirds prefill (2 × TP1 DP4 EP each),
+    the rest decode (TP1 DP8 EP), the router on the first decode host; ``address(i)`` of host i.
+    96 hosts: 64 prefill, 32 decode (the fleet-sized preview's stack)."""
+    cfg = copy.deepcopy(yaml.safe_load((ROOT / "stacks/Pulumi.prod-b300.yaml").read_text())["config"])
+    nics = cfg["glm-infra:hosts"][0]["computeNics"]
+    names = [f"b300-{i:03d}" for i in range(n_hosts)]
+    cfg["glm-infra:hosts"] = [{"name": name, "address": address(i), "computeNics": nics} for i, name in enumerate(names)]
+    n_prefill = n_hosts * 2 // 3
+    cfg["glm-infra:prefill"]["hosts"] = names[:n_prefill]
+    cfg["glm-infra:decode"]["hosts"] = names[n_prefill:]
+    cfg["glm-infra:router"]["host"] = names[n_prefill]
+    return cfg

@@ -11,14 +11,13 @@
 from __future__ import annotations
 
 import argparse
-import copy
 import re
 import subprocess
 import sys
 
 import yaml
 
-from benchlib import ROOT, Project, median, sim, sim_config
+from benchlib import ROOT, Project, b300_fleet, median, sim, sim_config
 
 
 def first_and_noop_up(n_hosts: int, runs: int) -> tuple[list[float], list[float], list[int]]:
@@ -47,19 +46,6 @@ def first_and_noop_up(n_hosts: int, runs: int) -> tuple[list[float], list[float]
     return firsts, noops, changes
 
 
-def hosts_96() -> dict:
-    """prod-b300's settings on 96 hosts: 64 prefill hosts (2 × TP1 DP4 EP each), 32 decode hosts."""
-    cfg = copy.deepcopy(yaml.safe_load((ROOT / "stacks/Pulumi.prod-b300.yaml").read_text())["config"])
-    nics = cfg["glm-infra:hosts"][0]["computeNics"]
-    cfg["glm-infra:hosts"] = [
-        {"name": f"b300-{i:03d}", "address": f"10.0.{i // 200}.{i % 200 + 10}", "computeNics": nics} for i in range(96)
-    ]
-    cfg["glm-infra:prefill"]["hosts"] = [f"b300-{i:03d}" for i in range(64)]
-    cfg["glm-infra:decode"]["hosts"] = [f"b300-{i:03d}" for i in range(64, 96)]
-    cfg["glm-infra:router"]["host"] = "b300-064"
-    return cfg
-
-
 def preview_times(runs: int) -> dict[str, list[float]]:
     """Median previews; the 96-host stack also with PULUMI_SKIP_CHECKPOINTS=true: the engine
     serializes its whole snapshot after every step, even in a preview, which grows with n²."""
@@ -69,8 +55,8 @@ def preview_times(runs: int) -> dict[str, list[float]]:
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(project.home / ".ssh/glm-infra_ed25519")],
                        check=True)
         prod = yaml.safe_load((ROOT / "stacks/Pulumi.prod-b300.yaml").read_text())["config"]
-        cases = [("prod-b300", prod, runs, ""), ("b300-96hosts", hosts_96(), 1, ""),
-                 ("b300-96hosts", hosts_96(), runs, "PULUMI_SKIP_CHECKPOINTS=true ")]
+        cases = [("prod-b300", prod, runs, ""), ("b300-96hosts", b300_fleet(96), 1, ""),
+                 ("b300-96hosts", b300_fleet(96), runs, "PULUMI_SKIP_CHECKPOINTS=true ")]
         for stack, cfg, n, env in cases:
             if not (project.dir / "stacks" / f"Pulumi.{stack}.yaml").exists():
                 project.write_stack(stack, cfg)
