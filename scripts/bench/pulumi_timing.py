@@ -11,7 +11,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import resource
 import subprocess
 import sys
 
@@ -46,28 +48,38 @@ def first_and_noop_up(n_hosts: int, runs: int) -> tuple[list[float], list[float]
     return firsts, noops, changes
 
 
-def preview_times(runs: int) -> dict[str, list[float]]:
-    """Median previews; the 96-host stack also with PULUMI_SKIP_CHECKPOINTS=true: the engine
-    serializes its whole snapshot after every step, even in a preview, which grows with n²."""
+def preview_times(runs: int, fleet_hosts: list[int], cli: str = "") -> dict[str, list[float]]:
+    """Median previews of prod-b300 and of fleet stacks (``b300_fleet``), these also with
+    PULUMI_SKIP_CHECKPOINTS=true. ``cli``: another pulumi binary's folder (with a trailing /), to set
+    one engine release beside another (Pulumi 3.274 serializes its whole snapshot after every step of
+    a preview, which grows with n²; 3.260 does not)."""
     out: dict[str, list[float]] = {}
     project = Project()
     try:
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(project.home / ".ssh/glm-infra_ed25519")],
                        check=True)
         prod = yaml.safe_load((ROOT / "stacks/Pulumi.prod-b300.yaml").read_text())["config"]
-        cases = [("prod-b300", prod, runs, ""), ("b300-96hosts", b300_fleet(96), 1, ""),
-                 ("b300-96hosts", b300_fleet(96), runs, "PULUMI_SKIP_CHECKPOINTS=true ")]
+        cases = [("prod-b300", prod, runs, "")]
+        for n_hosts in fleet_hosts:
+            cases += [(f"b300-{n_hosts}hosts", b300_fleet(n_hosts), runs, ""),
+                      (f"b300-{n_hosts}hosts", b300_fleet(n_hosts), 1, "PULUMI_SKIP_CHECKPOINTS=true ")]
         for stack, cfg, n, env in cases:
             if not (project.dir / "stacks" / f"Pulumi.{stack}.yaml").exists():
                 project.write_stack(stack, cfg)
                 project.init(stack)
-            times = []
+            times, cpu = [], []
             for _ in range(n):
-                t, p = project.pulumi(f"preview -s {stack} --non-interactive", env_prefix=env)
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                t, p = project.pulumi(f"preview -s {stack} --non-interactive", env_prefix=env + cli)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
                 times.append(t)
+                cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
             creates = p.stdout.split("Resources:")[-1].strip().splitlines()[0].strip()
+            count = int(re.search(r"\+ (\d+) to create", p.stdout).group(1))
+            hosts = len(cfg["glm-infra:hosts"])
             label = f"{env}{stack}"
-            print(f"  preview {label}: {', '.join(f'{t:.1f}s' for t in times)} ({creates})", flush=True)
+            print(f"  preview {label}: {', '.join(f'{t:.1f}s' for t in times)} ({creates}; {count / hosts:.1f} per host; "
+                  f"CPU {', '.join(f'{c:.0f}s' for c in cpu)}; load {os.getloadavg()[0]:.1f})", flush=True)
             out[label] = times
     finally:
         project.cleanup()
@@ -78,6 +90,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--skip-up", action="store_true", help="only the preview timings (no simulated hosts)")
+    ap.add_argument("--preview-hosts", default="96", help="fleet stacks to preview, host counts: 24,96")
+    ap.add_argument("--cli", default="", help="folder of another pulumi binary to preview with (default: the pinned one)")
     args = ap.parse_args()
     rows = []
     if not args.skip_up:
@@ -89,7 +103,8 @@ def main() -> int:
             ("no-op pulumi up, 3 hosts", f"{median(n3):.1f} s",
              f"{median(n3) / median(f3):.0%} of the first up (goal ≤ 15%); changes: {max(c1 + c3)}"),
         ]
-    previews = preview_times(args.runs)
+    previews = preview_times(args.runs, [int(n) for n in args.preview_hosts.split(",")],
+                             f"{args.cli.rstrip('/')}/" if args.cli else "")
     rows += [(f"pulumi preview {k}", f"{median(v):.1f} s", "") for k, v in previews.items()]
     print(f"\nmedians over {args.runs} runs")
     print("| measurement | median | note |\n| --- | --- | --- |")
