@@ -102,6 +102,8 @@ def test_the_roll_steps_frame_the_disruptive_ones_and_only_on_serving_hosts():
         < i("host-return") < i("turn-release") < i("runtime")
     hs = hostplan.host_steps(stack, p, p.host("b300-1"), stack_name="prod-b300").steps
     assert hs["turn-acquire"].local and hs["turn-release"].local and not hs["host-drain"].local
+    assert hs["host-drain"].delete == ("rm -f /usr/local/libexec/glm-infra/roll.sh /var/lib/glm-infra/roll-drained "
+                                       "/var/lib/glm-infra/roll-done /var/lib/glm-infra/roll.log")
     # The waits come from the step timeouts and the router's health checking, not constants.
     acquire_s = int(hs["turn-acquire"].timeout.removesuffix("s"))
     assert acquire_s > 1800 + 1200 + stack.drivers.reboot_timeout + render.SERVICE_START_TIMEOUT_S
