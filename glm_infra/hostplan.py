@@ -141,7 +141,9 @@ def roll_steps(stack: StackConfig, plan: Plan, h: HostPlan, stack_name: str,
     before = [
         Step("turn-acquire", first, stdin=lease, update=f"bash -s acquire {roll}", local=True,
              timeout=f"{wait_s + 120}s"),
-        Step("host-drain", f"{install} && {path} record {roll}", f"rm -f {path}", script,
+        # Destroy leaves no trace of the rolls (the instances themselves are removed by their own steps).
+        Step("host-drain", f"{install} && {path} record {roll}",
+             f"rm -f {path} {paths.DRAINED} {paths.ROLLED} {paths.ROLL_LOG}", script,
              update=f"{install} && {path} drain {roll}", timeout=f"{wait_s + stop_s + down_s + 120}s",
              files=(RenderedFile(path, script, 0o755),), check=f"{path} check"),
     ]

@@ -162,6 +162,16 @@ def test_a_host_change_rolls_through_each_pool(key_file):
     assert any("decode: interrupted: its only host, b300-3, goes down" in m for m in run.logs), run.logs
 
 
+def test_the_turns_follow_the_pool_order_not_the_host_order(key_file, tmp_path):
+    cfg = yaml.safe_load(stack_file("prod-b300").read_text())
+    cfg["config"]["glm-infra:prefill"]["hosts"] = ["b300-2", "b300-1"]
+    f = tmp_path / "Pulumi.prod-b300.yaml"
+    f.write_text(yaml.safe_dump(cfg))
+    run = run_program(f, key_file)
+    assert run.urn("glm-b300-2-turn-acquire") in run.get("glm-b300-1-turn-acquire").dependencies
+    assert not any("b300-1" in d for d in run.get("glm-b300-2-turn-acquire").dependencies)
+
+
 def test_only_disruptive_changes_roll(key_file, tmp_path):
     """The roll's digest moves with the driver version and the RDMA settings, not with a vLLM flag or the
     health gate's timeout."""

@@ -102,6 +102,8 @@ def test_the_roll_steps_frame_the_disruptive_ones_and_only_on_serving_hosts():
         < i("host-return") < i("turn-release") < i("runtime")
     hs = hostplan.host_steps(stack, p, p.host("b300-1"), stack_name="prod-b300").steps
     assert hs["turn-acquire"].local and hs["turn-release"].local and not hs["host-drain"].local
+    assert hs["host-drain"].delete == ("rm -f /usr/local/libexec/glm-infra/roll.sh /var/lib/glm-infra/roll-drained "
+                                       "/var/lib/glm-infra/roll-done /var/lib/glm-infra/roll.log")
     # The waits come from the step timeouts and the router's health checking, not constants.
     acquire_s = int(hs["turn-acquire"].timeout.removesuffix("s"))
     assert acquire_s > 1800 + 1200 + stack.drivers.reboot_timeout + render.SERVICE_START_TIMEOUT_S
@@ -175,7 +177,7 @@ def test_the_wait_for_a_turn_is_bounded_and_names_the_holder(leases):
     assert leases("b300-1", "acquire").returncode == 0  # held by this test's process: alive
     t0 = time.monotonic()
     r = leases("b300-2", "acquire", wait_s=3)
-    assert r.returncode == 1 and 3 <= time.monotonic() - t0 < 20
+    assert r.returncode == 1 and 3 <= time.monotonic() - t0 < 60, (r.stdout, r.stderr)
     assert f"b300-2: turn: no turn in prefill after 3s (one roll's step timeouts): slot-0: b300-1 (pid {os.getpid()}" \
         in r.stderr
     assert "rm " in r.stderr and str(leases.root) in r.stderr

@@ -92,7 +92,12 @@ class _Deployment(pulumi.ComponentResource):
         self._turns: dict[str, pulumi.Resource] = {}  # host → its turn-acquire
         self._drains: dict[str, pulumi.Resource] = {}
         self._warn_interrupting()
-        chains = {h.name: self._provision(name, self.steps[h.name]) for h in self.plan.hosts if self.mine(h.name)}
+        # Registered in the order of the hosts' turns, so each turn-acquire can name the previous turn's.
+        turn = {h: max((k for g in self._roll_groups for k, t in enumerate(g.turns) if h in t), default=0)
+                for h in (x.name for x in self.plan.hosts)}
+        made = {h.name: self._provision(name, self.steps[h.name])
+                for h in sorted(self.plan.hosts, key=lambda x: turn[x.name]) if self.mine(h.name)}
+        chains = {h.name: made[h.name] for h in self.plan.hosts if h.name in made}
         self.hosts = {n: c.host for n, c in chains.items()}
         self.weights: ModelWeights | None = self._stage_weights(name, chains)
         self._chains = chains

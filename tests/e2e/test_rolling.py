@@ -61,14 +61,17 @@ MIRROR = ("/etc/apt/sources.list.d/glm-sim-mirror.list", "/usr/share/keyrings/gl
 @pytest.fixture
 def router_host_mirror():
     """sim-3 serves no model, so no driver step adds the stand-in repository there: give it the machine's
-    repository as its distribution mirror (nginx, nftables, Prometheus), as a real router host has one."""
-    on_host("sim-3", "curl -fsSL http://10.88.0.1:8088/apt/glm-sim-archive.pub | gpg --dearmor > "
-                     f"{MIRROR[1]} && echo 'deb [signed-by={MIRROR[1]}] http://10.88.0.1:8088/apt/ ./' > {MIRROR[0]} "
-                     "&& apt-get update -qq")
+    repository as its distribution mirror (nginx, nftables, Prometheus), as a real router host has one
+    (unless an earlier module's driver step left it there: destroy keeps the held driver's repository)."""
+    added = on_host("sim-3", "grep -rqs 10.88.0.1:8088/apt /etc/apt/sources.list.d/ && echo kept || { "
+                             "curl -fsSL http://10.88.0.1:8088/apt/glm-sim-archive.pub | gpg --dearmor 2>/dev/null > "
+                             f"{MIRROR[1]} && echo 'deb [signed-by={MIRROR[1]}] http://10.88.0.1:8088/apt/ ./' > "
+                             f"{MIRROR[0]} && apt-get update -qq && echo added; }}").strip() == "added"
     try:
         yield
     finally:
-        on_host("sim-3", f"rm -f {' '.join(MIRROR)}", check=False)
+        if added:
+            on_host("sim-3", f"rm -f {' '.join(MIRROR)}", check=False)
 
 
 def test_rolling_driver_upgrade_under_load(stack, router_host_mirror):
