@@ -387,7 +387,7 @@ def test_corrupted_shard_is_repaired_from_the_seed(stack):
     stack.config_set("glm-infra:model.verify", "after-corruption")
     before = all_starts()
     out = stack.up()
-    assert "model-00003-of-00008.safetensors: does not match the seed's sha256, copying it again" in out.stdout
+    assert "model-00003-of-00008.safetensors: does not match its sha256, copying it again" in out.stdout
     assert all_starts() == before, "re-verifying the weights restarts no service"
     source_gets = [l for l in open(MODEL_LOG).read().splitlines()[gets_before:] if "safetensors" in l]
     assert source_gets == [], "the repair came from the seed, not the source"
