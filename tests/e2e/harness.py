@@ -8,8 +8,14 @@ import os
 import re
 import shlex
 import shutil
+import ssl
 import subprocess
 import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,6 +123,48 @@ def make_revision(revision: str) -> None:
     subprocess.run([sys.executable, str(ROOT / "scripts/standins/make-checkpoint"),
                     os.path.expanduser("~/.cache/glm-infra/sim/models/GLM-5.2-NVFP4"), "--revision", revision,
                     "--shards", "8", "--shard-mb", "16"], check=True, capture_output=True)
+
+
+def router_chat(router: str, key: str, context: ssl.SSLContext, text: str, timeout: int) -> dict:
+    """One chat completion through the router's public port (TLS, API key)."""
+    req = urllib.request.Request(
+        f"{router}/v1/chat/completions",
+        data=json.dumps({"model": "glm-5.2", "messages": [{"role": "user", "content": text}]}).encode(),
+        headers={"content-type": "application/json", "authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
+        return json.load(r)
+
+
+@dataclass
+class Load:
+    sent: int = 0
+    failures: list[str] | None = None
+
+
+@contextmanager
+def steady_load(send: Callable[[str], object], per_second: float = 2.0):
+    """``send`` called ``per_second`` times a second in a thread while the block runs; what it
+    sent and what failed (with the time) are in the Load yielded. Stopped when the block ends."""
+    load = Load(failures=[])
+    done = threading.Event()
+
+    def run() -> None:
+        while not done.is_set():
+            t0 = time.monotonic()
+            load.sent += 1
+            try:
+                send(f"request {load.sent}")
+            except (urllib.error.URLError, OSError, ValueError) as e:
+                load.failures.append(f"{time.time():.1f} request {load.sent}: {e}")
+            time.sleep(max(0.0, 1 / per_second - (time.monotonic() - t0)))
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    try:
+        yield load
+    finally:
+        done.set()
+        worker.join(timeout=120)
 
 
 @contextmanager

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from e2e.harness import (ROOT, SIM_STACK, assert_clean, make_revision, on_host, sh, throttle_model_source,
+from e2e.harness import (ROOT, SIM_STACK, assert_clean, make_revision, on_host, router_chat, sh, throttle_model_source,
                          up_in_background)
 
 HOSTS = ("sim-1", "sim-2", "sim-3")
@@ -94,12 +94,7 @@ def assert_no_secret_anywhere(phase: str, tmp_path: Path) -> None:
 
 
 def chat(text: str, timeout: int = 30) -> dict:
-    req = urllib.request.Request(
-        f"{ROUTER}/v1/chat/completions",
-        data=json.dumps({"model": "glm-5.2", "messages": [{"role": "user", "content": text}]}).encode(),
-        headers={"content-type": "application/json", "authorization": f"Bearer {SECRETS['key']}"})
-    with urllib.request.urlopen(req, timeout=timeout, context=ssl.create_default_context(cadata=SECRETS["ca"])) as r:
-        return json.load(r)
+    return router_chat(ROUTER, SECRETS["key"], ssl.create_default_context(cadata=SECRETS["ca"]), text, timeout)
 
 
 def serves_within(seconds: float, what: str) -> float:

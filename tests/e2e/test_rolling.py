@@ -10,18 +10,15 @@ host start. The failed requests are counted and printed (goal 0).
 
 from __future__ import annotations
 
-import json
 import re
 import ssl
 import sys
-import threading
 import time
 import urllib.error
-import urllib.request
 
 import pytest
 
-from e2e.harness import ROOT, on_host, sh
+from e2e.harness import ROOT, on_host, router_chat, sh, steady_load
 
 ROUTER = "https://10.88.0.13:8000"
 ROLLING = ("sim-1", "sim-2")
@@ -30,12 +27,7 @@ CLIENT: dict = {}
 
 
 def chat(text: str, timeout: int = 60) -> dict:
-    req = urllib.request.Request(
-        f"{ROUTER}/v1/chat/completions",
-        data=json.dumps({"model": "glm-5.2", "messages": [{"role": "user", "content": text}]}).encode(),
-        headers={"content-type": "application/json", "authorization": f"Bearer {CLIENT['key']}"})
-    with urllib.request.urlopen(req, timeout=timeout, context=ssl.create_default_context(cadata=CLIENT["ca"])) as r:
-        return json.load(r)
+    return router_chat(ROUTER, CLIENT["key"], ssl.create_default_context(cadata=CLIENT["ca"]), text, timeout)
 
 
 def roll_records(host: str) -> list[tuple[float, str]]:
@@ -103,32 +95,13 @@ def test_rolling_driver_upgrade_under_load(stack, router_host_mirror):
                                          "turn-release")} <= changed, changed
     assert not any(k.endswith(("-unit", "-rollout")) for k in changed), "no instance is restarted by a resource"
 
-    failures: list[str] = []
-    sent = [0]
-    done = threading.Event()
-
-    def load() -> None:  # ~2 requests/s through the router's public port while the hosts roll
-        while not done.is_set():
-            t0 = time.monotonic()
-            sent[0] += 1
-            try:
-                chat(f"request {sent[0]}")
-            except (urllib.error.URLError, OSError, ValueError) as e:
-                failures.append(f"{time.time():.1f} request {sent[0]}: {e}")
-            time.sleep(max(0.0, 0.5 - (time.monotonic() - t0)))
-
-    worker = threading.Thread(target=load, daemon=True)
-    worker.start()
     t_up = time.time()
-    try:
+    with steady_load(chat) as load:  # ~2 requests/s through the router's public port while the hosts roll
         up = stack.up()
         time.sleep(2)
-    finally:
-        done.set()
-        worker.join(timeout=120)
     took = time.time() - t_up
-    print(f"\nrolling driver upgrade: {sent[0]} requests in {took:.0f} s, {len(failures)} failed", file=sys.stderr)
-    for f in failures:
+    print(f"\nrolling driver upgrade: {load.sent} requests in {took:.0f} s, {len(load.failures)} failed", file=sys.stderr)
+    for f in load.failures:
         print(f"  {f}", file=sys.stderr)
 
     # Each host rebooted once, inside its own turn; the turns did not overlap, in pool order.
@@ -155,8 +128,8 @@ def test_rolling_driver_upgrade_under_load(stack, router_host_mirror):
         assert re.search(rf"{h}: roll: the router marks (http://\S+ )+down", up.stdout), f"{h}: drained in the router"
         assert re.search(rf"{h}: roll: the router marks (http://\S+ )+healthy", up.stdout), f"{h}: back in the router"
         assert f"{h}: turn: prefill/slot-0 taken" in up.stdout
-    assert sent[0] >= 20
-    assert not failures, f"{len(failures)} of {sent[0]} requests failed during the roll: {failures[:10]}"
+    assert load.sent >= 20
+    assert not load.failures, f"{len(load.failures)} of {load.sent} requests failed during the roll: {load.failures[:10]}"
 
     # Nothing pending, nothing left drained, no turn left held.
     sh("pulumi preview -s sim --expect-no-changes --non-interactive")

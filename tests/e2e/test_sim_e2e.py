@@ -14,7 +14,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,7 +22,8 @@ from pathlib import Path
 import pytest
 
 import proctree
-from e2e.harness import ROOT, assert_clean, make_revision, on_host, sh, throttle_model_source, up_in_background
+from e2e.harness import (ROOT, assert_clean, make_revision, on_host, router_chat, sh, steady_load, throttle_model_source,
+                         up_in_background)
 
 HOSTS = ("sim-1", "sim-2", "sim-3")
 PREFILL_UNITS = {"sim-1": ["glm-vllm-prefill-0", "glm-vllm-prefill-1"], "sim-2": ["glm-vllm-prefill-2", "glm-vllm-prefill-3"]}
@@ -41,13 +41,7 @@ def trusting(ca: str | None = None) -> ssl.SSLContext:
 
 
 def chat(text: str = "hello", timeout: int = 60, key: str | None = None) -> dict:
-    req = urllib.request.Request(
-        f"{ROUTER}/v1/chat/completions",
-        data=json.dumps({"model": "glm-5.2", "messages": [{"role": "user", "content": text}]}).encode(),
-        headers={"content-type": "application/json", "authorization": f"Bearer {API_KEY[0] if key is None else key}"},
-    )
-    with urllib.request.urlopen(req, timeout=timeout, context=trusting()) as r:
-        return json.load(r)
+    return router_chat(ROUTER, API_KEY[0] if key is None else key, trusting(), text, timeout)
 
 
 def started_at(host: str, unit: str) -> int:
@@ -233,39 +227,20 @@ def test_decode_change_touches_only_decode(stack):
 
 
 def test_rolling_prefill_restart_loses_no_request(stack):
-    failures: list[str] = []
-    done = threading.Event()
-    sent = [0]
-
-    def load() -> None:  # ~2 requests/s through the router while prefill restarts
-        while not done.is_set():
-            t0 = time.monotonic()
-            sent[0] += 1
-            try:
-                chat(f"request {sent[0]}")
-            except (urllib.error.URLError, OSError, ValueError) as e:
-                failures.append(f"request {sent[0]}: {e}")
-            time.sleep(max(0.0, 0.5 - (time.monotonic() - t0)))
-
     before = all_starts()
     stack.config_set("glm-infra:prefill.gpuMemoryUtilization", "0.91")
     changed = changed_resources(stack.preview_json())
     assert changed == {f"glm-prefill-{i}-{k}" for i in range(4) for k in ("unit", "rollout")}, changed
-    worker = threading.Thread(target=load, daemon=True)
-    worker.start()
-    try:
+    with steady_load(chat) as load:  # ~2 requests/s through the router while prefill restarts
         stack.up()
         time.sleep(2)
-    finally:
-        done.set()
-        worker.join(timeout=120)
     after = all_starts()
     prefill = [u for us in PREFILL_UNITS.values() for u in us]
     assert all(after[u] != before[u] for u in prefill)
     assert after[DECODE[1]] == before[DECODE[1]]
     order = sorted(prefill, key=lambda u: after[u])
     assert order == prefill, f"one at a time, in order: {order}"
-    assert sent[0] >= 10 and not failures, failures
+    assert load.sent >= 10 and not load.failures, load.failures
 
 
 def accepted_keys(host: str) -> str:
