@@ -76,6 +76,10 @@ class ModelInput(TypedDict, total=False):
     """--enable-prompt-tokens-details. Default: True."""
     fingerprint_mode: str
     """--fingerprint-mode (None: leave it out). Default: 'none'."""
+    kv_cache_dtype: str
+    """--kv-cache-dtype of both pools (None: leave it out, vLLM's auto: fp8_ds_mla for a DSA model such as GLM-5). Capacity planning counts the KV bytes per token of this layout."""
+    max_model_len: int
+    """--max-model-len of both pools: the longest request (prompt + output) the stack promises. None: leave it out (vLLM and capacity planning use the model's max_position_embeddings)."""
     speculative_method: str
     """MTP method (P and D must match). Default: 'mtp'."""
     source: str
@@ -404,6 +408,25 @@ class FirewallInput(TypedDict, total=False):
     """Close glm-infra's ports to everyone but the stack's hosts. Default: True."""
 
 
+class CapacityInput(TypedDict, total=False):
+    """Capacity planning (glm_infra/capacity.py): the KV-cache room per rank of every pool, from the checkpoint's facts (a snapshot written by `glm-infra capacity fetch`) and the topology. validate refuses a pool whose rank cannot hold one request of the maximum context."""
+
+    facts: str
+    """Facts snapshot of the checkpoint (JSON, `glm-infra capacity fetch` writes it), relative to the current directory. Default: glm_infra/checkpoints/<owner>--<name>.json of model.repo."""
+    model_facts: Mapping[str, int]
+    """config.json facts that override the snapshot's (or stand in for a missing one): num_hidden_layers, num_nextn_predict_layers, kv_lora_rank, qk_rope_head_dim, index_head_dim, max_position_embeddings."""
+    routed_bytes: int
+    """Bytes of the routed experts (overrides the snapshot)."""
+    resident_bytes: int
+    """Bytes of everything else (attention, dense and shared experts, embeddings, MTP; overrides the snapshot)."""
+    gpu_memory_gb: float
+    """GPU memory per GPU in GB (10^9 bytes) for every host, instead of the GPU table (glm_infra/capacity.py)."""
+    reserve_gb: float
+    """Memory per rank kept out of the KV room besides the weights: activations of the profile run, CUDA graphs, all2all/NCCL buffers, the MTP draft's working memory. Default: 16."""
+    warn_below: int
+    """Warn when a rank holds fewer requests of the maximum context than this (one is the least validate accepts). Default: 2."""
+
+
 class ClusterArgs(TypedDict, total=False):
     """A whole deployment: the ``glm-infra:*`` keys of a stack file, as Pulumi inputs."""
 
@@ -437,6 +460,8 @@ class ClusterArgs(TypedDict, total=False):
     """The service level and its gate."""
     firewall: FirewallInput
     """nftables: glm-infra's ports closed to all but the stack's hosts."""
+    capacity: CapacityInput
+    """KV-cache capacity planning: the checkpoint's facts and the reserve."""
 
 
 class HostsArgs(TypedDict, total=False):
@@ -464,5 +489,7 @@ class HostsArgs(TypedDict, total=False):
     """The service level and its gate."""
     firewall: FirewallInput
     """nftables: glm-infra's ports closed to all but the stack's hosts."""
+    capacity: CapacityInput
+    """KV-cache capacity planning: the checkpoint's facts and the reserve."""
     install_runtime: bool
     """Install glm-infra's Python runtime (uv and the venv with the pinned vllm, nixl and vllm-router) on every host although Hosts serves nothing; the hub source (model.source huggingface) needs it on the seed. Default: False."""

@@ -42,9 +42,51 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from . import capacity
+
     loaded = _load(args.stack)
     print(f"# {loaded.source}")
     print(topology.format_table(loaded.config, topology.plan(loaded.config)))
+    print()
+    print(capacity.format_report(loaded.config, capacity.compute(loaded.config)))
+    return EXIT_OK
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    import os
+
+    from . import capacity, checkpoint
+
+    if args.action == "compare":
+        rows = [(_load(s).name, _load(s).config) for s in args.stacks]
+        print(capacity.trade_table(rows, args.pool))
+        return EXIT_OK
+    # fetch: read the facts from the checkpoint itself (stack loaded without the capacity rule, which
+    # needs the very facts this writes).
+    path = resolve_stack_file(args.stacks[0])
+    stack = load_file(path, capacity=False).config
+    m = stack.model
+    if args.source_dir:
+        src: checkpoint.Source = checkpoint.LocalSource(Path(args.source_dir))
+    elif m.source == "mirror":
+        src = checkpoint.HttpSource(f"{m.mirror_url}/{m.revision}")
+    elif m.source == "huggingface":
+        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+        src = checkpoint.HttpSource(f"{endpoint}/{m.repo}/resolve/{m.revision}", token=os.environ.get("HF_TOKEN"))
+    else:
+        print(f"{path}: model.source local: the files are on the hosts; give --from DIR (a copy of them)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        snap = checkpoint.read_snapshot(src, m.repo, m.revision)
+    except checkpoint.CheckpointError as e:
+        print(f"{path}: capacity fetch: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    out = Path(args.out) if args.out else capacity.snapshot_path(stack)
+    checkpoint.write_snapshot(out, snap)
+    total = sum(checkpoint.class_bytes(snap).values())
+    print(f"{out}: {m.repo}@{m.revision}: {len(snap['files'])} safetensors files, {total / capacity.GB:.1f} GB "
+          f"(from {src.description})")
     return EXIT_OK
 
 
@@ -105,6 +147,15 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="print hosts × instances × GPUs × ports")
     p.add_argument("stack", metavar="STACK")
     p.set_defaults(func=cmd_plan)
+    c = sub.add_parser("capacity", help="fetch: write the checkpoint's facts snapshot (config.json and the "
+                                        "safetensors headers, by range requests); compare: one pool's KV room across stacks")
+    c.add_argument("action", choices=("fetch", "compare"))
+    c.add_argument("stacks", nargs="+", metavar="STACK")
+    c.add_argument("--out", metavar="FILE", help="fetch: where to write (default: capacity.facts, else "
+                                                 "glm_infra/checkpoints/<owner>--<name>.json)")
+    c.add_argument("--from", dest="source_dir", metavar="DIR", help="fetch: read staged files in DIR instead")
+    c.add_argument("--pool", default="prefill", help="compare: the pool (default prefill)")
+    c.set_defaults(func=cmd_capacity)
     r = sub.add_parser("render", help="write every file and step that reaches each host under DIR/<host>/")
     r.add_argument("stack", metavar="STACK")
     r.add_argument("--out", required=True, metavar="DIR")

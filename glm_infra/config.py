@@ -46,6 +46,7 @@ STACK_KEYS = (
     "monitoring",
     "sla",
     "firewall",
+    "capacity",
 )
 # The keys of what serves (the pools and the router): Hosts, which provisions without serving, leaves them out.
 SERVING_KEYS = ("prefill", "decode", "colocated", "router")
@@ -248,6 +249,14 @@ class ModelConfig(StrictModel):
     enable_prompt_tokens_details: bool = Field(True, description="--enable-prompt-tokens-details.")
     fingerprint_mode: str | None = Field("none", pattern=r"^[a-z0-9_]+$", json_schema_extra=pins.schema_enum("fingerprintMode"),
                                          description="--fingerprint-mode (None: leave it out).")
+    kv_cache_dtype: str | None = Field(
+        None, pattern=r"^[a-z0-9_]+$", json_schema_extra=pins.schema_enum("kvCacheDtype"),
+        description="--kv-cache-dtype of both pools (None: leave it out, vLLM's auto: fp8_ds_mla for a DSA "
+                    "model such as GLM-5). Capacity planning counts the KV bytes per token of this layout.")
+    max_model_len: int | None = Field(
+        None, ge=1, le=16_777_216,
+        description="--max-model-len of both pools: the longest request (prompt + output) the stack promises. "
+                    "None: leave it out (vLLM and capacity planning use the model's max_position_embeddings).")
     speculative_method: str = Field("mtp", pattern=r"^[a-z0-9_]+$", json_schema_extra=pins.schema_enum("speculativeMethod"),
                                     description="MTP method (P and D must match).")
     # Staging of the weights (ModelWeights).
@@ -637,6 +646,40 @@ class FirewallConfig(StrictModel):
     enabled: bool = Field(True, description="Close glm-infra's ports to everyone but the stack's hosts.")
 
 
+class CapacityConfig(StrictModel):
+    """Capacity planning (glm_infra/capacity.py): the KV-cache room per rank of every pool, from the
+    checkpoint's facts (a snapshot written by `glm-infra capacity fetch`) and the topology. validate
+    refuses a pool whose rank cannot hold one request of the maximum context."""
+
+    facts: str | None = Field(
+        None, description="Facts snapshot of the checkpoint (JSON, `glm-infra capacity fetch` writes it), relative "
+                          "to the current directory. Default: glm_infra/checkpoints/<owner>--<name>.json of model.repo.")
+    model_facts: dict[str, int] = Field(
+        default_factory=dict, description="config.json facts that override the snapshot's (or stand in for a "
+                                          "missing one): num_hidden_layers, num_nextn_predict_layers, kv_lora_rank, "
+                                          "qk_rope_head_dim, index_head_dim, max_position_embeddings.")
+    routed_bytes: int | None = Field(None, ge=0, description="Bytes of the routed experts (overrides the snapshot).")
+    resident_bytes: int | None = Field(None, ge=0, description="Bytes of everything else (attention, dense and "
+                                                               "shared experts, embeddings, MTP; overrides the snapshot).")
+    gpu_memory_gb: float | None = Field(None, gt=0, description="GPU memory per GPU in GB (10^9 bytes) for every "
+                                                                "host, instead of the GPU table (glm_infra/capacity.py).")
+    reserve_gb: float = Field(
+        16, ge=0, description="Memory per rank kept out of the KV room besides the weights: activations of the "
+                              "profile run, CUDA graphs, all2all/NCCL buffers, the MTP draft's working memory.")
+    warn_below: int = Field(2, ge=1, description="Warn when a rank holds fewer requests of the maximum context "
+                                                 "than this (one is the least validate accepts).")
+
+    @field_validator("model_facts")
+    @classmethod
+    def _facts(cls, v: dict[str, int]) -> dict[str, int]:
+        from .capacity import FACT_KEYS
+
+        for k in v:
+            if k not in FACT_KEYS:
+                raise ValueError(f"{k!r} is not a fact capacity reads ({', '.join(FACT_KEYS)})")
+        return v
+
+
 class StackConfig(StrictModel):
     """One stack file's ``glm-infra:*`` keys."""
 
@@ -656,6 +699,8 @@ class StackConfig(StrictModel):
     sla: SlaConfig = Field(default_factory=SlaConfig, description="The service level and its gate.")
     firewall: FirewallConfig = Field(default_factory=FirewallConfig, description="nftables: glm-infra's ports closed "
                                                                                  "to all but the stack's hosts.")
+    capacity: CapacityConfig = Field(default_factory=CapacityConfig, description="KV-cache capacity planning: the "
+                                                                                 "checkpoint's facts and the reserve.")
 
     @model_validator(mode="before")
     @classmethod

@@ -61,6 +61,12 @@ VLLM_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
         "fingerprintMode": ("full", "hash", "custom", "none"),
         "chatTemplateContentFormat": ("auto", "string", "openai"),
         "cudagraphMode": ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"),
+        # CacheDType of vllm/config/cache.py (read from vLLM's repository, commit 002f10e, not from the
+        # 0.33.0 wheel: check them against it when the pin moves).
+        "kvCacheDtype": ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
+                         "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
+                         "turboquant_3bit_nc", "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head",
+                         "nvfp4", "nvfp4_4over6"),
     },
 }
 

@@ -122,6 +122,10 @@ def vllm_args(stack: StackConfig, inst: Instance) -> list[str]:
     if m.reasoning_parser:
         a += ["--reasoning-parser", m.reasoning_parser]
     a += ["--gpu-memory-utilization", _fmt_float(pool.gpu_memory_utilization)]
+    if m.kv_cache_dtype:
+        a += ["--kv-cache-dtype", m.kv_cache_dtype]
+    if m.max_model_len:
+        a += ["--max-model-len", str(m.max_model_len)]
     if m.enable_prompt_tokens_details:
         a.append("--enable-prompt-tokens-details")
     if pool.all2all_backend:

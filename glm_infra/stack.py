@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from .config import NAMESPACE, SECRET_PATHS, STACK_KEYS, StackConfig
 from . import pins
-from .validate import GPU_COMPUTE_CAPABILITY, Problem, check
+from .validate import GPU_COMPUTE_CAPABILITY, Problem, capacity_warnings, check
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
@@ -82,7 +82,8 @@ def _display(p: Path) -> Path:
         return p
 
 
-def load_file(path: Path) -> LoadedStack:
+def load_file(path: Path, capacity: bool = True) -> LoadedStack:
+    """``capacity=False``: without the KV-room rule (``capacity fetch`` writes the facts it needs)."""
     source = str(path)
     try:
         text = path.read_text()
@@ -105,7 +106,7 @@ def load_file(path: Path) -> LoadedStack:
         raise StackError(source, [Problem("config", "must be a mapping of keys to values")], lines)
     raw, problems = _namespace(cfg)
     problems += _secret_problems(raw, encrypted_ok=True, secret_keys=None)
-    return _build(raw, source, problems, lines)
+    return _build(raw, source, problems, lines, capacity=capacity)
 
 
 def load_pulumi_config(project: str = NAMESPACE) -> LoadedStack:
@@ -185,22 +186,22 @@ def _snake_to_camel(key: str) -> str:
 
 
 def _build(raw: dict[str, Any], source: str, problems: list[Problem], lines: dict[str, int],
-           serve: bool = True) -> LoadedStack:
+           serve: bool = True, capacity: bool = True) -> LoadedStack:
     config: StackConfig | None = None
     try:
         config = StackConfig.model_validate(raw)
     except ValidationError as e:
         problems = problems + [_from_pydantic(err) for err in e.errors()]
     if config is not None and not problems:
-        problems = check(config, serve)
+        problems = check(config, serve, capacity)
     if problems:
         raise StackError(source, problems, lines)
     assert config is not None
-    return LoadedStack(config=config, source=source, warnings=tuple(_warnings(config)))
+    return LoadedStack(config=config, source=source, warnings=tuple(_warnings(config, serve and capacity)))
 
 
-def _warnings(stack: StackConfig) -> list[str]:
-    out = []
+def _warnings(stack: StackConfig, serve: bool = True) -> list[str]:
+    out = capacity_warnings(stack) if serve else []
     if stack.router is not None and stack.router.api_key is None:
         out.append(f"{NAMESPACE}:router.apiKey is not set: the router's public port accepts any client")
     rev = stack.model.revision

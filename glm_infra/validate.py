@@ -37,9 +37,10 @@ def secret_value_problem(name: str, value: str) -> Problem | None:
     return Problem(_key(top, f".{sub}"), f"the secret's value is not {rule[1]}")
 
 
-def check(stack: StackConfig, serve: bool = True) -> list[Problem]:
+def check(stack: StackConfig, serve: bool = True, capacity: bool = True) -> list[Problem]:
     """Every cross-field problem of a stack. ``serve=False``: hosts provisioned without pools (the
-    pools, the router and their ports are not judged)."""
+    pools, the router and their ports are not judged). ``capacity=False``: not the KV room (the
+    facts it needs may not exist yet)."""
     problems: list[Problem] = []
     problems += _hosts_unique(stack)
     if serve:
@@ -56,6 +57,8 @@ def check(stack: StackConfig, serve: bool = True) -> list[Problem]:
     problems += _weight_format(stack)
     problems += _safe_paths(stack)
     problems += _port_collisions(stack, serve)
+    if serve and capacity and not problems:
+        problems += _capacity(stack)
     return problems
 
 
@@ -177,7 +180,7 @@ def _port_collisions(stack: StackConfig, serve: bool = True) -> list[Problem]:
 
 _MODEL_CHOICES = {"toolCallParser": "tool call parser", "reasoningParser": "reasoning parser",
                   "speculativeMethod": "speculative decoding method", "fingerprintMode": "fingerprint mode",
-                  "chatTemplateContentFormat": "chat template content format"}
+                  "chatTemplateContentFormat": "chat template content format", "kvCacheDtype": "KV cache dtype"}
 _POOL_CHOICES = {"all2allBackend": "all2all backend", "cudagraphMode": "CUDA graph mode"}
 
 
@@ -236,6 +239,8 @@ _FLAG_OWNERS = {
     "--enable-prompt-tokens-details": "model.enablePromptTokensDetails",
     "--fingerprint-mode": "model.fingerprintMode",
     "--model": "model.path",
+    "--kv-cache-dtype": "model.kvCacheDtype",
+    "--max-model-len": "model.maxModelLen",
 }
 # Environment variables glm-infra sets for every instance (the unit, the UCX and secrets files).
 _ENV_OWNERS = {
@@ -330,3 +335,45 @@ def _safe_paths(stack: StackConfig) -> list[Problem]:
             out.append(Problem(_key(top, f".{sub}"), f"{value!r} is a system folder or inside one; {what} needs a "
                                                      "folder of its own"))
     return out
+
+
+# --- KV-cache room ---------------------------------------------------------------------------------
+
+
+def _capacity(stack: StackConfig) -> list[Problem]:
+    """A pool whose rank cannot hold one request of the maximum context is refused (capacity.py)."""
+    from . import capacity
+
+    try:
+        cap = capacity.compute(stack)
+    except capacity.CapacityError as e:
+        return [Problem(e.key, e.message)]
+    out = []
+    for p in cap.pools:
+        if p.requests_per_rank(p.max_model_len) >= 1:
+            continue
+        what = (f"the weights alone ({p.weights_per_rank / capacity.GB:.1f} GB per rank) and the reserve "
+                f"({p.reserve_bytes / capacity.GB:.1f} GB) exceed {p.gpu_bytes / capacity.GB:.1f} GB × {p.utilization:g}"
+                if p.room <= 0 else
+                f"its KV room of {p.room / capacity.GB:.1f} GB holds {p.tokens_per_rank:,} tokens at "
+                f"{p.kv_bytes_per_token} bytes/token")
+        out.append(Problem(_key(p.role), f"a {p.role} rank (tp{p.tp} dp{p.dp}) cannot hold one request of the maximum "
+                                         f"context, {p.max_model_len:,} tokens ({p.max_model_len_source}): {what}. "
+                                         "Use more GPUs per instance (dp), a smaller model.maxModelLen, a denser "
+                                         "model.kvCacheDtype or a higher gpuMemoryUtilization (glm-infra plan shows "
+                                         "the arithmetic)"))
+    return out
+
+
+def capacity_warnings(stack: StackConfig) -> list[str]:
+    """Pools whose rank holds fewer than capacity.warnBelow requests of the maximum context."""
+    from . import capacity
+
+    try:
+        cap = capacity.compute(stack)
+    except capacity.CapacityError:
+        return []  # refused by check() already
+    n = stack.capacity.warn_below
+    return [f"glm-infra:{p.role}: a {p.role} rank holds {p.requests_per_rank(p.max_model_len)} request(s) of the maximum "
+            f"context ({p.max_model_len:,} tokens), fewer than capacity.warnBelow {n}"
+            for p in cap.pools if 1 <= p.requests_per_rank(p.max_model_len) < n]

@@ -6,7 +6,8 @@ through HF_ENDPOINT, so weights.py's Hugging Face source path runs the real libr
     python hub_standin.py --dir SRC --repo ORG/NAME --bind 127.0.0.1:PORT [--token T]
 
 SRC/<commit>/ holds the files and manifest.json; "main" resolves to the only commit. With --token,
-every request without `Authorization: Bearer T` gets 401, like a gated repository.
+every request without `Authorization: Bearer T` gets 401, like a gated repository. A Range request
+(bytes=A- or bytes=A-B) gets 206 and that slice, as the hub's resolve URLs do.
 """
 
 from __future__ import annotations
@@ -111,24 +112,29 @@ class Hub(http.server.BaseHTTPRequestHandler):
 
     def send_file(self, path: str, commit: str, etag: str) -> None:
         size = os.path.getsize(path)
-        start = 0
-        m = re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""))
-        if m and int(m.group(1)) < size:
+        start, end = 0, size - 1
+        # Range: bytes=A- (hf's resume) or bytes=A-B (a safetensors header read): 206 with that slice.
+        m = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+        ranged = bool(m) and int(m.group(1)) < size and (int(m.group(1)) > 0 or bool(m.group(2)))
+        if ranged:
             start = int(m.group(1))
-        self.send_response(206 if start else 200)
+            end = min(int(m.group(2)), size - 1) if m.group(2) else size - 1
+        self.send_response(206 if ranged else 200)
         self.send_header("X-Repo-Commit", commit)
         self.send_header("ETag", f'"{etag}"')  # the hub's: sha256 for LFS files, the git blob id otherwise
         self.send_header("Accept-Ranges", "bytes")
-        self.send_header("Content-Length", str(size - start))
-        if start:
-            self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+        self.send_header("Content-Length", str(end - start + 1))
+        if ranged:
+            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
         self.end_headers()
         if self.command == "HEAD":
             return
         with open(path, "rb") as f:
             f.seek(start)
-            while chunk := f.read(1 << 20):
+            left = end - start + 1
+            while left > 0 and (chunk := f.read(min(1 << 20, left))):
                 self.wfile.write(chunk)
+                left -= len(chunk)
 
 
 def main() -> int:

@@ -468,7 +468,7 @@ QUERY = ("nvidia-smi", f"--query-gpu={hc.QUERY_FIELDS}", "--format=csv")
 def test_gpu_facts_from_the_real_query(monkeypatch):
     fake_tools(monkeypatch, {QUERY: (0, (H200 / "query-gpu.csv").read_text())})
     assert hc.gpu_facts() == {"count": 2, "models": ["NVIDIA H200"], "driver_version": "580.159.04",
-                              "compute_cap": ["9.0"]}
+                              "compute_cap": ["9.0"], "memory_total_mib": 143771}
     fake_tools(monkeypatch, {QUERY: (9, "NVIDIA-SMI has failed because it couldn't communicate\nmore")})
     assert hc.gpu_facts() == {"error": "NVIDIA-SMI has failed because it couldn't communicate", "exit": 9}
     fake_tools(monkeypatch, {QUERY: (4, "")})
@@ -476,7 +476,8 @@ def test_gpu_facts_from_the_real_query(monkeypatch):
     fake_tools(monkeypatch, {QUERY: (0, "index, name\n0\n")})
     assert hc.gpu_facts()["error"].startswith("cannot read nvidia-smi --query-gpu: malformed nvidia-smi csv row")
     fake_tools(monkeypatch, {QUERY: (0, "")})
-    assert hc.gpu_facts() == {"count": 0, "models": [], "driver_version": None, "compute_cap": []}
+    assert hc.gpu_facts() == {"count": 0, "models": [], "driver_version": None, "compute_cap": [],
+                              "memory_total_mib": None}
 
 
 def test_rdma_facts_from_the_stand_in_tools(monkeypatch, sim):

@@ -138,6 +138,10 @@ def test_a_colocated_pool_behind_the_router_round_robin(write_stack):
         "glm-infra:hosts": [{"name": "a", "address": "10.0.0.1"}, {"name": "b", "address": "10.0.0.2"}],
         "glm-infra:ssh": {"privateKeyPath": "/k"},
         "glm-infra:model": {"repo": "o/m", "revision": "0" * 40, "path": "/m"},
+        # A model glm-infra has no facts snapshot of: the stack gives what capacity planning needs.
+        "glm-infra:capacity": {"modelFacts": {"num_hidden_layers": 4, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+                                              "max_position_embeddings": 32768},
+                               "routedBytes": 8 * 10**9, "residentBytes": 2 * 10**9},
         "glm-infra:colocated": {"hosts": ["a", "b"], "ep": False},
         "glm-infra:router": {"host": "b"},
     })).config

@@ -269,6 +269,8 @@ def test_a_version_without_known_choices_is_not_checked_and_says_so(prod_config,
 def test_the_weight_format_comes_from_the_repository_unless_given(prod_config, write_stack):
     assert load_file(write_stack(prod_config)).config.model.weight_format == "nvfp4"
     _set(prod_config, "glm-infra:model.weightFormat", None)
+    # The memory of the GPUs is not what this is about (an H200 could not hold the prefill rank's weights).
+    prod_config["glm-infra:capacity"] = {"gpuMemoryGb": 288}
     _set(prod_config, "glm-infra:hosts[1].gpuModel", "H200")
     assert load_file(write_stack(prod_config)).config.model.weight_format is None  # not checked, on purpose
     _set(prod_config, "glm-infra:model.weightFormat", "bf16")

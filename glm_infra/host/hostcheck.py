@@ -282,6 +282,9 @@ def gpu_facts() -> dict:
         "models": sorted({r["name"] for r in rows}),
         "driver_version": rows[0]["driver_version"] if rows else None,
         "compute_cap": sorted({r.get("compute_cap", "") for r in rows}),
+        # The smallest GPU's memory (capacity planning's GPU memory once the host is known).
+        "memory_total_mib": min(mib) if (mib := [int(v.split()[0]) for r in rows
+                                                 if (v := r.get("memory.total", "")) and v.split()[0].isdigit()]) else None,
     }
 
 

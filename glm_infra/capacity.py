@@ -1,0 +1,362 @@
+"""KV-cache room per rank of each pool, from the checkpoint's facts (glm_infra/checkpoint.py) and the
+stack's topology. Pure arithmetic, no Pulumi:
+
+    room = GPU memory × gpuMemoryUtilization − resident weights of the rank − capacity.reserveGb
+    tokens per rank = room ÷ KV bytes per token
+
+Weights per rank: routed experts ÷ EP size (tp × dp with ``ep``, else tp), everything else (MLA and the
+DSA indexer, the dense MLP layers, shared experts, embeddings, lm_head, the MTP layers) ÷ tp. That
+last division is an approximation: vLLM replicates the norms, the router gates and the indexer's
+small projections on every TP rank, and splits the rest. At TP1 (every stack here) it is exact.
+
+KV bytes per token per rank: MLA keeps one latent (kv_lora_rank + qk_rope_head_dim) per token and
+layer, which TP does not split, plus the DSA indexer's key cache on every layer that runs the indexer;
+the MTP draft layers have their own. With DP attention each DP rank holds only its own requests, so a
+request of L tokens needs L tokens of room on one rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import checkpoint
+from .config import PoolConfig, StackConfig
+
+GB = 10**9
+MIB = 2**20
+# HBM per GPU as the vendor states it (GB = 10^9 bytes), for a stack whose hosts' facts are not known
+# (plan and validate run offline); capacity.gpuMemoryGb overrides, preflight's memory.total wins when known.
+GPU_MEMORY_GB = {"B300": 288, "GB300": 288, "B200": 180, "GB200": 186, "H200": 141, "GH200": 144, "H100": 80,
+                 "H800": 80, "H20": 96, "L40S": 48, "L40": 48, "A100": 80, "A800": 80}
+# Requests the plan counts per instance: the SLA's 16K and 256K and the stack's maximum context.
+REQUEST_SIZES = (16384, 262144)
+
+# vLLM's per-token layouts (cited from vLLM's source):
+# - vllm/v1/attention/backends/mla/flashmla_sparse.py: the DSA (sparse MLA) cache accepts auto, bfloat16,
+#   fp8_ds_mla, fp8 (an alias of fp8_ds_mla) and nvfp4_ds_mla. fp8_ds_mla is 656 bytes per token and layer
+#   (512 fp8 NoPE values, 4 float32 scales, 64 bfloat16 RoPE values); nvfp4_ds_mla 352 (512 e2m1 packed
+#   2/byte, 64 fp8 RoPE, 32 fp8 scales, one per 16).
+# - vllm/config/cache.py: "auto" is the model's dtype, except that DeepSeek-V3.2-style (DSA) models default
+#   to fp8.
+# - vllm/model_executor/models/deepseek_v2.py (Indexer): the indexer's key cache is uint8,
+#   index_head_dim fp8 values + one float32 scale per 128 (quant_block_size) = 132 bytes for head dim 128.
+INDEXER_QUANT_BLOCK = 128
+_FP8 = ("fp8", "fp8_e4m3", "fp8_e5m2")
+
+
+class CapacityError(Exception):
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"glm-infra:{key}: {message}")
+        self.key = f"glm-infra:{key}"
+        self.message = message
+
+
+def mla_bytes_per_token(dtype: str, kv_lora_rank: int, rope_dim: int, sparse: bool) -> int:
+    """Bytes of one token's MLA latent in one layer for a vLLM --kv-cache-dtype."""
+    if sparse and (dtype == "auto" or dtype in _FP8):
+        dtype = "fp8_ds_mla"
+    if dtype in ("auto", "bfloat16", "float16"):
+        return (kv_lora_rank + rope_dim) * 2
+    if dtype in _FP8:
+        return kv_lora_rank + rope_dim
+    if dtype == "fp8_ds_mla":
+        return kv_lora_rank + kv_lora_rank // 128 * 4 + rope_dim * 2
+    if dtype == "nvfp4_ds_mla":
+        return kv_lora_rank // 2 + rope_dim + kv_lora_rank // 16
+    raise CapacityError("model.kvCacheDtype", f"{dtype!r}: glm-infra knows no MLA cache layout for it "
+                                              "(auto, bfloat16, float16, fp8, fp8_ds_mla, nvfp4_ds_mla)")
+
+
+def indexer_bytes_per_token(index_head_dim: int) -> int:
+    return index_head_dim + index_head_dim // INDEXER_QUANT_BLOCK * 4 if index_head_dim else 0
+
+
+# --- the model's facts -------------------------------------------------------------------------------
+
+# config.json keys capacity reads (a stack gives any of them in capacity.modelFacts).
+FACT_KEYS = ("num_hidden_layers", "num_nextn_predict_layers", "kv_lora_rank", "qk_rope_head_dim",
+             "index_head_dim", "max_position_embeddings")
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    num_hidden_layers: int
+    mtp_layers: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    index_head_dim: int  # 0: no DSA indexer
+    indexer_layers: int  # layers (of the main model) that run the indexer and keep its key cache
+    max_position_embeddings: int
+    class_bytes: dict[str, int]
+    sources: dict[str, str] = field(default_factory=dict)
+    snapshot: str = "none"
+
+    @property
+    def routed_bytes(self) -> int:
+        return self.class_bytes.get("routed", 0)
+
+    @property
+    def resident_bytes(self) -> int:
+        """What every rank holds (split by TP): everything but the routed experts."""
+        return sum(v for k, v in self.class_bytes.items() if k != "routed")
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.class_bytes.values())
+
+
+def snapshot_path(stack: StackConfig, base: Path | None = None) -> Path:
+    c = stack.capacity
+    if c.facts:
+        p = Path(c.facts)
+        return p if p.is_absolute() else (base or Path.cwd()) / p
+    return checkpoint.SNAPSHOT_DIR / checkpoint.snapshot_name(stack.model.repo)
+
+
+def model_facts(stack: StackConfig, base: Path | None = None) -> ModelFacts:
+    """The checkpoint's facts: its snapshot, with what the stack gives (capacity.modelFacts,
+    capacity.routedBytes, capacity.residentBytes) taking precedence."""
+    c = stack.capacity
+    path = snapshot_path(stack, base)
+    snap: dict[str, Any] | None = None
+    if path.is_file():
+        try:
+            snap = checkpoint.load_snapshot(path)
+        except checkpoint.CheckpointError as e:
+            raise CapacityError("capacity.facts", str(e)) from None
+    elif c.facts:
+        raise CapacityError("capacity.facts", f"{path}: no such file")
+    snapshot = (f"{_short(path)}, read from {snap['source']} at revision {snap['revision']} "
+                f"(the stack pins {stack.model.revision})") if snap else "none"
+    cfg = snap["config"] if snap else {}
+    given = dict(c.model_facts)
+    sources: dict[str, str] = {}
+
+    def fact(key: str, default: int | None = None) -> int:
+        if key in given:
+            sources[key] = "capacity.modelFacts"
+            return int(given[key])
+        if key in cfg and cfg[key] is not None:
+            sources[key] = "config.json"
+            return int(cfg[key])
+        if default is not None:
+            sources[key] = "default (not in config.json)"
+            return default
+        hint = f"{path} has none" if snap else f"no facts snapshot {path} (write it with: glm-infra capacity fetch STACK)"
+        raise CapacityError(f"capacity.modelFacts.{key}", f"the checkpoint's {key} is not known: {hint}; "
+                                                          "give it in capacity.modelFacts")
+
+    layers = fact("num_hidden_layers")
+    mtp = fact("num_nextn_predict_layers", 0)
+    index_dim = fact("index_head_dim", 0)
+    indexer_types = cfg.get("indexer_types") if "index_head_dim" not in given else None
+    indexer_layers = (sum(1 for t in indexer_types if t == "full") if isinstance(indexer_types, list)
+                      else layers) if index_dim else 0
+    facts = dict(num_hidden_layers=layers, mtp_layers=mtp, kv_lora_rank=fact("kv_lora_rank"),
+                 qk_rope_head_dim=fact("qk_rope_head_dim"), index_head_dim=index_dim, indexer_layers=indexer_layers,
+                 max_position_embeddings=fact("max_position_embeddings"))
+    if c.routed_bytes is not None and c.resident_bytes is not None:
+        classes = {"routed": c.routed_bytes, "resident": c.resident_bytes}
+        sources["weights"] = "capacity.routedBytes, capacity.residentBytes"
+    elif snap is not None:
+        classes = checkpoint.class_bytes(snap)
+        sources["weights"] = "safetensors headers"
+        if c.routed_bytes is not None:
+            resident = sum(v for k, v in classes.items() if k != "routed")
+            classes, sources["weights"] = {"routed": c.routed_bytes, "resident": resident}, \
+                "capacity.routedBytes; the rest from the safetensors headers"
+        elif c.resident_bytes is not None:
+            classes, sources["weights"] = {"routed": classes["routed"], "resident": c.resident_bytes}, \
+                "capacity.residentBytes; routed experts from the safetensors headers"
+    else:
+        raise CapacityError("capacity.routedBytes", f"the checkpoint's weight bytes are not known: no facts "
+                                                    f"snapshot {path} (glm-infra capacity fetch STACK writes it); "
+                                                    "give capacity.routedBytes and capacity.residentBytes")
+    return ModelFacts(**facts, class_bytes=classes, sources=sources, snapshot=snapshot)
+
+
+def _short(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path(__file__).resolve().parent.parent))
+    except ValueError:
+        return str(path)
+
+
+# --- the room per pool -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolCapacity:
+    role: str
+    tp: int
+    dp: int
+    ep_size: int
+    gpu_bytes: int
+    gpu_source: str
+    utilization: float
+    routed_per_rank: int
+    resident_per_rank: int
+    reserve_bytes: int
+    kv_cache_dtype: str
+    kv_layers: int
+    mla_bytes_per_layer: int
+    indexer_layers: int
+    indexer_bytes_per_layer: int
+    max_model_len: int
+    max_model_len_source: str
+
+    @property
+    def weights_per_rank(self) -> int:
+        return self.routed_per_rank + self.resident_per_rank
+
+    @property
+    def room(self) -> int:
+        return int(self.gpu_bytes * self.utilization) - self.weights_per_rank - self.reserve_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.kv_layers * self.mla_bytes_per_layer + self.indexer_layers * self.indexer_bytes_per_layer
+
+    @property
+    def tokens_per_rank(self) -> int:
+        return max(self.room, 0) // self.kv_bytes_per_token
+
+    def requests_per_rank(self, length: int) -> int:
+        return self.tokens_per_rank // length
+
+    def requests_per_instance(self, length: int) -> int:
+        """Each DP rank holds its own requests: a request is on one rank, never split."""
+        return self.dp * self.requests_per_rank(length)
+
+    def as_dict(self) -> dict[str, Any]:
+        sizes = {str(n): self.requests_per_instance(n) for n in REQUEST_SIZES}
+        return {
+            "tp": self.tp, "dp": self.dp, "epSize": self.ep_size,
+            "gpuMemoryBytes": self.gpu_bytes, "gpuMemorySource": self.gpu_source,
+            "gpuMemoryUtilization": self.utilization,
+            "weightsPerRankBytes": {"routed": self.routed_per_rank, "resident": self.resident_per_rank},
+            "reserveBytes": self.reserve_bytes, "roomBytes": self.room,
+            "kvCacheDtype": self.kv_cache_dtype, "kvBytesPerToken": self.kv_bytes_per_token,
+            "tokensPerRank": self.tokens_per_rank, "maxModelLen": self.max_model_len,
+            "requestsPerInstance": {**sizes, "max": self.requests_per_instance(self.max_model_len)},
+        }
+
+
+@dataclass(frozen=True)
+class Capacity:
+    facts: ModelFacts
+    pools: tuple[PoolCapacity, ...]
+
+
+def gpu_memory(stack: StackConfig, pool: PoolConfig, host_facts: dict[str, Any] | None = None) -> tuple[int, str]:
+    """The smallest GPU memory among the pool's hosts, and where the figure comes from: preflight's
+    memory.total when the host's facts are known, else capacity.gpuMemoryGb, else the GPU model table."""
+    best: tuple[int, str] | None = None
+    for name in pool.hosts:
+        i = next(k for k, h in enumerate(stack.hosts) if h.name == name)
+        h = stack.hosts[i]
+        got = _preflight_memory(name, (host_facts or {}).get(name))
+        if got is None and stack.capacity.gpu_memory_gb is not None:
+            got = (int(stack.capacity.gpu_memory_gb * GB), f"capacity.gpuMemoryGb {stack.capacity.gpu_memory_gb:g} GB")
+        if got is None:
+            model = h.gpu_model.removeprefix("NVIDIA ").split()[0].upper()
+            if model not in GPU_MEMORY_GB:
+                raise CapacityError("capacity.gpuMemoryGb", f"hosts[{i}].gpuModel {h.gpu_model!r} is not in "
+                                                            "glm-infra's GPU memory table: give the GPU memory")
+            got = (GPU_MEMORY_GB[model] * GB, f"{model} {GPU_MEMORY_GB[model]} GB (GPU table)")
+        if best is None or got[0] < best[0]:
+            best = got
+    assert best is not None
+    return best
+
+
+def _preflight_memory(host: str, facts: Any) -> tuple[int, str] | None:
+    """memory.total of the host's smallest GPU from its facts (hostcheck.py gpu_facts)."""
+    gpus = facts.get("gpus") if isinstance(facts, dict) else None
+    mib = gpus.get("memory_total_mib") if isinstance(gpus, dict) else None
+    if not isinstance(mib, int) or mib <= 0:
+        return None
+    return mib * MIB, f"preflight memory.total of {host} ({mib} MiB)"
+
+
+def compute(stack: StackConfig, host_facts: dict[str, Any] | None = None, base: Path | None = None) -> Capacity:
+    facts = model_facts(stack, base)
+    m = stack.model
+    max_len = m.max_model_len or facts.max_position_embeddings
+    max_src = "model.maxModelLen" if m.max_model_len else \
+        f"max_position_embeddings from {facts.sources['max_position_embeddings']}"
+    dtype = m.kv_cache_dtype or "auto"
+    mla = mla_bytes_per_token(dtype, facts.kv_lora_rank, facts.qk_rope_head_dim, sparse=facts.index_head_dim > 0)
+    idx = indexer_bytes_per_token(facts.index_head_dim)
+    pools = []
+    for role, pool in stack.pools():
+        ep_size = pool.tp * pool.dp if pool.ep else pool.tp
+        mtp = facts.mtp_layers if pool.speculative_tokens > 0 else 0
+        mem, src = gpu_memory(stack, pool, host_facts)
+        pools.append(PoolCapacity(
+            role=role, tp=pool.tp, dp=pool.dp, ep_size=ep_size, gpu_bytes=mem, gpu_source=src,
+            utilization=pool.gpu_memory_utilization,
+            routed_per_rank=-(-facts.routed_bytes // ep_size), resident_per_rank=-(-facts.resident_bytes // pool.tp),
+            reserve_bytes=int(stack.capacity.reserve_gb * GB), kv_cache_dtype=dtype,
+            kv_layers=facts.num_hidden_layers + mtp, mla_bytes_per_layer=mla,
+            # The MTP layers are DSA layers too: each keeps an indexer key cache.
+            indexer_layers=facts.indexer_layers + (mtp if idx else 0), indexer_bytes_per_layer=idx,
+            max_model_len=max_len, max_model_len_source=max_src))
+    return Capacity(facts, tuple(pools))
+
+
+# --- what plan prints ------------------------------------------------------------------------------
+
+
+def _gb(n: int) -> str:
+    return f"{n / GB:.1f} GB"
+
+
+def format_report(stack: StackConfig, cap: Capacity) -> str:
+    f = cap.facts
+    cb = f.class_bytes
+    given = {k: v for k, v in f.sources.items() if k != "weights" and v != "config.json"}
+    out = ["KV-cache capacity per rank (glm_infra/capacity.py):",
+           f"  facts: {f.snapshot}",
+           f"  checkpoint: {_gb(f.total_bytes)}: routed experts {_gb(f.routed_bytes)}, on every rank "
+           f"{_gb(f.resident_bytes)} ({', '.join(f'{k} {_gb(v)}' for k, v in cb.items() if k != 'routed' and v)})  "
+           f"[{f.sources['weights']}]",
+           f"  model: {f.num_hidden_layers} layers + {f.mtp_layers} MTP, MLA latent {f.kv_lora_rank}+{f.qk_rope_head_dim}, "
+           f"DSA indexer key {f.index_head_dim or 'none'} on {f.indexer_layers} layers  [config.json"
+           + "".join(f"; {k} from {v}" for k, v in given.items()) + "]"]
+    for p in cap.pools:
+        share = f"÷{p.ep_size} EP" if p.ep_size > 1 else "not divided"
+        req = ", ".join(f"{n // 1024}K: {p.requests_per_instance(n)}" for n in REQUEST_SIZES)
+        out += [
+            f"  {p.role} (tp{p.tp} dp{p.dp}{' ep' if p.ep_size > p.tp else ''}), per rank:",
+            f"    GPU memory {_gb(p.gpu_bytes)} × {p.utilization:g} = {_gb(int(p.gpu_bytes * p.utilization))}  "
+            f"[{p.gpu_source}]",
+            f"    weights {_gb(p.weights_per_rank)} = routed {_gb(p.routed_per_rank)} ({share}) + "
+            f"resident {_gb(p.resident_per_rank)} (÷tp{p.tp})",
+            f"    reserve {_gb(p.reserve_bytes)} (activations, CUDA graphs, MTP draft)  [capacity.reserveGb]",
+            f"    KV room {_gb(p.room)}; KV {p.kv_bytes_per_token} bytes/token = {p.kv_layers} layers × "
+            f"{p.mla_bytes_per_layer} (MLA, {p.kv_cache_dtype})"
+            + (f" + {p.indexer_layers} × {p.indexer_bytes_per_layer} (indexer keys)" if p.indexer_layers else ""),
+            f"    tokens per rank {p.tokens_per_rank:,}; requests per instance ({p.dp} ranks): {req}, "
+            f"max {p.max_model_len:,}: {p.requests_per_instance(p.max_model_len)}  [max: {p.max_model_len_source}]",
+        ]
+    return "\n".join(out)
+
+
+def trade_table(rows: list[tuple[str, StackConfig]], role: str = "prefill", base: Path | None = None) -> str:
+    """A markdown table of one pool across stacks (the README's DP4-vs-DP2 table)."""
+    head = ("stack", "pool", "GPUs/instance", "weights/rank", "KV room/rank", "tokens/rank",
+            "16K req/inst", "256K req/inst", "max req/inst", "max req/GPU")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, stack in rows:
+        p = next(x for x in compute(stack, base=base).pools if x.role == role)
+        gpus = p.tp * p.dp
+        lines.append("| " + " | ".join((
+            name, f"{role} tp{p.tp} dp{p.dp}", str(gpus), _gb(p.weights_per_rank), _gb(p.room),
+            f"{p.tokens_per_rank:,}", str(p.requests_per_instance(REQUEST_SIZES[0])),
+            str(p.requests_per_instance(REQUEST_SIZES[1])),
+            f"{p.requests_per_instance(p.max_model_len)} of {p.max_model_len:,}",
+            f"{p.requests_per_instance(p.max_model_len) / gpus:.2f}")) + " |")
+    return "\n".join(lines)
