@@ -86,6 +86,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=positive_int, default=256)
     # Default: the model's context, from its config.json, as vLLM takes it.
     p.add_argument("--max-model-len", type=positive_int, default=None)
+    p.add_argument("--kv-cache-dtype", default="auto")
 
 
 def build_parser() -> argparse.ArgumentParser:
