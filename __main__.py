@@ -3,7 +3,7 @@
 import pulumi
 
 from glm_infra import Cluster
-from glm_infra.program import load
+from glm_infra.program import capacity_output, load
 
 cluster = Cluster("glm", load())
 
@@ -15,3 +15,4 @@ pulumi.export("prometheusUrl", cluster.prometheus_url)
 if "router_api_key" in cluster.secrets:
     pulumi.export("routerApiKey", cluster.secrets["router_api_key"])  # a secret output
 pulumi.export("hostFacts", cluster.facts)
+pulumi.export("capacity", capacity_output(cluster))  # KV-cache room per rank of each pool

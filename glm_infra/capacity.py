@@ -360,3 +360,12 @@ def trade_table(rows: list[tuple[str, StackConfig]], role: str = "prefill", base
             f"{p.requests_per_instance(p.max_model_len)} of {p.max_model_len:,}",
             f"{p.requests_per_instance(p.max_model_len) / gpus:.2f}")) + " |")
     return "\n".join(lines)
+
+
+def as_output(stack: StackConfig, host_facts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The stack output ``capacity``: per pool the room and what it holds, from the hosts' preflight
+    GPU memory where known (after ``up``), else as plan computes it."""
+    cap = compute(stack, host_facts)
+    f = cap.facts
+    return {"facts": f.snapshot, "checkpointBytes": {"routed": f.routed_bytes, "resident": f.resident_bytes},
+            "pools": {p.role: p.as_dict() for p in cap.pools}}

@@ -7,13 +7,17 @@ A bad stack stops the program here, before any resource is registered, with the 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pulumi
 
+from . import capacity
 from .args import ClusterArgs
 from .config import SECRET_PATHS, StackConfig, snake
 from .stack import StackError, load_pulumi_config
+
+if TYPE_CHECKING:
+    from .components.cluster import Cluster
 
 
 def load() -> ClusterArgs:
@@ -41,3 +45,10 @@ def cluster_args(stack: StackConfig) -> ClusterArgs:
             continue
         out[top][field] = pulumi.Output.secret(value.plaintext)
     return out  # type: ignore[return-value]
+
+
+def capacity_output(cluster: Cluster) -> pulumi.Output[dict[str, Any]]:
+    """The stack output ``capacity`` (glm_infra/capacity.py): each pool's KV room per rank, from the
+    hosts' preflight GPU memory once their facts are read (the GPU table before)."""
+    stack = cluster.stack
+    return cluster.facts.apply(lambda facts: capacity.as_output(stack, facts))

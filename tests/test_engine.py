@@ -66,3 +66,22 @@ def test_a_bad_stack_creates_no_resource_through_the_engine(engine, project):
     state = pulumi(project, "stack export -s bad")
     resources = yaml.safe_load(state.stdout)["deployment"].get("resources") or []
     assert [r["type"] for r in resources if r["type"] != "pulumi:pulumi:Stack"] == [], "nothing was created"
+
+
+def test_a_decode_without_kv_room_for_one_max_request_is_refused_before_any_resource(engine, project):
+    """The capacity rule (glm_infra/capacity.py) stops `preview` and `up` like any other bad key: a
+    decode of DP2 ranks keeps 2.9 GB of KV room per rank, short of one 202,752-token request."""
+    cfg = yaml.safe_load(stack_file("prod-b300").read_text())
+    cfg["config"]["glm-infra:decode"].update(dp=2, instancesPerHost=4)
+    (project / "stacks/Pulumi.tight.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert pulumi(project, "stack init tight --secrets-provider passphrase").returncode == 0
+    out = pulumi(project, "preview -s tight --non-interactive")
+    assert out.returncode != 0
+    assert ("glm-infra:decode: a decode rank (tp1 dp2) cannot hold one request of the maximum context, 202,752 "
+            "tokens (max_position_embeddings from config.json): its KV room of 2.9 GB holds 46,423 tokens") in out.stdout
+    assert "Traceback" not in out.stdout + out.stderr
+    up = pulumi(project, "up -s tight --yes --skip-preview --non-interactive")
+    assert up.returncode != 0
+    state = pulumi(project, "stack export -s tight")
+    resources = yaml.safe_load(state.stdout)["deployment"].get("resources") or []
+    assert [r["type"] for r in resources if r["type"] != "pulumi:pulumi:Stack"] == [], "nothing was created"

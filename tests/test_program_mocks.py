@@ -311,7 +311,7 @@ def test_every_secret_travels_only_as_a_secret(key_file, tmp_path):
     # The stack's outputs hold the API key, as a secret only (and were searched above).
     # The root stack by its type: the mocks keep the first run's root (and its name) for the whole process.
     (stack_outputs,) = [o for urn, o in run.outputs.items() if "::pulumi:pulumi:Stack::" in urn]
-    assert {"routerApiKey", "hostFacts", "routerUrl"} <= set(stack_outputs)
+    assert {"routerApiKey", "hostFacts", "routerUrl", "capacity"} <= set(stack_outputs)
     assert secret_fields(stack_outputs) == {"routerApiKey"}
 
 
@@ -353,6 +353,18 @@ def test_bad_stack_registers_nothing(key_file, tmp_path):
 def test_missing_key_file_is_named(tmp_path):
     with pytest.raises(pulumi.RunError, match=r"glm-infra:ssh.privateKeyPath: cannot read .*nope"):
         run_program(stack_file("prod-b300"), tmp_path / "nope")
+
+
+def test_the_capacity_output_has_each_pools_kv_room(key_file):
+    run = run_program(stack_file("prod-b300"), key_file)
+    (stack_outputs,) = [o for urn, o in run.outputs.items() if "::pulumi:pulumi:Stack::" in urn]
+    pools = stack_outputs["capacity"]["pools"]
+    assert set(pools) == {"prefill", "decode"}
+    decode = pools["decode"]
+    assert decode["kvBytesPerToken"] == 62252 and decode["tokensPerRank"] == 2535034
+    assert decode["requestsPerInstance"] == {"16384": 1232, "262144": 72, "max": 96}
+    # The mocks' hosts report no facts: the GPU table's memory, as plan shows it.
+    assert decode["gpuMemorySource"] == "B300 288 GB (GPU table)"
 
 
 def test_host_facts_are_read_after_the_host_is_provisioned(key_file):
