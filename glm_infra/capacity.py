@@ -347,15 +347,18 @@ def format_report(stack: StackConfig, cap: Capacity) -> str:
 
 def trade_table(rows: list[tuple[str, StackConfig]], role: str = "prefill", base: Path | None = None) -> str:
     """A markdown table of one pool across stacks (the README's DP4-vs-DP2 table)."""
-    head = ("stack", "pool", "GPUs/instance", "weights/rank", "KV room/rank", "tokens/rank",
+    head = ("stack", "pool", "GPUs/instance", "weights/rank", "KV room/rank", "tokens/rank", "tokens in the pool",
             "16K req/inst", "256K req/inst", "max req/inst", "max req/GPU")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, stack in rows:
         p = next(x for x in compute(stack, base=base).pools if x.role == role)
         gpus = p.tp * p.dp
+        pool = getattr(stack, role)
+        ranks = len(pool.hosts) * pool.instances_per_host * p.dp
         lines.append("| " + " | ".join((
             name, f"{role} tp{p.tp} dp{p.dp}", str(gpus), _gb(p.weights_per_rank), _gb(p.room),
-            f"{p.tokens_per_rank:,}", str(p.requests_per_instance(REQUEST_SIZES[0])),
+            f"{p.tokens_per_rank:,}", f"{p.tokens_per_rank * ranks:,} ({ranks} ranks)",
+            str(p.requests_per_instance(REQUEST_SIZES[0])),
             str(p.requests_per_instance(REQUEST_SIZES[1])),
             f"{p.requests_per_instance(p.max_model_len)} of {p.max_model_len:,}",
             f"{p.requests_per_instance(p.max_model_len) / gpus:.2f}")) + " |")

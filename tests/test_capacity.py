@@ -263,5 +263,7 @@ def test_plan_prints_the_room_of_each_pool_with_the_source_of_each_fact(capsys):
 def test_compare_prints_the_readme_table(capsys):
     assert cli.main(["capacity", "compare", "prod-b300", "b300-prefill-dp2"]) == 0
     out = capsys.readouterr().out
-    assert "| prod-b300 | prefill tp1 dp4 | 4 | 137.0 GB | 111.9 GB | 1,798,024 | 436 | 24 | 32 of 202,752 | 8.00 |" in out
-    assert "| b300-prefill-dp2 | prefill tp1 dp2 | 2 | 240.3 GB | 8.6 GB | 138,950 | 16 | 0 | 2 of 131,072 | 1.00 |" in out
+    assert ("| prod-b300 | prefill tp1 dp4 | 4 | 137.0 GB | 111.9 GB | 1,798,024 | 28,768,384 (16 ranks) | 436 | 24 | "
+            "32 of 202,752 | 8.00 |") in out
+    assert ("| b300-prefill-dp2 | prefill tp1 dp2 | 2 | 240.3 GB | 8.6 GB | 138,950 | 2,223,200 (16 ranks) | 16 | 0 | "
+            "2 of 131,072 | 1.00 |") in out
