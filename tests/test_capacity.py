@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -114,6 +115,36 @@ def test_capacity_fetch_reads_only_the_headers_by_range_requests(hub, glm5, tmp_
     shards = [l for l in log.read_text().splitlines() if '.safetensors"' in l and "/resolve/" in l]
     # Two ranged GETs per shard (the length, then the header), each answered 206: no weights downloaded.
     assert len(shards) == 2 * 80 and all(l.endswith(" 206") for l in shards), shards[:3]
+
+
+def test_a_mirror_that_ignores_bounded_ranges_is_read_only_up_to_each_header(glm5, tmp_path, write_stack, capsys):
+    """glm-infra's own file server (weights.py serve, the relay and a possible mirror) honours only
+    'bytes=A-': fetch reads the 200 answer up to the header's end and closes the connection."""
+    (tmp_path / "mirror").mkdir()
+    shutil.copytree(glm5, tmp_path / "mirror" / COMMIT)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([sys.executable, str(ROOT / "glm_infra/host/weights.py"), "serve", "--dir",
+                          str(tmp_path / "mirror"), "--bind", f"127.0.0.1:{port}", "--all"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.05)
+        cfg = stack_config("prod-b300")
+        cfg["glm-infra:model"].update(revision=COMMIT, source="mirror", mirrorUrl=f"http://127.0.0.1:{port}")
+        out = tmp_path / "facts.json"
+        assert cli.main(["capacity", "fetch", str(write_stack(cfg)), "--out", str(out)]) == cli.EXIT_OK, \
+            capsys.readouterr().err
+    finally:
+        p.terminate()
+        p.wait()
+    assert checkpoint.load_snapshot(out)["source"] == f"http://127.0.0.1:{port}/{COMMIT}"
+    assert checkpoint.load_snapshot(out)["files"] == checkpoint.read_snapshot(
+        checkpoint.LocalSource(glm5), REPO, COMMIT)["files"]
 
 
 def test_the_committed_snapshot_is_what_fetch_reads_from_the_synthetic_checkpoint(glm5):
