@@ -298,3 +298,18 @@ def test_compare_prints_the_readme_table(capsys):
             "32 of 202,752 | 8.00 |") in out
     assert ("| b300-prefill-dp2 | prefill tp1 dp2 | 2 | 240.3 GB | 8.6 GB | 138,950 | 2,223,200 (16 ranks) | 16 | 0 | "
             "2 of 131,072 | 1.00 |") in out
+
+
+def test_a_snapshot_named_by_the_stack_and_shared_indexer_layers(glm5, tmp_path, write_stack):
+    """capacity.facts names a snapshot of one's own; layers whose indexer is 'shared' (GLM-5's
+    indexer_types: they reuse the previous layer's top-k) keep no indexer key cache."""
+    snap = checkpoint.read_snapshot(checkpoint.LocalSource(glm5), REPO, COMMIT)
+    snap["config"]["indexer_types"] = ["full", "shared"] * 39
+    checkpoint.write_snapshot(tmp_path / "mine.json", snap)
+    cfg = stack_config("prod-b300")
+    cfg["glm-infra:capacity"] = {"facts": str(tmp_path / "mine.json")}
+    p = _pool(load_file(write_stack(cfg)).config, "decode")
+    assert p.indexer_layers == 39 + 1 and p.kv_bytes_per_token == 79 * 656 + 40 * 132
+    cfg["glm-infra:capacity"] = {"facts": str(tmp_path / "missing.json")}
+    with pytest.raises(StackError, match=r"glm-infra:capacity.facts: .*missing.json: no such file"):
+        load_file(write_stack(cfg))
