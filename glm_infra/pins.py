@@ -6,7 +6,8 @@ The choices were read from the released packages: vLLM 0.33.0's wheel (``vllm/to
 and ``vllm/reasoning/__init__.py`` registries, ``vllm/config/parallel.py`` ``All2AllBackend``,
 ``vllm/config/speculative.py`` ``SpeculativeMethod``, ``vllm/entrypoints/common/cli_args.py``
 ``fingerprint_mode``, ``vllm/renderers/chat_utils/types.py`` ``ChatTemplateContentFormatOption``,
-``vllm/config/compilation.py`` ``CUDAGraphMode``) and vllm-router 0.1.17's ``router_args.py`` (``--policy``).
+``vllm/config/compilation.py`` ``CUDAGraphMode``,
+``vllm/config/cache.py`` ``CacheDType``) and vllm-router 0.1.17's ``router_args.py`` (``--policy``).
 """
 
 from __future__ import annotations
@@ -61,12 +62,11 @@ VLLM_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
         "fingerprintMode": ("full", "hash", "custom", "none"),
         "chatTemplateContentFormat": ("auto", "string", "openai"),
         "cudagraphMode": ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"),
-        # CacheDType of vllm/config/cache.py (read from vLLM's repository, commit 002f10e, not from the
-        # 0.33.0 wheel: check them against it when the pin moves).
+        # CacheDType of vllm/config/cache.py (0.33.0's wheel).
         "kvCacheDtype": ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
                          "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
-                         "turboquant_3bit_nc", "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head",
-                         "nvfp4", "nvfp4_4over6"),
+                         "turboquant_3bit_nc", "octave_k3v4", "octave_k3v3", "octave_k3v3_compact", "ultraquant_4bit",
+                         "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6"),
     },
 }
 
