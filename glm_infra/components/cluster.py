@@ -15,7 +15,7 @@ from typing import Any
 import pulumi
 import pulumi_command.remote as remote
 
-from .. import hostplan, inputs, paths, render, topology
+from .. import hostplan, inputs, paths, render, sdk_wait, topology
 from ..args import ClusterArgs, HostsArgs
 from ..config import SERVING_KEYS
 from ..hostplan import HostSteps
@@ -57,6 +57,9 @@ class _Deployment(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None, runtime: bool = False,
                  only_hosts: Sequence[str] | None = None) -> None:
         source = f"{type_.rsplit(':', 1)[-1]} {name!r}"
+        # A fleet registers thousands of resources: the SDK's wait for them, one wait per round
+        # instead of per output (glm_infra/sdk_wait.py; GLM_INFRA_SDK_WAIT=sdk leaves it alone).
+        sdk_wait.install()
         try:
             self._split, loaded = inputs.load(args, source, serve)
             if not serve and not runtime and loaded.config.model.source == "huggingface":
