@@ -58,7 +58,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     from . import capacity, checkpoint
 
     if args.action == "compare":
-        rows = [(_load(s).name, _load(s).config) for s in args.stacks]
+        rows = [(loaded.name, loaded.config) for loaded in map(_load, args.stacks)]
         print(capacity.trade_table(rows, args.pool))
         return EXIT_OK
     # fetch: read the facts from the checkpoint itself (stack loaded without the capacity rule, which
