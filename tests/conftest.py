@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import copy
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -17,6 +18,23 @@ import proctree  # noqa: E402
 
 STACKS = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in (ROOT / "stacks").glob("Pulumi.*.yaml"))
 PROD_STACKS = [s for s in STACKS if s != "sim"]
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now (for a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int) -> None:
+    """Until something listens on the loopback ``port``; fails after 10 s."""
+    for _ in range(200):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"nothing listens on {port}")
 
 
 def stack_file(name: str) -> Path:

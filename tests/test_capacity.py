@@ -7,16 +7,14 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 import glm5_checkpoint
-from conftest import ROOT, stack_config
+from conftest import ROOT, free_port, stack_config, wait_port
 from glm_infra import capacity, checkpoint, cli, render, topology
 from glm_infra.stack import StackError, load_file
 
@@ -78,19 +76,13 @@ def hub(glm5, tmp_path):
         (src / f.name).write_bytes(f.read_bytes())
         files.append({"path": f.name, "size": f.stat().st_size, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()})
     (src / "manifest.json").write_text(json.dumps({"files": files}))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log = tmp_path / "hub.log"
     p = subprocess.Popen([sys.executable, str(ROOT / "tests" / "hub_standin.py"), "--dir", str(src.parent), "--repo",
                           REPO, "--bind", f"127.0.0.1:{port}", "--token", "hf_secret_123"],
                          stdout=open(log, "w"), stderr=subprocess.STDOUT)
     try:
-        for _ in range(100):
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.05)
+        wait_port(port)
         yield f"http://127.0.0.1:{port}", log
     finally:
         p.terminate()
@@ -122,18 +114,12 @@ def test_a_mirror_that_ignores_bounded_ranges_is_read_only_up_to_each_header(glm
     'bytes=A-': fetch reads the 200 answer up to the header's end and closes the connection."""
     (tmp_path / "mirror").mkdir()
     shutil.copytree(glm5, tmp_path / "mirror" / COMMIT)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     p = subprocess.Popen([sys.executable, str(ROOT / "glm_infra/host/weights.py"), "serve", "--dir",
                           str(tmp_path / "mirror"), "--bind", f"127.0.0.1:{port}", "--all"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(100):
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.05)
+        wait_port(port)
         cfg = stack_config("prod-b300")
         cfg["glm-infra:model"].update(revision=COMMIT, source="mirror", mirrorUrl=f"http://127.0.0.1:{port}")
         out = tmp_path / "facts.json"

@@ -52,20 +52,27 @@ def test_toolchain_versions(engine, project):
     assert about.returncode == 0
 
 
+def refused_before_any_resource(project, stack: str, cfg: dict) -> str:
+    """Write ``cfg`` as STACK, then check that `preview` and `up` both fail cleanly (no traceback) and
+    leave no resource in the state; returns what preview printed."""
+    (project / f"stacks/Pulumi.{stack}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert pulumi(project, f"stack init {stack} --secrets-provider passphrase").returncode == 0
+    out = pulumi(project, f"preview -s {stack} --non-interactive")
+    assert out.returncode != 0
+    assert "Traceback" not in out.stdout + out.stderr
+    up = pulumi(project, f"up -s {stack} --yes --skip-preview --non-interactive")
+    assert up.returncode != 0
+    state = pulumi(project, f"stack export -s {stack}")
+    resources = yaml.safe_load(state.stdout)["deployment"].get("resources") or []
+    assert [r["type"] for r in resources if r["type"] != "pulumi:pulumi:Stack"] == [], "nothing was created"
+    return out.stdout
+
+
 def test_a_bad_stack_creates_no_resource_through_the_engine(engine, project):
     cfg = yaml.safe_load(stack_file("prod-b300").read_text())
     cfg["config"]["glm-infra:decode"]["tp"] = 0
-    (project / "stacks/Pulumi.bad.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    assert pulumi(project, "stack init bad --secrets-provider passphrase").returncode == 0
-    out = pulumi(project, "preview -s bad --non-interactive")
-    assert out.returncode != 0
-    assert "glm-infra:decode.tp: Input should be greater than or equal to 1" in out.stdout
-    assert "Traceback" not in out.stdout + out.stderr
-    up = pulumi(project, "up -s bad --yes --skip-preview --non-interactive")
-    assert up.returncode != 0
-    state = pulumi(project, "stack export -s bad")
-    resources = yaml.safe_load(state.stdout)["deployment"].get("resources") or []
-    assert [r["type"] for r in resources if r["type"] != "pulumi:pulumi:Stack"] == [], "nothing was created"
+    out = refused_before_any_resource(project, "bad", cfg)
+    assert "glm-infra:decode.tp: Input should be greater than or equal to 1" in out
 
 
 def test_a_decode_without_kv_room_for_one_max_request_is_refused_before_any_resource(engine, project):
@@ -73,15 +80,6 @@ def test_a_decode_without_kv_room_for_one_max_request_is_refused_before_any_reso
     decode of DP2 ranks keeps 2.9 GB of KV room per rank, short of one 202,752-token request."""
     cfg = yaml.safe_load(stack_file("prod-b300").read_text())
     cfg["config"]["glm-infra:decode"].update(dp=2, instancesPerHost=4)
-    (project / "stacks/Pulumi.tight.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    assert pulumi(project, "stack init tight --secrets-provider passphrase").returncode == 0
-    out = pulumi(project, "preview -s tight --non-interactive")
-    assert out.returncode != 0
+    out = refused_before_any_resource(project, "tight", cfg)
     assert ("glm-infra:decode: a decode rank (tp1 dp2) cannot hold one request of the maximum context, 202,752 "
-            "tokens (max_position_embeddings from config.json): its KV room of 2.9 GB holds 46,423 tokens") in out.stdout
-    assert "Traceback" not in out.stdout + out.stderr
-    up = pulumi(project, "up -s tight --yes --skip-preview --non-interactive")
-    assert up.returncode != 0
-    state = pulumi(project, "stack export -s tight")
-    resources = yaml.safe_load(state.stdout)["deployment"].get("resources") or []
-    assert [r["type"] for r in resources if r["type"] != "pulumi:pulumi:Stack"] == [], "nothing was created"
+            "tokens (max_position_embeddings from config.json): its KV room of 2.9 GB holds 46,423 tokens") in out

@@ -5,24 +5,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, free_port, wait_port
 
 WEIGHTS = ROOT / "glm_infra" / "host" / "weights.py"
 MAKE = ROOT / "scripts" / "standins" / "make-checkpoint"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve(directory: Path, tmp: Path, name: str, all_files: bool) -> tuple[str, Path, subprocess.Popen]:
@@ -30,11 +22,7 @@ def serve(directory: Path, tmp: Path, name: str, all_files: bool) -> tuple[str, 
     log = tmp / f"{name}.log"
     args = [sys.executable, str(WEIGHTS), "serve", "--dir", str(directory), "--bind", f"127.0.0.1:{port}"]
     p = subprocess.Popen(args + (["--all"] if all_files else []), stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-    for _ in range(100):
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.05)
+    wait_port(port)
     return f"http://127.0.0.1:{port}", log, p
 
 
@@ -227,11 +215,7 @@ def hub(tmp_path, monkeypatch):
     p = subprocess.Popen([sys.executable, str(ROOT / "tests" / "hub_standin.py"), "--dir", str(src), "--repo", REPO,
                           "--bind", f"127.0.0.1:{port}", "--token", "hf_secret_123"],
                          stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    for _ in range(100):
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.05)
+    wait_port(port)
     # The library reads its endpoint from the environment; its caches stay inside the test.
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, free_port, wait_port
 from glm_infra import hostplan, ports, topology
 from glm_infra.stack import load_file
 from glm_infra.topology import RELAY_DEGREE, relay_tree, weights_relay
@@ -86,21 +86,6 @@ def test_only_hosts_with_children_listen_and_each_peer_names_its_ancestors():
 
 
 # --- real processes on loopback --------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int) -> None:
-    for _ in range(200):
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"nothing listens on {port}")
 
 
 class Fleet:
