@@ -2,9 +2,12 @@
 
 import pulumi
 
-from glm_infra import Cluster
+from glm_infra import Cluster, sdk_wait
 from glm_infra.program import capacity_output, load
 
+# A fleet registers thousands of resources: the SDK waits for them one round at a time instead of once
+# per output (glm_infra/sdk_wait.py: tested SDK versions only; GLM_INFRA_SDK_WAIT=sdk leaves it alone).
+sdk_wait.install()
 cluster = Cluster("glm", load())
 
 pulumi.export("hosts", {n: h.address for n, h in cluster.hosts.items()})

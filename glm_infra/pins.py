@@ -2,12 +2,11 @@
 settings glm-infra passes it, in one place. ``validate`` checks the stack's values against the
 choices of the versions it runs; a version this table does not know is not checked (and says so).
 
-The choices were read from the released packages: vLLM 0.33.0's wheel (``vllm/tool_parsers/__init__.py``
-and ``vllm/reasoning/__init__.py`` registries, ``vllm/config/parallel.py`` ``All2AllBackend``,
-``vllm/config/speculative.py`` ``SpeculativeMethod``, ``vllm/entrypoints/common/cli_args.py``
-``fingerprint_mode``, ``vllm/renderers/chat_utils/types.py`` ``ChatTemplateContentFormatOption``,
-``vllm/config/compilation.py`` ``CUDAGraphMode``,
-``vllm/config/cache.py`` ``CacheDType``) and vllm-router 0.1.17's ``router_args.py`` (``--policy``).
+Every closed set is what the pinned release's own command line takes, read from the released
+packages (``tests/test_pins.py`` rebuilds each from them and fails when they differ): vLLM 0.33.0's
+wheel for ``vllm serve`` (the file and symbol of each set beside it) and vllm-router 0.1.17's
+``router_args.py`` (``RouterArgs.add_cli_args``, ``--policy``'s ``choices``). A value in vLLM's
+internal lists that its command line refuses is not a choice.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ ROUTER_HEALTH_CHECK_TIMEOUT_S = 5
 UV = "0.13.8"
 HF_HUB = "2.4.0"
 
+# vllm/config/speculative.py MTPModelTypes (part of SpeculativeMethod below).
 _MTP = (
     "deepseek_mtp", "dots3_note_mtp", "mimo_mtp", "mimo_v2_mtp", "glm4_moe_mtp", "glm4_moe_lite_mtp", "glm_ocr_mtp",
     "ernie_mtp", "nemotron_h_mtp", "exaone_moe_mtp", "exaone4_5_mtp", "qwen3_next_mtp", "qwen4_exp_mtp",
@@ -35,6 +35,8 @@ _MTP = (
 # vLLM version → setting (the stack's key under model / a pool) → what that version accepts.
 VLLM_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
     "0.33.0": {
+        # vllm/tool_parsers/__init__.py _TOOL_PARSERS_TO_REGISTER (ToolParserManager.list_registered(), which
+        # vllm/entrypoints/common/cli_args.py's --tool-call-parser is checked against after parsing).
         "toolCallParser": (
             "apertus", "beam", "cohere_command3", "cohere_command4", "deepseek_v3", "deepseek_v31", "deepseek_v32",
             "deepseek_v4", "deepseek_v41", "dots", "ernie45", "functiongemma", "gemma4", "gigachat3", "glm45",
@@ -44,6 +46,8 @@ VLLM_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
             "muse", "muse_glimmer", "musespark1x", "olmo3", "openai", "phi4_mini_json", "plamo3", "poolside_v1",
             "pythonic", "qwen3_coder", "qwen3_json", "qwen3_xml", "seed_oss", "step3", "step3p5", "step5", "xlam",
         ),
+        # vllm/reasoning/__init__.py _REASONING_PARSERS_TO_REGISTER (--reasoning-parser, checked after
+        # parsing; it also takes "none", the same as leaving it out).
         "reasoningParser": (
             "beam", "cohere_command3", "cohere_command4", "deepseek_r1", "deepseek_v3", "deepseek_v4",
             "deepseek_v41", "ernie45", "gemma4", "glm45", "glm47", "granite", "granite_thinking_parser", "hf",
@@ -52,17 +56,26 @@ VLLM_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
             "muse_glimmer", "musespark1x", "nemotron_v3", "olmo3", "openai_gptoss", "plamo3", "poolside_v1", "qwen3",
             "seed_oss", "step3", "step3p5", "step5",
         ),
+        # vllm/config/parallel.py All2AllBackend (ParallelConfig.all2all_backend) less what
+        # vllm/engine/arg_utils.py EngineArgs.add_cli_args removes from --all2all-backend's choices:
+        # "passthrough" (vllm/config/kernel.py PASSTHROUGH_ALL2ALL_BACKEND, set through --moe-backend).
         "all2allBackend": (
             "naive", "pplx", "deepep_high_throughput", "deepep_low_latency", "deepep_v2", "mori_high_throughput",
             "mori_low_latency", "moonep", "nixl_ep", "allgather_reducescatter", "flashinfer_all2allv",
-            "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided", "passthrough",
+            "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided",
         ),
+        # vllm/config/speculative.py SpeculativeMethod (SpeculativeConfig.method: --speculative-config's JSON).
         "speculativeMethod": ("ngram", "draft_model", "suffix", "custom_class", "eagle", "eagle3",
                               "extract_hidden_states", *_MTP, "dflash", "ngram_gpu", "dspark"),
+        # vllm/entrypoints/common/cli_args.py BaseFrontendArgs.fingerprint_mode (--fingerprint-mode's choices).
         "fingerprintMode": ("full", "hash", "custom", "none"),
+        # vllm/renderers/chat_utils/types.py ChatTemplateContentFormatOption
+        # (BaseFrontendArgs.chat_template_content_format: --chat-template-content-format's choices).
         "chatTemplateContentFormat": ("auto", "string", "openai"),
+        # vllm/config/compilation.py CUDAGraphMode's names (--compilation-config's cudagraph_mode).
         "cudagraphMode": ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"),
-        # CacheDType of vllm/config/cache.py (0.33.0's wheel).
+        # vllm/config/cache.py CacheDType (--kv-cache-dtype takes any string, CacheConfig refuses the rest;
+        # no register_kv_cache_dtype in the wheel adds one).
         "kvCacheDtype": ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
                          "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
                          "turboquant_3bit_nc", "octave_k3v4", "octave_k3v3", "octave_k3v3_compact", "ultraquant_4bit",
@@ -72,6 +85,7 @@ VLLM_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
 
 ROUTER_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
     "0.1.17": {
+        # vllm_router/router_args.py RouterArgs.add_cli_args: --policy's choices.
         "policy": ("random", "round_robin", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
                    "sticky_least_loaded"),
     },

@@ -11,6 +11,7 @@ undo it).
 from __future__ import annotations
 
 import hashlib
+import hmac
 import shlex
 from dataclasses import dataclass, field
 
@@ -24,7 +25,23 @@ TRIGGERS_TOKEN = "@glm-infra-triggers@"
 
 
 def digest(*parts: str) -> str:
+    """A short digest of public values (not of a secret: anyone can compute it from a guess)."""
     h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+TRIGGER_KEY_MIN = 32  # hex digits (128 bits) at least in the key of ``keyed_digest``
+
+
+def keyed_digest(key: str, *parts: str) -> str:
+    """``digest`` keyed with a secret (HMAC-SHA256): of values that include a secret, it may be seen
+    (in state, logs, argv) because without ``key`` nobody can check a guessed secret against it."""
+    if len(key.strip()) < TRIGGER_KEY_MIN:
+        raise ValueError(f"the trigger key is missing or shorter than {TRIGGER_KEY_MIN} characters")
+    h = hmac.new(key.strip().encode(), digestmod=hashlib.sha256)
     for p in parts:
         h.update(p.encode())
         h.update(b"\0")

@@ -19,6 +19,7 @@ from pulumi.runtime import mocks as pmocks
 from pulumi.runtime.stack import massage
 
 from conftest import ROOT
+from glm_infra.components.remote_step import TRIGGER_KEY_COMMAND
 
 SECRET_KEY = "4dabf18193072939515e22adb298388d"  # the Pulumi wire format's "special value" key
 SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"  # ... whose value marks a secret
@@ -37,11 +38,16 @@ class Registered:
     raw_inputs: dict = field(default_factory=dict)  # as sent, secrets still wrapped in their markers
     additional_secret_outputs: list[str] = field(default_factory=list)
     custom_timeouts: dict = field(default_factory=dict)  # {"create": "5m", "update": "5m"} as sent
+    outputs: dict = field(default_factory=dict)  # what the mocks answered (the engine marks secret the
+    # outputs whose input was secret and those in additional_secret_outputs)
 
 
 class _Mocks(pulumi.runtime.Mocks):
     # What a StackReference reads under the mocks: {stack name: outputs} (set by a test).
     stack_outputs: dict[str, dict] = {}
+    # What the trigger key's command (remote_step.TRIGGER_KEY_COMMAND: 32 random bytes as 64 hex digits,
+    # made once and kept in the stack's state) prints: the same in every run, as a deployed stack's is.
+    trigger_key: str = "7f3c" * 16
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         if args.typ == "pulumi:pulumi:StackReference":
@@ -52,6 +58,8 @@ class _Mocks(pulumi.runtime.Mocks):
         create = outputs.get("create")
         if args.typ == "command:local:Command" and isinstance(create, str) and create.startswith("echo "):
             outputs["stdout"] = create.removeprefix("echo ")
+        if args.typ == "command:local:Command" and create == TRIGGER_KEY_COMMAND:
+            outputs["stdout"] = self.trigger_key
         return [f"{args.name}-id", outputs]
 
     def call(self, args: pulumi.runtime.MockCallArgs):
@@ -77,7 +85,8 @@ class RecordingMonitor(pmocks.MockMonitor):
             self.registered.append(
                 Registered(request.type, request.name, resp.urn, request.parent, list(request.dependencies), inputs,
                            secret, bool(request.retainOnDelete), raw, list(request.additionalSecretOutputs),
-                           {k: v for k, v in MessageToDict(request.customTimeouts).items() if v})
+                           {k: v for k, v in MessageToDict(request.customTimeouts).items() if v},
+                           MessageToDict(resp.object))
             )
         return resp
 

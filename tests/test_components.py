@@ -225,3 +225,57 @@ def test_a_step_reaches_the_provider_as_planned():
     assert (waits.type, waits.inputs["create"], waits.inputs["update"], waits.inputs["delete"], waits.inputs["stdin"]) == (
         "command:local:Command", "sleep 1", "sleep 1", "echo gone", "input")
     assert waits.inputs["environment"] == {"X": "1"} and waits.inputs["addPreviousOutputInEnv"] is False
+
+
+def test_the_components_leave_the_sdk_as_it_is():
+    """The round wait is the program's choice (glm_infra.sdk_wait.install()), never a constructor's:
+    a program that only builds a Cluster and Hosts runs the SDK it imported."""
+    from glm_infra import sdk_wait
+
+    was = sdk_wait.installed()
+    sdk_wait.uninstall()
+    try:
+        run_callable(lambda: Cluster("glm", {"hosts": hosts("10.0.0.11", "10.0.0.12", "10.0.0.13"),
+                                             "ssh": {"private_key": KEY}, "model": MODEL}).router_url)
+        run_callable(lambda: Hosts("fleet", {"hosts": hosts("10.0.0.41"), "ssh": {"private_key": KEY},
+                                             "model": MODEL}, install_runtime=True).facts)
+        assert not sdk_wait.installed()
+    finally:
+        if was:
+            sdk_wait.install()
+
+
+def test_a_secret_trigger_is_keyed_with_the_stack_key_or_kept_secret():
+    """A trigger that is a secret (or made of one) stamps the command with an HMAC keyed by the stack's
+    trigger key, which is not kept secret (nobody can check a guess against it); before any key (a
+    component registered outside Cluster and Hosts) the command stays secret; a public trigger keeps
+    its plain digest."""
+    import hashlib
+    import hmac
+
+    from pulumi_command import remote
+
+    from glm_infra.components.remote_step import run_step, trigger_key
+    from glm_infra.steps import Step
+    from pulumi_harness import _Mocks
+
+    def program():
+        parent = pulumi.ComponentResource("test:index:Parent", "p")
+        conn = remote.ConnectionArgs(host="10.0.0.1", user="root", private_key=pulumi.Output.secret(KEY))
+        step = Step("s", "echo a", "echo d")
+        run_step("before-key", step, conn, parent, triggers=[pulumi.Output.secret("s3cr3t-api-key")])
+        trigger_key("p-trigger-key", parent)
+        run_step("keyed", step, conn, parent, triggers=[pulumi.Output.secret("s3cr3t-api-key")])
+        run_step("public", step, conn, parent, triggers=["public-value"])
+        return pulumi.Output.from_input("done")
+
+    run, _ = run_callable(program)
+    before, keyed, public, key = (run.get(n) for n in ("before-key", "keyed", "public", "p-trigger-key"))
+    assert {"create", "update"} <= before.secret_inputs
+    want = hmac.new(_Mocks.trigger_key.encode(), b"s3cr3t-api-key\0", hashlib.sha256).hexdigest()[:16]
+    assert keyed.inputs["create"] == f": glm-infra-triggers={want}; echo a" and "create" not in keyed.secret_inputs
+    assert key.urn in keyed.dependencies and key.urn not in public.dependencies
+    plain = hashlib.sha256(b"public-value\0").hexdigest()[:16]
+    assert public.inputs["create"] == f": glm-infra-triggers={plain}; echo a"
+    assert key.type == "command:local:Command" and "stdout" in key.additional_secret_outputs
+    assert key.inputs["logging"] == "none" and "/dev/urandom" in key.inputs["create"]

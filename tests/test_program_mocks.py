@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import pulumi
 import yaml
@@ -53,8 +55,11 @@ def test_resource_tree(stack, key_file):
     assert types.count("glm-infra:index:VllmService") == len(p.instances)
     assert types.count("glm-infra:index:Router") == (1 if p.router else 0)
     assert types.count(CMD) == _expected_commands(stack)
-    # The wait for a reboot; the turn taken and given back in the host's pools.
-    assert types.count("command:local:Command") == 3 * len(p.serving_hosts)
+    # The wait for a reboot; the turn taken and given back in the host's pools; the stack's trigger key.
+    assert types.count("command:local:Command") == 3 * len(p.serving_hosts) + 1
+    key = run.get("glm-trigger-key")
+    assert key.parent == run.urn("glm") and set(key.additional_secret_outputs) >= {"stdout"}
+    assert key.inputs["logging"] == "none"
     assert types.count("glm-infra:index:Drivers") == len(p.serving_hosts)
     runtimes = len({h.name for h in p.hosts if h.instances or h.runs_router})
     # Per serving host: the health gate, RDMA and the UCX env file; per host that runs anything: the runtime;
@@ -323,6 +328,7 @@ def test_a_planted_leak_is_caught(key_file, tmp_path, monkeypatch):
 
     for module in (cluster, remote_step):
         monkeypatch.setattr(module, "digest", lambda *parts: "|".join(parts))
+    monkeypatch.setattr(remote_step, "keyed_digest", lambda key, *parts: "|".join(parts))
     run = run_program(secret_stack(tmp_path), key_file, secrets=CANARIES)
     problems = secret_problems(run)
     assert any(p.startswith("router API key: glm-prefill-0-rollout: input create") for p in problems), problems
@@ -398,3 +404,183 @@ def test_a_rotated_secret_changes_only_what_reads_it(key_file, tmp_path):
     assert len(key_files) == 3, key_files  # each serving host's vLLM env
     assert changed - rollouts - key_files == {"glm-router-secrets", "glm-router-service", "glm-router-front",
                                               "glm-router-front-keys"}, changed
+
+
+def test_the_program_installs_the_round_wait(key_file, monkeypatch):
+    """glm-infra's own program opts in to the SDK round wait (glm_infra/sdk_wait.py), before any
+    resource; GLM_INFRA_SDK_WAIT=sdk keeps the SDK as it comes."""
+    from glm_infra import sdk_wait
+
+    was = sdk_wait.installed()
+    try:
+        sdk_wait.uninstall()
+        monkeypatch.setenv("GLM_INFRA_SDK_WAIT", "sdk")
+        run_program(stack_file("prod-b300"), key_file)
+        assert not sdk_wait.installed()
+        monkeypatch.delenv("GLM_INFRA_SDK_WAIT")
+        run_program(stack_file("prod-b300"), key_file)
+        assert sdk_wait.installed()
+    finally:
+        sdk_wait.uninstall()
+        if was:
+            sdk_wait.install()
+
+
+# --- no function of a secret in plaintext (issue 25, defect 8) ------------------------------------
+
+ROTATED = {k: v.replace("canary", "rotated") for k, v in CANARIES.items()}  # every secret, another value
+
+
+def _plain_leaves(run) -> dict[str, str]:
+    """Every string the program hands the engine, or gets back from it, outside a secret: each
+    resource's name, inputs (as sent, secrets still marked) and outputs (what the mocks answered; the
+    engine keeps secret the outputs whose input was secret and those in additional_secret_outputs),
+    component and stack outputs, log messages. By a path naming where it is."""
+    from pulumi_harness import SECRET_KEY, SECRET_SIG
+
+    out: dict[str, str] = {}
+
+    def walk(value, path: str) -> None:
+        if isinstance(value, dict) and value.get(SECRET_KEY) == SECRET_SIG:
+            return
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{path}.{k}")
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, f"{path}[{i}]")
+        elif isinstance(value, str):
+            out[path] = value
+
+    for r in run.resources:
+        out[f"{r.name}: urn"] = r.urn
+        walk(r.raw_inputs, f"{r.name}: input")
+        hidden = set(r.secret_inputs) | set(r.additional_secret_outputs)
+        walk({k: v for k, v in r.outputs.items() if k not in hidden}, f"{r.name}: output")
+    for urn, outputs in run.outputs.items():
+        walk(outputs, f"{urn.rsplit('::', 1)[-1]}: outputs")
+    for i, m in enumerate(run.logs):
+        out[f"log {i}"] = m
+    return out
+
+
+def _derived_needles(sources: dict[str, str]) -> dict[str, str]:
+    """What a guess of a secret lets anyone compute offline: the secret, the hex digests (sha256, sha1,
+    md5) of it and of each file made of it, with or without a NUL or newline after, once or digested
+    again — each as its first and last 8 hex digits (a longer piece of a digest holds them)."""
+    import hashlib
+
+    out: dict[str, str] = {}
+    for name, text in sources.items():
+        out[text] = name
+        firsts = []
+        for suffix in ("", "\0", "\n"):
+            for algo in ("sha256", "sha1", "md5"):
+                h = hashlib.new(algo, (text + suffix).encode()).hexdigest()
+                firsts.append(h)
+                out[h[:8]], out[h[-8:]] = f"{algo} of {name}", f"{algo} of {name}"
+        for h in firsts:
+            for cut in (8, 16, 32, 64):
+                for suffix in ("", "\0"):
+                    again = hashlib.sha256((h[:cut] + suffix).encode()).hexdigest()
+                    out[again[:8]] = out[again[-8:]] = f"sha256 of a digest of {name}"
+    return out
+
+
+def _rendered_secret_files(path, secrets: dict[str, str]) -> dict[str, str]:
+    """The secret files the hosts get (vLLM's and the router's env files, the hub token file, the
+    front's keys and certificate, the webhook URL), rendered with the real values."""
+    from glm_infra import hostplan, render
+    from glm_infra.topology import plan as make_plan
+
+    stack = load_file(path).config
+    values = {name: secrets[key] for name, key in render.configured_secrets(stack).items()}
+    steps = hostplan.plan_all(stack, make_plan(stack), values, stack_name="test")
+    return {f"{h}:{s.name}": getattr(render, s.secret_render)(values)
+            for h, hs in steps.items() for s in hs.steps.values() if s.secret_render}
+
+
+def derived_leaks(path, key_file) -> list[str]:
+    """Every string outside a secret, searched for each secret, each secret file's text, and the
+    digests a guessed secret lets anyone recompute offline."""
+    run = run_program(path, key_file, secrets=CANARIES)
+    files = _rendered_secret_files(path, CANARIES)
+    assert {k.split(":", 1)[1] for k in files} >= {"vllm-secrets", "hf-secrets", "router-secrets", "router-front-keys",
+                                                   "router-front-tls-given", "alertmanager-webhook"}
+    sources = {**{k: v for k, v in CANARIES.items() if k != "glm-infra:ssh.privateKey"}, **files}
+    needles = _derived_needles(sources)
+    leaves = _plain_leaves(run)
+    assert len(leaves) > 1000  # the walk did see the program
+    hex_runs = {(m.group(), where) for where, s in leaves.items() for m in re.finditer(r"[0-9a-f]{8,}", s)}
+    found = sorted({f"{where}: {needles[n]}" for hex_run, where in hex_runs for n in
+                    {hex_run[i:i + 8] for i in range(len(hex_run) - 7)} if n in needles})
+    found += sorted(f"{where}: {name}" for where, s in leaves.items() for text, name in sources.items()
+                    if len(text) >= 8 and text in s)
+    found += sorted(f"{where}: {name} (body)" for where, s in leaves.items() for name, body in NEEDLES.items()
+                    if body in s)
+    return found
+
+
+def unkeyed(path, key_file, monkeypatch) -> list[str]:
+    """The plain strings that change with the secrets but not with the stack's trigger key: functions
+    of the secrets and public values alone, which a guess can be checked against offline. Three runs:
+    the canaries, every secret rotated, the canaries with another key."""
+    from pulumi_harness import _Mocks
+
+    base = _plain_leaves(run_program(path, key_file, secrets=CANARIES))
+    rotated = _plain_leaves(run_program(path, key_file, secrets=ROTATED))
+    with monkeypatch.context() as m:
+        m.setattr(_Mocks, "trigger_key", "0a1b" * 16, raising=False)
+        rekeyed = _plain_leaves(run_program(path, key_file, secrets=CANARIES))
+    assert set(base) == set(rotated) == set(rekeyed)
+    with_secret = {p for p in base if not p.startswith("log ") and base[p] != rotated[p]}
+    assert any(p.startswith("glm-prefill-0-rollout: input.create") for p in with_secret), with_secret
+    return sorted(p for p in with_secret if base[p] == rekeyed[p])
+
+
+def test_no_function_of_a_secret_is_in_plaintext(key_file, tmp_path):
+    """A plain digest of a secret env file in a command once matched a guessed 16-character API key."""
+    assert derived_leaks(secret_stack(tmp_path), key_file) == []
+
+
+def test_what_depends_on_a_secret_in_plaintext_is_keyed(key_file, tmp_path, monkeypatch):
+    assert unkeyed(secret_stack(tmp_path), key_file, monkeypatch) == [], "functions of a secret, not keyed"
+
+
+def test_an_unkeyed_digest_of_a_secret_is_caught(key_file, tmp_path, monkeypatch):
+    """Both checks above can fail: with the trigger key ignored (a plausible slip), the restart stamps
+    of the instances, the router and Alertmanager are plain digests of the secret files again."""
+    import glm_infra.components.remote_step as remote_step
+    from glm_infra.steps import digest
+
+    monkeypatch.setattr(remote_step, "keyed_digest", lambda key, *parts: digest(*parts))
+    path = secret_stack(tmp_path)
+    leaks_found = derived_leaks(path, key_file)
+    # The steps with one secret trigger (with more, the digest is of several values: the check below).
+    assert "glm-router-front-tls: input.create: sha256 of a digest of b300-3:router-front-tls-given" in leaks_found
+    assert any(x.startswith("glm-monitoring-b300-3-alertmanager: input.create: ") for x in leaks_found), leaks_found
+    found = unkeyed(path, key_file, monkeypatch)
+    for name in ("glm-prefill-0-rollout", "glm-decode-0-rollout", "glm-router-service", "glm-router-front",
+                 "glm-monitoring-b300-3-alertmanager"):
+        assert f"{name}: input.create" in found, (name, found)
+
+
+def test_secret_triggers_are_keyed_and_the_others_are_as_they_were(key_file, tmp_path):
+    """Upgrading changes only the commands of steps with a secret trigger (in place: a new stamp, as a
+    rotated secret does); every other step keeps the plain digest it had, and does not wait for the key."""
+    import hashlib
+
+    run = run_program(secret_stack(tmp_path), key_file, secrets=CANARIES)
+    key = run.urn("glm-trigger-key")
+    waits = {r.name for r in run.resources if key in r.dependencies}
+    assert waits == {"glm-prefill-0-rollout", "glm-prefill-1-rollout", "glm-prefill-2-rollout",
+                     "glm-prefill-3-rollout", "glm-decode-0-rollout", "glm-router-service", "glm-router-front",
+                     "glm-router-front-tls", "glm-monitoring-b300-3-alertmanager"}, waits
+
+    def plain(*parts: str) -> str:  # steps.digest as it has always been: sha256 of NUL-ended parts
+        return hashlib.sha256(b"".join(p.encode() + b"\0" for p in parts)).hexdigest()[:16]
+
+    # prune-weights is stamped with its one trigger, the model revision, digested twice (step, then run_step).
+    prune = run.get("glm-b300-2-prune-weights").inputs["create"]
+    revision = yaml.safe_load(stack_file("prod-b300").read_text())["config"]["glm-infra:model"]["revision"]
+    assert prune.startswith(f": glm-infra-triggers={plain(plain(revision))}; "), prune

@@ -80,8 +80,8 @@ def test_every_resource_sends_what_the_render_shows(stack, key_file, tmp_path, c
     addresses = {h.address: h.name for h in cfg.hosts}
     sent: dict[str, Counter] = {h: Counter() for h in shown}
     for r in run.resources:
-        if r.type not in ("command:remote:Command", "command:local:Command"):
-            continue
+        if r.type not in ("command:remote:Command", "command:local:Command") or r.name == "glm-trigger-key":
+            continue  # the key of the secret triggers' digests (remote_step) is the stack's, no host's step
         if r.type == "command:local:Command":  # the wait for a reboot, the turns: named after their host
             (host,) = [h for h in shown if r.name.startswith(f"glm-{h}-")]
         else:
@@ -94,4 +94,4 @@ def test_every_resource_sends_what_the_render_shows(stack, key_file, tmp_path, c
         extra = sent[host] - shown[host]
         assert not missing and not extra, (host, list(missing)[:2], list(extra)[:2])
     assert sum(sum(c.values()) for c in shown.values()) == len(
-        [r for r in run.resources if r.type.startswith("command:")])
+        [r for r in run.resources if r.type.startswith("command:") and r.name != "glm-trigger-key"])

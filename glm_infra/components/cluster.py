@@ -15,7 +15,7 @@ from typing import Any
 import pulumi
 import pulumi_command.remote as remote
 
-from .. import hostplan, inputs, paths, render, sdk_wait, topology
+from .. import hostplan, inputs, paths, render, topology
 from ..args import ClusterArgs, HostsArgs
 from ..config import SERVING_KEYS
 from ..hostplan import HostSteps
@@ -26,7 +26,7 @@ from .drivers import Drivers, DriversArgs
 from .host import Host, HostArgs
 from .host_step import HostStep, HostStepArgs
 from .monitoring import STEP_KEYS, MonitoredHost, Monitoring, MonitoringArgs
-from .remote_step import run_step
+from .remote_step import run_step, trigger_key
 from .router import Router, RouterArgs
 from .vllm_service import VllmService, VllmServiceArgs
 from .weights import ModelWeights, ModelWeightsArgs, WeightsHost
@@ -57,9 +57,6 @@ class _Deployment(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None, runtime: bool = False,
                  only_hosts: Sequence[str] | None = None) -> None:
         source = f"{type_.rsplit(':', 1)[-1]} {name!r}"
-        # A fleet registers thousands of resources: the SDK's wait for them, one wait per round
-        # instead of per output (glm_infra/sdk_wait.py; GLM_INFRA_SDK_WAIT=sdk leaves it alone).
-        sdk_wait.install()
         try:
             self._split, loaded = inputs.load(args, source, serve)
             if not serve and not runtime and loaded.config.model.source == "huggingface":
@@ -72,6 +69,7 @@ class _Deployment(pulumi.ComponentResource):
         except StackError as e:
             raise InvalidArgsError(e) from None
         super().__init__(type_, name, None, opts)
+        trigger_key(f"{name}-trigger-key", self)  # keys the digests of secret triggers (remote_step)
         self._only = set(only_hosts) if only_hosts is not None else None
         for w in loaded.warnings:
             pulumi.log.warn(w, self)

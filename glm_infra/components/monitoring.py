@@ -63,7 +63,7 @@ class Monitoring(pulumi.ComponentResource):
                     stdin = pulumi.Output.secret(args.webhook_url)
                 elif key == "alertmanager" and "alertmanager-webhook" in made:
                     # A new URL restarts Alertmanager (systemd hands it the credential at start).
-                    triggers = [pulumi.Output.unsecret(pulumi.Output.secret(args.webhook_url).apply(digest))]
+                    triggers = [pulumi.Output.secret(args.webhook_url).apply(digest)]  # secret: run_step keys it
                 made[key] = run_step(f"{name}-{h.name}-{key}", step, h.connection, self, live=h.live.get(key),
                                      stdin=stdin, triggers=triggers, depends_on=after)
             self.commands[h.name] = made

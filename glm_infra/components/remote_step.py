@@ -4,12 +4,30 @@ components touch the provider."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 
 import pulumi
 import pulumi_command.local as local
 import pulumi_command.remote as remote
 
-from ..steps import TRIGGERS_TOKEN, Step, digest
+from ..steps import TRIGGERS_TOKEN, Step, digest, keyed_digest
+
+# The stack's trigger key: 32 random bytes as hex, made once (the command never changes, so it never
+# runs again) and kept in the state as a secret. Changing this text makes a new key: every step with a
+# secret trigger would re-run (the vLLM instances and the router restart), so leave it as it is.
+TRIGGER_KEY_COMMAND = "od -An -N32 -tx1 /dev/urandom | tr -d ' \\n'"
+_TRIGGER_KEY: ContextVar[pulumi.Output[str] | None] = ContextVar("glm_infra_trigger_key", default=None)
+
+
+def trigger_key(name: str, parent: pulumi.Resource) -> pulumi.Output[str]:
+    """Register the stack's trigger key (a ``command:local:Command`` whose stdout is the key, a secret)
+    and key with it the digest of every secret trigger of the steps registered after this call in this
+    program (Cluster and Hosts call it first). Returns the key."""
+    made = local.Command(name, create=TRIGGER_KEY_COMMAND, logging=local.Logging.NONE, add_previous_output_in_env=False,
+                         opts=pulumi.ResourceOptions(parent=parent, additional_secret_outputs=["stdout", "stderr"]))
+    key = pulumi.Output.secret(made.stdout)
+    _TRIGGER_KEY.set(key)
+    return key
 
 
 def inherited(opts: pulumi.ResourceOptions | None) -> list[pulumi.Resource]:
@@ -19,17 +37,32 @@ def inherited(opts: pulumi.ResourceOptions | None) -> list[pulumi.Resource]:
     return list(deps) if isinstance(deps, (list, tuple)) else [deps]
 
 
-def with_triggers(command: pulumi.Input[str], triggers: Sequence[pulumi.Input[str]]) -> pulumi.Input[str]:
+def with_triggers(command: pulumi.Input[str], triggers: Sequence[pulumi.Input[str]],
+                  key: pulumi.Output[str] | None = None) -> pulumi.Input[str]:
     """``command`` prefixed by a digest of the trigger values, so a changed value changes the command.
 
     pulumi-command replaces a resource whose ``triggers`` change (create the new, then run the old
     one's delete — which would undo the new). A changed command is an in-place update instead.
-    The digest reveals nothing of a secret it was computed from, so it is not kept secret."""
+
+    When a trigger is a secret (or made from one: a digest of a secret file), the digest is keyed with
+    the stack's trigger key: a plain one could be checked offline against a guessed secret. Keyed, it
+    reveals nothing, so the command is not kept secret (its diffs stay readable). Without a key (a
+    component registered outside Cluster and Hosts) such a command stays secret. Triggers without a
+    secret keep their plain digest: their commands are what they were."""
     if not triggers:
         return command
-    joined = pulumi.Output.all(command, *triggers).apply(
-        lambda vs: _stamp(vs[0], digest(*(str(v) for v in vs[1:]))))
-    return pulumi.Output.unsecret(joined)
+    values = pulumi.Output.all(*triggers)
+    secret = pulumi.Output.from_input(values.is_secret())
+
+    def stamp(vs: list) -> pulumi.Input[str]:
+        command, parts, is_secret = vs[0], [str(v) for v in vs[1]], vs[2]
+        if is_secret and key is not None:
+            # Only these depend on the key (so only these wait for it, unknown in a preview before it exists).
+            return key.apply(lambda k: _stamp(command, keyed_digest(k, *parts)))
+        return _stamp(command, digest(*parts))
+
+    joined = pulumi.Output.all(command, values, secret).apply(stamp)
+    return pulumi.Output.unsecret(joined) if key is not None else joined
 
 
 def _stamp(command: str, triggers_digest: str) -> str:
@@ -62,8 +95,9 @@ def run_step(
         *(live.apply(lambda s: digest(*s.triggers)) if live is not None else digest(*step.triggers),)
     ] if step.triggers else []
     all_triggers += list(triggers)
-    create = with_triggers(field("create"), all_triggers)
-    update = with_triggers(field("update"), all_triggers) if step.update is not None else create
+    key = _TRIGGER_KEY.get()
+    create = with_triggers(field("create"), all_triggers, key)
+    update = with_triggers(field("update"), all_triggers, key) if step.update is not None else create
     opts = pulumi.ResourceOptions(
         parent=parent,
         depends_on=list(depends_on),
