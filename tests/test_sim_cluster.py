@@ -92,7 +92,8 @@ def test_host_chain_on_a_real_host(cluster):
     drivers = steps["drivers-install"]
     first = run_step(host, drivers)
     assert first.returncode == 0, first.stderr
-    assert f"{host}: drivers: installing nvidia-driver-pinning-580=580.159.04-1" in first.stdout
+    assert (f"{host}: drivers: installing nvidia-driver-pinning-580=580-5 "
+            "nvidia-driver-pinning-580.159.04=580.159.04-1 ") in first.stdout
     second = run_step(host, drivers)
     assert second.returncode == 0 and "packages already at 580.159.04" in second.stdout
     assert "wrote" not in second.stdout and "installing" not in second.stdout

@@ -31,7 +31,7 @@ DRIVER = "580.159.04"
 
 TOOLS = {
     "nvidia-smi": DEBS / "nvidia-driver-580-open/usr/bin/nvidia-smi",
-    "dcgmi": DEBS / "datacenter-gpu-manager-4-cuda13/usr/bin/dcgmi",
+    "dcgmi": DEBS / "datacenter-gpu-manager-4-core/usr/bin/dcgmi",
     "ibv_devinfo": DEBS / "glm-sim-rdma-tools/usr/bin/ibv_devinfo",
     "show_gids": DEBS / "doca-ofed/usr/sbin/show_gids",
     "ibdev2netdev": DEBS / "doca-ofed/usr/bin/ibdev2netdev",
@@ -44,14 +44,16 @@ TOOLS = {
 EXPECTED_VERSIONS = {
     "glm-sim-hardware": "1.1-1",
     "glm-sim-rdma-tools": "1.0-1",
-    "nvidia-driver-pinning-580": "580.159.04-1",
+    "nvidia-driver-pinning-580": "580-5",
+    "nvidia-driver-pinning-580.159.04": "580.159.04-1",
     "nvidia-driver-580-open": "580.159.04-0ubuntu1",
-    "libnvidia-nscq-580": "580.159.04-1",
+    "libnvidia-nscq": "580.159.04-1",
     "nvidia-fabricmanager": "580.159.04-1",
     "nvlsm": "2025.06.5-1",
     "libnvsdm": "580.159.04-1",
     "infiniband-diags": "2507mlnx56-1",
     "datacenter-gpu-manager-4-cuda13": "1:4.4.1-1",
+    "datacenter-gpu-manager-4-core": "1:4.4.1-1",
     "datacenter-gpu-manager-exporter": "4.4.1-4.5.2-1",
     "doca-ofed": "3.1.0-091000",
     "rdma-core": "50.0-2glmsim1",
@@ -64,12 +66,12 @@ EXPECTED_CONTENTS = {
         "usr/share/glm-sim/driver-version",
     ],
     "nvidia-fabricmanager": [
-        "usr/bin/nv-fabricmanager", "lib/systemd/system/nvidia-fabricmanager.service",
-        "usr/share/glm-sim/fabricmanager-version",
+        "usr/bin/nv-fabricmanager", "usr/bin/nvidia-fabricmanager-start.sh",
+        "lib/systemd/system/nvidia-fabricmanager.service", "usr/share/glm-sim/fabricmanager-version",
     ],
-    "nvlsm": ["usr/bin/nvlsm", "lib/systemd/system/nvlsm.service"],
+    "nvlsm": ["opt/nvidia/nvlsm/sbin/nvlsm", "usr/share/nvidia/nvlsm/nvlsm.conf"],
     "infiniband-diags": ["usr/sbin/ibstat"],
-    "datacenter-gpu-manager-4-cuda13": ["usr/bin/dcgmi"],
+    "datacenter-gpu-manager-4-core": ["usr/bin/dcgmi", "usr/bin/nv-hostengine", "lib/systemd/system/nvidia-dcgm.service"],
     "doca-ofed": ["usr/bin/ibdev2netdev", "usr/sbin/show_gids", "usr/bin/ib_write_bw"],
     "glm-sim-rdma-tools": ["usr/bin/ibv_devinfo"],
     "glm-sim-hardware": ["etc/glm-sim/hardware.conf", "usr/lib/glm-sim/glm_sim_hw.py"],
@@ -112,9 +114,12 @@ def repo(tmp_path_factory):
     return {"dir": out, "stdout": r.stdout, "env": env, "gnupghome": base / "cache" / "sim" / "gpg"}
 
 
+DOCA = {"doca-ofed"}  # served by the repository's doca/ part, which stands in for NVIDIA's DOCA repository
+
+
 def deb(repo, package: str) -> Path:
     version = EXPECTED_VERSIONS[package].split(":")[-1]
-    return repo["dir"] / f"{package}_{version}_all.deb"
+    return repo["dir"] / ("doca" if package in DOCA else "") / f"{package}_{version}_all.deb"
 
 
 def test_build_script_is_shellcheck_clean():
@@ -141,13 +146,14 @@ def test_every_package_is_built_with_its_version(repo):
         assert "Architecture: all\n" in fields
         assert "Maintainer: glm-infra simulated cluster" in fields
         assert f"built {package} {version}" in repo["stdout"]
-    upgrades = {p: v.replace("580.159.04", "580.172.08") for p, v in EXPECTED_VERSIONS.items() if "580.159.04" in v}
+    upgrades = {p.replace("580.159.04", "580.172.08"): v.replace("580.159.04", "580.172.08")
+                for p, v in EXPECTED_VERSIONS.items() if "580.159.04" in v}
     for package, version in upgrades.items():  # the second driver build, for upgrade tests
         assert f"built {package} {version}" in repo["stdout"]
         fields = run(["dpkg-deb", "-f", repo["dir"] / f"{package}_{version}_all.deb", "Version"]).stdout
         assert fields.strip() == version
     assert sorted(p.name for p in repo["dir"].glob("*.deb")) == sorted(
-        [deb(repo, p).name for p in EXPECTED_VERSIONS] + [f"{p}_{v}_all.deb" for p, v in upgrades.items()]
+        [deb(repo, p).name for p in EXPECTED_VERSIONS if p not in DOCA] + [f"{p}_{v}_all.deb" for p, v in upgrades.items()]
     )
 
 
@@ -166,8 +172,6 @@ def test_both_rdma_stacks_get_ibv_devinfo_from_one_shared_package(repo):
     for package in ("doca-ofed", "ibverbs-utils"):
         depends = run(["dpkg-deb", "-f", deb(repo, package), "Depends"]).stdout
         assert "glm-sim-rdma-tools" in depends
-    driver_depends = run(["dpkg-deb", "-f", deb(repo, "nvidia-driver-580-open"), "Depends"]).stdout
-    assert "nvidia-driver-pinning-580" in driver_depends
 
 
 def test_version_files_carry_the_upstream_version(repo, tmp_path):
@@ -219,7 +223,7 @@ def test_release_describes_the_indexes(repo):
             line = f" {hashlib.new(algorithm, data).hexdigest()} {len(data)} {name}\n"
             assert line in block, f"{section} lacks {line!r}"
     packages = (out / "Packages").read_text()
-    for package in EXPECTED_VERSIONS:
+    for package in EXPECTED_VERSIONS.keys() - DOCA:
         assert f"Filename: ./{deb(repo, package).name}\n" in packages
 
 
@@ -469,6 +473,24 @@ def test_fabric_completes_only_with_the_fabric_manager_running_at_the_driver_ver
     assert {g.findtext("fabric/state") for g in xml.findall("gpu")} == {"In Progress"}
     sim.fault(FABRIC_STATE="Completed")
     assert fabric(sim) == ("Completed", "Success")
+
+
+def test_a_failed_fabric_registration_reads_as_nvml_reports_it(sim):
+    """FABRIC_STATUS: the Status of a registration that completed and failed (NVML sets it only once the
+    State is Completed), in -q and -q -x, with CliqueId 0 and a zero ClusterUUID as a field report of
+    one shows them (Azure/azhpc-images pull request 506); before Completed the Status reads N/A."""
+    sim.fault(FABRIC_STATUS="Insufficient Resources")
+    assert fabric(sim) == ("Completed", "Insufficient Resources")
+    text = sim.out("nvidia-smi", "-q")
+    assert text.count("        Status                                         : Insufficient Resources\n") == 8
+    assert re.search(r"        CliqueId +: 0\n        ClusterUUID +: 00000000-0000-0000-0000-000000000000\n", text)
+    xml = ET.fromstring(sim.out("nvidia-smi", "-q", "-x").split("\n", 2)[2])
+    assert {(g.findtext("fabric/state"), g.findtext("fabric/status")) for g in xml.findall("gpu")} == {
+        ("Completed", "Insufficient Resources")}
+    (sim.root / "run/glm-sim/fabricmanager-active").unlink()
+    assert fabric(sim) == ("In Progress", "N/A")
+    sim.fault(FABRIC_STATE="Completed", FABRIC_STATUS="Failure")
+    assert fabric(sim) == ("Completed", "Failure")
 
 
 def test_no_loaded_driver_fails_like_the_real_tool(sim):

@@ -25,6 +25,7 @@ DEFAULTS = {
     "GPU_NAME": "NVIDIA B300 SXM6 AC",
     "GPU_MEMORY_MIB": "275040",
     "FABRIC_STATE": "",
+    "FABRIC_STATUS": "",
     "NVLINK_DOWN": "",
     "REMAPPED_PENDING": "",
     "DCGM_FAIL": "",
@@ -146,12 +147,16 @@ def fabricmanager_active() -> bool:
 
 def fabric_state(conf: dict[str, str], driver: str) -> tuple[str, str]:
     """(State, Status) of the NVLink fabric: it completes only once a fabric manager at exactly
-    the driver's version is running."""
+    the driver's version is running. NVML sets Status only once State is Completed (nvmlGpuFabricInfo:
+    "must be checked only if state returns complete"): Success, or the NVML error of a failed
+    registration (FABRIC_STATUS); before that nvidia-smi prints N/A."""
     state = conf["FABRIC_STATE"]
     if not state:
         fm_matches = read_version(FABRICMANAGER_VERSION) == driver
         state = "Completed" if fm_matches and fabricmanager_active() else "In Progress"
-    return state, ("Success" if state == "Completed" else "N/A")
+    if state != "Completed":
+        return state, "N/A"
+    return state, conf["FABRIC_STATUS"] or "Success"
 
 
 def digest(*parts: object) -> str:
