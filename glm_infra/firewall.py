@@ -1,11 +1,29 @@
 """The network policy of one host, from the plan (``ports.listeners``): an nftables table of glm-infra's
-own, ``inet glm_infra``, that lets the stack's hosts reach every port glm-infra opens there, the
-router's public port also ``router.allowedCidrs``, Prometheus and Alertmanager also
-``monitoring.allowedCidrs``, and refuses everyone else (a TCP reset: the client sees "connection
-refused"). Nothing else is touched: SSH, other services and other tables are not this table's.
+own, ``inet glm_infra``, whose input chain drops what it does not let in. It lets in:
 
-A systemd unit loads it before the network comes up, on every boot; a new plan (a host added, a port
-moved) rewrites it; ``destroy`` deletes the table. Pure: the per-host plan takes ``step``.
+- loopback, replies to connections the host made (established, related), ICMP and ICMPv6 (IPv6
+  neighbour discovery), DHCP and DHCPv6 replies (the host's address lease);
+- SSH (the host's ``sshPort``) from ``firewall.adminCidrs`` and the stack's hosts, or from anywhere
+  while ``adminCidrs`` is unset (glm-infra cannot know where its operators log in from; a guess that
+  missed would lock them out of the host);
+- every port glm-infra opens there from the stack's hosts, the router's public port also from
+  ``router.allowedCidrs``, Prometheus and Alertmanager also from ``monitoring.allowedCidrs``; anyone
+  else gets a TCP reset on these ports (the client sees "connection refused").
+
+Everything else (a listener the plan does not know) is dropped, by the chain's last rule rather than
+its policy: a table flushed by hand (its rules gone, its chain kept) must not cut the host off, SSH
+included; the step's check finds the flush. Other tables are not touched, but a packet this chain
+drops is dropped whatever they say. Addresses are IP addresses and networks only:
+nft would resolve a DNS name when it loads the table, at boot before the network is up, and the
+table would not load (``problems`` refuses a host named by DNS while the firewall is on).
+
+A systemd unit loads it before the network comes up, on every boot (after the distribution's
+nftables.service, whose ``flush ruleset`` would otherwise remove it); the vLLM and router units
+require it, so they never listen without it. A new plan (a host added, a port moved) rewrites it
+and reloads the unit (one nft transaction; a restart would restart every unit that requires it).
+The step's check compares the live table with what this module renders (``LIVE``): a table flushed,
+edited or deleted by hand fails it, and ``apply`` loads the table again. ``destroy`` deletes the
+table. Pure: the per-host plan takes ``step``.
 """
 
 from __future__ import annotations
@@ -14,31 +32,56 @@ import ipaddress
 
 from . import paths, ports, render
 from .config import StackConfig
-from .steps import RenderedFile, Step, digest
+from .steps import RenderedFile, Step
 from .topology import HostPlan, Plan
 
 TABLE = "inet glm_infra"
 UNIT = "glm-infra-firewall.service"
 RULESET = f"{paths.ETC}/firewall.nft"
+LIVE = paths.script("firewall-live")  # compares the live table with the ruleset on its stdin
+SSH = "ssh"
 
 
-def _split(addresses: list[str]) -> tuple[list[str], list[str], list[str]]:
-    """IPv4 and IPv6 addresses or networks, and DNS names (nft resolves those when it loads the table)."""
-    v4, v6, names = [], [], []
+def _network(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    """``value`` as a network (an address as its /32 or /128); None for a DNS name."""
+    try:
+        return ipaddress.ip_network(value)  # an address, or a network as config's Cidr writes it
+    except ValueError:
+        return None
+
+
+def problems(stack: StackConfig) -> list[tuple[str, str]]:
+    """(key path, message) for every host address the firewall cannot use: a DNS name."""
+    if not stack.firewall.enabled:
+        return []
+    return [(f"glm-infra:hosts[{i}].address",
+             f"{h.address!r} is a DNS name; with the firewall on (glm-infra:firewall.enabled) a host's address must "
+             "be an IP address: nft resolves names when it loads the table, at boot before the network is up, so "
+             "the table would not load")
+            for i, h in enumerate(stack.hosts) if _network(h.address) is None]
+
+
+def _split(addresses: list[str]) -> tuple[list[str], list[str]]:
+    """The IPv4 and IPv6 networks of ``addresses``, each once and none inside another (nft refuses an
+    interval set whose elements overlap: a host inside a listed CIDR)."""
+    nets = set()
     for a in addresses:
-        try:
-            net = ipaddress.ip_network(a, strict=False)
-        except ValueError:
-            names.append(a)
-            continue
-        (v4 if net.version == 4 else v6).append(str(net))
-    return sorted(set(v4)), sorted(set(v6)), sorted(set(names))
+        net = _network(a)
+        if net is None:
+            raise ValueError(f"{a!r} is not an IP address or network: the firewall cannot use a DNS name")
+        nets.add(net)
+    kept = [n for n in nets if not any(n != m and n.version == m.version and n.subnet_of(m) for m in nets)]
+    return ([str(n) for n in sorted(n for n in kept if n.version == 4)],
+            [str(n) for n in sorted(n for n in kept if n.version == 6)])
 
 
-def audiences(stack: StackConfig) -> dict[str, list[str]]:
-    """Who may reach each kind of port: the stack's hosts, and for the public ports the stack's CIDRs."""
+def audiences(stack: StackConfig) -> dict[str, list[str] | None]:
+    """Who may reach each kind of port (None: anyone): SSH from the admin networks and the stack's hosts,
+    the plan's ports from the stack's hosts, the public ones also from the stack's CIDRs."""
     peers = [h.address for h in stack.hosts]
+    admins = stack.firewall.admin_cidrs
     return {
+        SSH: None if admins is None else peers + list(admins),
         ports.PEERS: peers,
         ports.ROUTER: peers + (list(stack.router.allowed_cidrs) if stack.router is not None else []),
         ports.OPERATORS: peers + list(stack.monitoring.allowed_cidrs),
@@ -46,54 +89,80 @@ def audiences(stack: StackConfig) -> dict[str, list[str]]:
 
 
 def ruleset(stack: StackConfig, plan: Plan, host: str) -> str:
-    """The table for ``host``: per audience, a set of who may connect and the TCP ports they may reach."""
+    """The table for ``host``: per audience, a set of who may connect and the TCP ports they may reach;
+    the chain drops the rest."""
     mine = [li for li in ports.listeners(stack, plan.serve) if li.host == host]
+    ssh_port = stack.host(host).ssh_port
     body: list[str] = []
     rules: list[str] = []
     for audience, who in audiences(stack).items():
-        port_list = sorted({li.port for li in mine if li.audience == audience})
-        if not port_list:
+        theirs = [li for li in mine if li.audience == audience]
+        if audience != SSH and not theirs:
             continue
-        v4, v6, names = _split(who)
-        for family, members in (("v4", v4 + [n for n in names]), ("v6", v6)):
-            kind = "ipv4_addr" if family == "v4" else "ipv6_addr"
+        port_list = [ssh_port] if audience == SSH else sorted({li.port for li in theirs})
+        numbers = f"{{ {', '.join(str(p) for p in port_list)} }}"
+        # For whoever reads the file: what listens there.
+        what = f"sshd on {ssh_port}" if audience == SSH else ", ".join(sorted({li.owner for li in theirs}))
+        if who is None:
+            rules.extend([f"\t\t# {audience} ({what}): from anywhere", f"\t\ttcp dport {numbers} accept"])
+            continue
+        v4, v6 = _split(who)
+        for family, kind, members in (("v4", "ipv4_addr", v4), ("v6", "ipv6_addr", v6)):
             elements = f" elements = {{ {', '.join(members)} }}" if members else ""
             body.append(f"\tset {audience}_{family} {{ type {kind}; flags interval;{elements} }}")
-        what = ", ".join(sorted({li.owner for li in mine if li.audience == audience}))
-        numbers = ", ".join(str(p) for p in port_list)
-        rules += [f"\t\t# {audience}: {what}",
-                  f"\t\ttcp dport {{ {numbers} }} ip saddr @{audience}_v4 accept",
-                  f"\t\ttcp dport {{ {numbers} }} ip6 saddr @{audience}_v6 accept",
-                  f"\t\ttcp dport {{ {numbers} }} reject with tcp reset"]
-    inner = "\n".join([*body, "\tchain input {", "\t\ttype filter hook input priority filter - 5; policy accept;",
-                       '\t\tiifname "lo" accept', *rules, "\t}"])
-    stamp = digest(inner)
-    return (f"# Managed by glm-infra: who may reach glm-infra's ports on {host} (the stack's hosts, and the CIDRs\n"
-            "# the stack lists for its public ports). Only this table is glm-infra's; SSH and everything else\n"
-            "# are left as they are. Loaded by glm-infra-firewall.service at boot.\n"
-            f"table {TABLE}\ndelete table {TABLE}\ntable {TABLE} {{\n\tcomment \"glm-infra {stamp}\"\n{inner}\n}}\n")
+        rules.extend([f"\t\t# {audience}: {what}",
+                      f"\t\ttcp dport {numbers} ip saddr @{audience}_v4 accept",
+                      f"\t\ttcp dport {numbers} ip6 saddr @{audience}_v6 accept"])
+        if audience != SSH:  # glm-infra's own ports answer "refused"; SSH stays silent like the rest
+            rules.append(f"\t\ttcp dport {numbers} reject with tcp reset")
+    # Comments are for whoever reads the file (nft drops them): their wording is not mutated.
+    return "\n".join([
+        f"# Managed by glm-infra: who may reach {host} (glm-infra's ports: the stack's hosts and the CIDRs the",
+        "# stack lists for its public ports; SSH: firewall.adminCidrs and the stack's hosts); everything else",  # pragma: no mutate
+        "# is dropped. Loaded by glm-infra-firewall.service at boot, before the network.",  # pragma: no mutate
+        f"table {TABLE}", f"delete table {TABLE}", f"table {TABLE} {{", *body,
+        "\tchain input {", "\t\ttype filter hook input priority filter - 5; policy accept;",
+        '\t\tiifname "lo" accept', "\t\tct state established,related accept",
+        "\t\tmeta l4proto { icmp, ipv6-icmp } accept",
+        "\t\t# the host's address lease (DHCPv6 answers from a link-local address, which conntrack cannot pair)",  # pragma: no mutate
+        "\t\tudp sport 67 udp dport 68 accept", "\t\tip6 saddr fe80::/10 udp sport 547 udp dport 546 accept",
+        *rules,
+        # A last rule rather than the chain's policy: the same for every packet, but a table flushed by hand
+        # (rules gone, chain kept) leaves the host reachable over SSH, and the step's check sees the flush.
+        "\t\t# anything else",  # pragma: no mutate
+        "\t\tdrop", "\t}", "}", ""])
 
 
 def unit() -> str:
     return (
-        "# Managed by glm-infra: its nftables table, loaded before the network comes up.\n"
-        "[Unit]\nDescription=glm-infra firewall: its ports for the stack's hosts only (nftables table inet glm_infra)\n"
-        "DefaultDependencies=no\nWants=network-pre.target\nBefore=network-pre.target shutdown.target\n"
-        "Conflicts=shutdown.target\n\n[Service]\nType=oneshot\nRemainAfterExit=yes\n"
+        "# Managed by glm-infra: its nftables table, loaded before the network comes up (no DNS needed:\n"  # pragma: no mutate
+        "# addresses only), after the distribution's nftables.service (its ruleset may flush everything).\n"  # pragma: no mutate
+        "# The vLLM and router units require this one. Reloaded, never restarted: a restart would\n"  # pragma: no mutate
+        "# restart them too.\n"  # pragma: no mutate
+        "[Unit]\nDescription=glm-infra firewall: nftables table inet glm_infra (glm-infra's ports for the stack's hosts, "
+        "SSH, nothing else)\n"  # pragma: no mutate
+        "DefaultDependencies=no\nWants=network-pre.target\nAfter=nftables.service\n"
+        "Before=network-pre.target shutdown.target\nConflicts=shutdown.target\n"
+        "ReloadPropagatedFrom=nftables.service\n\n"
+        "[Service]\nType=oneshot\nRemainAfterExit=yes\n"
         f"ExecStart=/usr/sbin/nft -f {RULESET}\nExecReload=/usr/sbin/nft -f {RULESET}\n"
-        f"ExecStop=/usr/sbin/nft delete table {TABLE}\n\n[Install]\nWantedBy=sysinit.target\n"
+        f"ExecStop=-/usr/sbin/nft delete table {TABLE}\n\n[Install]\nWantedBy=sysinit.target\n"
     )
+
+
+def live_script() -> str:
+    return render.render_template("firewall-live.sh.j2", table=TABLE)
 
 
 def step(stack: StackConfig, plan: Plan, h: HostPlan) -> Step | None:
     if not stack.firewall.enabled:
         return None
-    rules = ruleset(stack, plan, h.name)
-    stamp = rules.split('comment "glm-infra ', 1)[1].split('"', 1)[0]
-    # Loaded as written: a table flushed or edited by hand no longer carries glm-infra's stamp.
-    live = (f'grep -qF \'comment "glm-infra {stamp}"\' <<<"$(nft list table {TABLE} 2>/dev/null)" || '
-            f'{{ echo "the table {TABLE} is not the one glm-infra wrote (flushed, edited or deleted by hand?)"; false; }}')
     return render.package_service_step(
-        "firewall", f"nftables table {TABLE}: glm-infra's ports for the stack's hosts", h.name, ["nftables"], [UNIT],
-        [], [RenderedFile(RULESET, rules), RenderedFile(paths.unit(UNIT), unit())],
-        config_check=f"nft -c -f {RULESET}", live_check=live)
+        "firewall", f"nftables table {TABLE}: glm-infra's ports for the stack's hosts, SSH, nothing else",  # pragma: no mutate
+        h.name,
+        ["nftables"], [UNIT], [],
+        [RenderedFile(RULESET, ruleset(stack, plan, h.name)), RenderedFile(paths.unit(UNIT), unit()),
+         RenderedFile(LIVE, live_script(), 0o755)],
+        config_check=f"nft -c -f {RULESET}",
+        # What the plan renders (the step's own copy, not the file on disk) against what is loaded.
+        live_check=f"content {RULESET} | {LIVE}", reload=True)

@@ -13,10 +13,12 @@ module before.
 from __future__ import annotations
 
 import glob
+import ipaddress
 import json
 import os
 import re
 import secrets
+import shlex
 import subprocess
 import threading
 import time
@@ -290,25 +292,133 @@ def probe_from(ns: str | None, targets: list[str], host: str | None = None) -> d
     return {line.split()[0]: line.split(" ", 1)[1] for line in out.splitlines()}
 
 
-def test_the_firewall_lets_the_stack_in_and_keeps_others_out(stack, outsider):
-    from glm_infra import ports
-    from glm_infra.stack import load_file
+# What glm-infra opens on each simulated host, written out by hand from stacks/Pulumi.sim.yaml and the
+# defaults of glm_infra/config.py (not from glm_infra.ports, which the firewall's rules come from):
+# prefill TP1 DP4 twice on sim-1 and sim-2 (HTTP 8100, 8101; DP RPC 29550, 29551; NIXL side channels
+# 5600-5603 and 5604-5607, one per DP rank), decode TP1 DP8 on sim-3 (8200; 29650; 5700-5707), the
+# router on sim-3 (8000 public, 8001 internal, 29000 metrics) with Prometheus 9090 and Alertmanager
+# 9093, the node and DCGM exporters (9100, 9400) everywhere, the weights relay 8090 on the seed sim-1
+# (listening only while it stages). The public ones (8000, 9090, 9093) also for the machine (10.88.0.1).
+PREFILL_PORTS = {8100, 8101, 29550, 29551, 5600, 5601, 5602, 5603, 5604, 5605, 5606, 5607}
+SIM_PORTS = {
+    "sim-1": PREFILL_PORTS | {9100, 9400, 8090},
+    "sim-2": PREFILL_PORTS | {9100, 9400},
+    "sim-3": {8200, 29650, 5700, 5701, 5702, 5703, 5704, 5705, 5706, 5707, 8000, 8001, 29000, 9090, 9093, 9100, 9400},
+}
+PUBLIC = {8000, 9090, 9093}
+ADDRESS = {"sim-1": "10.88.0.11", "sim-2": "10.88.0.12", "sim-3": "10.88.0.13"}
 
-    cfg = load_file(ROOT / "stacks" / "Pulumi.sim.yaml").config
-    address = {h.name: h.address for h in cfg.hosts}
-    listeners = ports.listeners(cfg)
-    every = [f"{address[li.host]}:{li.port}" for li in listeners]
-    internal = [f"{address[li.host]}:{li.port}" for li in listeners if li.audience != ports.ROUTER]
+# Every target at once, non-blocking: answered (open), reset (refused), no answer in 3 s (dropped).
+PROBE_ALL = ("import errno, json, select, socket, sys, time\npending, state = {}, {}\nfor t in sys.argv[1:]:\n"
+             "    h, p = t.rsplit(':', 1); s = socket.socket(); s.setblocking(False); s.connect_ex((h, int(p)))\n"
+             "    pending[s] = t\ndeadline = time.monotonic() + 3\nwhile pending and time.monotonic() < deadline:\n"
+             "    _, ready, _ = select.select([], list(pending), [], max(0.0, deadline - time.monotonic()))\n"
+             "    for s in ready:\n        err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)\n"
+             "        state[pending.pop(s)] = 'open' if err == 0 else 'refused' if err == errno.ECONNREFUSED else "
+             "f'error {err}'\n        s.close()\nstate.update({t: 'dropped' for t in pending.values()})\n"
+             "print(json.dumps(state))\n")
+
+
+def probe_all(targets: list[str], ns: str | None = None, host: str | None = None) -> dict[str, str]:
+    """From this machine (10.88.0.1), a namespace of the test's own, or a stack host over SSH."""
+    argv = ["python3", "-c", PROBE_ALL, *targets]
+    if host is not None:
+        return json.loads(on_host(host, " ".join(shlex.quote(a) for a in argv)))
+    prefix = ["ip", "netns", "exec", ns] if ns is not None else []
+    p = subprocess.run([*prefix, *argv], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def listening(host: str) -> list[tuple[str, str, int, str]]:
+    """(tcp or udp, address, port, process) of every socket listening on ``host`` but on loopback."""
+    out = []
+    for line in on_host(host, "ss -Hltnup").splitlines():
+        f = line.split()
+        address, port = f[4].rsplit(":", 1)
+        address = address.strip("[]").split("%")[0]
+        if address not in ("*", "0.0.0.0", "::") and ipaddress.ip_address(address).is_loopback:
+            continue
+        out.append((f[0], address, int(port), " ".join(f[6:])))
+    return out
+
+
+def test_every_listening_socket_is_the_plans_or_ssh_and_nothing_else_gets_in(stack, outsider):
+    """``ss -ltnup`` on each converged host: a TCP listener not on loopback is one of the ports listed
+    above (a stack host gets in; from the machine, the public ones; others get "refused") or SSH (the
+    machine, in firewall.adminCidrs, gets in; the outsider does not); any other listener (the
+    simulator's own port, one started here) is dropped for everyone, a stack host too. No UDP port is
+    let in but the DHCP client's."""
+    peer = {"sim-1": "sim-2", "sim-2": "sim-3", "sim-3": "sim-1"}
+    # A listener no plan knows of, for the whole test (it ends by itself; killed at the end).
+    pid = on_host("sim-2", "setsid timeout 300 python3 -c 'import socket, time; s = socket.create_server((\"\", 7777)); "
+                           "time.sleep(300)' >/dev/null 2>&1 & echo $!").strip()
+    try:
+        eventually(lambda: any(p == 7777 for _, _, p, _ in listening("sim-2")), 30, "the test's own listener on sim-2")
+        for h in HOSTS:
+            socks = listening(h)
+            tcp = {port: proc for kind, _, port, proc in socks if kind == "tcp"}
+            # The list above against what runs: every instance's HTTP port and NIXL side channels listen.
+            assert {p for p in SIM_PORTS[h] if 5600 <= p < 5800 or 8100 <= p < 8300} <= set(tcp), (h, tcp)
+            known = sorted(set(tcp) & SIM_PORTS[h])
+            unknown = sorted(set(tcp) - SIM_PORTS[h] - {22})
+            assert unknown or h != "sim-2", tcp
+            at = {p: f"{ADDRESS[h]}:{p}" for p in [*known, *unknown, 22]}
+            seen = {"peer": probe_all(list(at.values()), host=peer[h]), "machine": probe_all(list(at.values())),
+                    "outsider": probe_all(list(at.values()), ns=outsider)}
+            want = {"peer": {**{p: "open" for p in known}, 22: "open"},
+                    "machine": {**{p: "open" if p in PUBLIC else "refused" for p in known}, 22: "open"},
+                    "outsider": {**{p: "refused" for p in known}, 22: "dropped"}}
+            for who, got in seen.items():
+                expected = {at[p]: state for p, state in {**{p: "dropped" for p in unknown}, **want[who]}.items()}
+                assert got == expected, (h, who, {t: s for t, s in got.items() if expected.get(t) != s}, tcp)
+            # UDP: the input chain drops it all (its last rule) but the DHCP client's replies (68, 546).
+            table = json.loads(on_host(h, "nft -j list table inet glm_infra"))["nftables"]
+            assert [i["rule"]["expr"] for i in table if "rule" in i][-1] == [{"drop": None}], table
+            udp = [i["rule"] for i in table if "rule" in i and '"udp"' in json.dumps(i["rule"])]
+            assert [[m["match"]["right"] for m in r["expr"] if "match" in m and m["match"]["left"].get("payload", {})
+                     .get("field") == "dport"] for r in udp] == [[68], [546]], udp
+    finally:
+        on_host("sim-2", f"kill {pid} 2>/dev/null || true")
+
+
+def test_a_table_flushed_by_hand_is_found_and_loaded_again_without_a_restart(stack, outsider):
+    """The drift check compares the live table with the plan: flushed, it is drift; the step's apply
+    loads it again with a reload, so the vLLM units that require it keep running."""
+    units = ("glm-vllm-prefill-2", "glm-vllm-prefill-3")
+
+    def since() -> list[str]:
+        return [on_host("sim-2", f"systemctl show -p ActiveEnterTimestampMonotonic --value {u}").strip() for u in units]
+
+    before = since()
+    on_host("sim-2", "nft flush table inet glm_infra")
+    drift = doctor("--host", "sim-2")
+    assert drift.returncode == 1, drift.stdout + drift.stderr
+    assert re.search(r"^sim-2 +firewall +sim-2: firewall: the table inet glm_infra is not the one glm-infra renders",
+                     drift.stdout, re.M), drift.stdout
+    assert probe_all(["10.88.0.12:8100"], ns=outsider) == {"10.88.0.12:8100": "open"}, "flushed: open to anyone"
+    on_host("sim-2", "/usr/local/libexec/glm-infra/firewall.sh apply")
+    assert probe_all(["10.88.0.12:8100"], ns=outsider) == {"10.88.0.12:8100": "refused"}
+    clean = doctor("--host", "sim-2")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert since() == before and all(before), "the reload restarted no vLLM unit"
+
+
+def test_the_firewall_lets_the_stack_in_and_keeps_others_out(stack, outsider):
+    every = [f"{ADDRESS[h]}:{p}" for h, port_set in SIM_PORTS.items() for p in sorted(port_set)]
+    internal = [t for t in every if t != "10.88.0.13:8000"]
     # From another stack host, over the bridge: the ports that answer at all are open (DP RPC binds
     # loopback; the weights relay listens only inside a staging step).
-    on_sim1 = [t for t in every if t.startswith(address["sim-1"] + ":")]
+    on_sim1 = [t for t in every if t.startswith(ADDRESS["sim-1"] + ":")]
     seen = {**probe_from(None, [t for t in every if t not in on_sim1], host="sim-1"),
             **probe_from(None, on_sim1, host="sim-2")}
     answering = {t for t, state in seen.items() if state == "open"}
     assert {"10.88.0.13:8000", "10.88.0.11:8100", "10.88.0.13:8200", "10.88.0.12:9100", "10.88.0.13:9090"} <= answering
     outside = probe_from(outsider, every)
     assert all(outside[t] == "refused" for t in every), {t: s for t, s in outside.items() if s != "refused"}
-    assert probe_from(outsider, ["10.88.0.13:22"])["10.88.0.13:22"] == "open", "SSH is not the table's"
+    # SSH: the machine (firewall.adminCidrs) gets in, the outsider's packets are dropped.
+    assert probe_all(["10.88.0.13:22"]) == {"10.88.0.13:22": "open"}
+    assert probe_all(["10.88.0.13:22"], ns=outsider) == {"10.88.0.13:22": "dropped"}
     for h in HOSTS:
         assert "table inet glm_infra" in on_host(h, "nft list tables")
     # The router's public port, once the stack lists the outsider's network.
