@@ -1,17 +1,26 @@
 """hostcheck.py's parsers and checks on real captures (2 × H200) and on B300-shaped output of the
-stand-in tools with faults (fabric In Progress, a GPU missing, a pending row remap, a link down)."""
+stand-in tools with faults (fabric In Progress or failed, a GPU missing, a pending row remap, a link
+down); the health gate (fabric.sh.j2) around it, with tools that hang."""
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
 import re
 import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from glm_infra.host import hostcheck as hc
-from standins.test_hardware import Sim
+from standins.test_hardware import HW_LIB, TOOLS, Sim
+from stubs import Result, StubPath
 
 FIX = Path(__file__).parent / "fixtures"
 H200 = FIX / "h200x2-nvidia-smi"
@@ -209,6 +218,7 @@ def test_real_show_gids(name, dev, ipv4):
     assert {r["dev"] for r in rows} == {dev} and [r["index"] for r in rows] == [str(i) for i in range(len(rows))]
     v2 = [r for r in rows if r["ver"] == "v2" and r["ipv4"]]
     assert len(v2) == 1 and v2[0]["ipv4"] == ipv4 and hc.gid_ipv4(v2[0]["gid"]) == ipv4
+    assert len({r["netdev"] for r in rows}) == 1 and rows[0]["netdev"], "each row names its netdev"
     table = hc.gid_table("", rdma_fixture(name))
     assert table[dev][int(v2[0]["index"])] == {"gid": hc._canonical_gid(f"::ffff:{ipv4}"), "ver": "v2", "ipv4": ipv4}
 
@@ -429,9 +439,25 @@ def test_preflight_command_passes_a_good_host_and_hands_on_every_limit(monkeypat
 
 
 def test_commands_run_for_their_output_or_their_error():
-    assert hc._run(["sh", "-c", "echo out; echo note >&2"]) == (0, "out")
-    assert hc._run(["sh", "-c", "echo out; echo err >&2; exit 3"]) == (3, "out\nerr")
+    assert hc._run(["sh", "-c", "echo out; echo note >&2"], timeout=10) == (0, "out")
+    assert hc._run(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout=10) == (3, "out\nerr")
     assert hc._run(["no-such-tool-glm", "-q"]) == (127, "no-such-tool-glm: not installed")
+    # Bytes that are not UTF-8 are read, not a crash.
+    assert hc._run(["sh", "-c", "printf 'a\\377b'"], timeout=10) == (0, "a\ufffdb")
+
+
+def test_a_tool_that_reads_its_input_gets_none(tmp_path):
+    """hostcheck's own stdin may be an open pipe (SSH, a unit): a tool waiting on it would hang."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import hostcheck as hc; "
+            "print(hc._run(['sh', '-c', 'cat; echo read'], timeout=3))")
+    read, write = os.pipe()  # open for writing all along: a reader of it would wait
+    try:
+        r = subprocess.run([sys.executable, "-c", code, str(Path(hc.__file__).parent)], stdin=read,
+                           capture_output=True, text=True, timeout=30)
+    finally:
+        os.close(read)
+        os.close(write)
+    assert r.stdout == "(0, 'read')\n", r.stderr
 
 
 def test_facts_gather_what_preflight_reads(monkeypatch, tmp_path):
@@ -508,6 +534,14 @@ def test_memlock_and_container(monkeypatch):
     fake_tools(monkeypatch, {("systemd-detect-virt", "--container"): (1, "none")})
     monkeypatch.setattr(resource, "getrlimit", lambda what: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     assert hc.memlock() == {"container": "none", "effective_memlock": "unlimited"}
+    # A detection that failed or did not answer reads as no container (what the gate assumes anyway).
+    fake_tools(monkeypatch, {("systemd-detect-virt", "--container"): (124, "systemd-detect-virt timed out after 10s")})
+
+    def unreadable(what):
+        raise ValueError("not a limit this platform knows")
+
+    monkeypatch.setattr(resource, "getrlimit", unreadable)
+    assert hc.memlock() == {"container": "none", "effective_memlock": "unknown"}
 
 
 def test_facts_put_it_together(monkeypatch, tmp_path):
@@ -524,9 +558,10 @@ def test_facts_put_it_together(monkeypatch, tmp_path):
 
 def test_os_release_reads_quoted_and_bare_values(tmp_path):
     osr = tmp_path / "os-release"
-    osr.write_text('ID=debian\nVERSION_ID="12"\nPRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\n\n')
+    osr.write_text('ID=debian\nVERSION_ID="12"\nPRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\n\n'
+                   'NAME="Xubuntu"\nHOME_URL="https://example.org/?a=b"\n')
     assert hc.os_release(str(osr)) == {"ID": "debian", "VERSION_ID": "12", "PRETTY_NAME": "Debian GNU/Linux 12 (bookworm)",
-                                       "": ""}
+                                       "": "", "NAME": "Xubuntu", "HOME_URL": "https://example.org/?a=b"}
     assert hc.os_release(str(tmp_path / "none")) == {}
 
 
@@ -541,10 +576,14 @@ def test_free_and_staged_bytes(tmp_path):
     (tmp_path / "model").symlink_to(revs)
     assert hc.staged_bytes(str(tmp_path / "model")) == 320
     assert hc.staged_bytes(str(tmp_path / "absent")) == 0
+    assert hc.staged_bytes(str(revs / "a")) == 0, "a file is no checkpoint folder"
+    # The free bytes as the file system reports them (others write there too: within a GB).
+    assert abs(hc.free_bytes(str(tmp_path))[1] - shutil.disk_usage(tmp_path).free) < 10**9
 
 
 @pytest.mark.parametrize("argv, message", [
     (["health", "--host", "h"], "health needs --gpus and --gpu-model (or --rdma-only)"),
+    (["health", "--gpus", "8", "--gpu-model", "B300"], "the following arguments are required: --host"),
     (["health", "--host", "h", "--gpus", "8"], "health needs --gpus and --gpu-model (or --rdma-only)"),
     (["health", "--host", "h", "--rdma-only"], "--rdma-only needs --nics"),
     (["health", "--host", "h", "--rdma-only", "--nics", "mlx5_0"], "--nics needs --link-layer, --mtu and --gid-index"),
@@ -663,11 +702,17 @@ def test_show_gids_rows_without_ipv4_or_netdev_and_ibstat_firmware():
     assert rows == [{"dev": "mlx5_8", "port": "1", "index": "0", "gid": "fe80:0000:0000:0000:a088:c203:004f:bd0a",
                      "ipv4": "", "ver": "v1", "netdev": ""}]
     assert hc.gid_table("", "mlx5_0\t2\t3\tfe80::1\t\tv2\tens1\n") == {}, "port 2 is not the port checked"
+    assert hc.gid_table("hca_id:\tmlx5_0\nhca_id:\tmlx5_1\n\t\tport:\t2\n", None) == {"mlx5_0": {}, "mlx5_1": {}}
+    # A row with its IPv4 address but nothing after it.
+    assert hc.parse_show_gids("mlx5_0\t1\t3\t::ffff:10.0.0.1\t10.0.0.1\n") == [
+        {"dev": "mlx5_0", "port": "1", "index": "3", "gid": "::ffff:10.0.0.1", "ipv4": "10.0.0.1", "ver": "",
+         "netdev": ""}]
     ca = hc.parse_ibstat("CA 'mlx5_0'\n\tCA type: MT4129\n\tFirmware version: 28.39.1002\n\tPort 1:\n\t\tRate: 400\n"
                          "\t\tBase lid: 12\n\t\tState: Active\nnoise: x\n")
     assert ca == {"mlx5_0": {"type": "MT4129", "firmware": "28.39.1002",
                              "ports": {1: {"rate": 400, "base_lid": "12", "state": "Active"}}}}
-    assert hc.parse_ibstat("Port 1:\n\t\tRate: 400\n") == {}, "nothing before the first CA"
+    assert hc.parse_ibstat("Port 1:\n\t\tRate: 400\nCA 'x'\n\tCA type: MT4129\n") == {
+        "x": {"type": "MT4129", "ports": {}}}, "nothing before the first CA"
     assert hc.parse_ibstat("CA 'x'\n\tPort 1:\n\t\tRate: n/a\n")["x"]["ports"][1]["rate"] == "n/a"
 
 
@@ -706,8 +751,541 @@ def test_the_command_lines_the_steps_run(monkeypatch, capsys, tmp_path):
     assert seen == [{"cmd": "preflight", "host": "b300-1", "allowed_os": ["ubuntu 24.04"], "min_kernel": "5.12",
                      "model_path": "/mnt/model/glm/GLM-5.2-NVFP4", "gpus": 8, "gpu_model": "B300",
                      "require_driver": False, "min_free_gb": 485.0}]
-    monkeypatch.setattr(hc, "facts", lambda model_path: {"model_path": model_path})
+    monkeypatch.setattr(hc, "facts", lambda model_path: {"model_path": model_path, "arch": "x86_64"})
     assert hc.main(shlex.split(steps["facts"].create)[1:]) == 0
-    assert json.loads(capsys.readouterr().out) == {"model_path": "/mnt/model/glm/GLM-5.2-NVFP4"}
+    # One JSON line, keys sorted: the same facts print the same line.
+    assert capsys.readouterr().out == '{"arch": "x86_64", "model_path": "/mnt/model/glm/GLM-5.2-NVFP4"}\n'
     with pytest.raises(SystemExit):
         hc.main([])
+
+
+# --- issue 25, defect 1: the fabric's Status, not only its State -----------------------------------
+
+FABRIC = FIX / "h200x2-fabric-status"  # the real capture with one Fabric line edited (README.md)
+FAILED = "its fabric registration failed (see the nvidia-fabricmanager log)"
+
+
+def h200_problems(smi_q: str, fabric: bool = True) -> list[tuple[str, str]]:
+    return hc.gpu_problems((H200 / "query-gpu.csv").read_text(), smi_q, misc_section("nvlink -s"),
+                           gpus=2, model="H200", driver="580.159.04", fabric=fabric)
+
+
+def test_the_fabric_status_fixtures_are_the_real_capture_with_one_line_edited():
+    original = (H200 / "nvidia-smi-q.txt").read_text().splitlines()
+    status = "        Status                                         : "
+
+    def edits(name: str) -> list[tuple[str, int, list[str], list[str]]]:
+        edited = (FABRIC / name).read_text().splitlines()
+        ops = difflib.SequenceMatcher(None, original, edited, autojunk=False).get_opcodes()
+        return [(tag, i1 + 1, original[i1:i2], edited[j1:j2]) for tag, i1, i2, j1, j2 in ops if tag != "equal"]
+
+    assert edits("nvidia-smi-q-failure.txt") == [("replace", 492, [status + "Success"], [status + "Failure"])]
+    assert edits("nvidia-smi-q-nvml-error.txt") == [
+        ("replace", 243, [status + "Success"], [status + "Insufficient Resources"])]
+    assert edits("nvidia-smi-q-no-status.txt") == [("delete", 492, [status + "Success"], [])]
+    assert h200_problems("\n".join(original)) == [], "the capture as it was passes"
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("nvidia-smi-q-failure.txt",
+     f"GPU 1 (00000000:00:07.0) fabric state is 'Completed' with status 'Failure': {FAILED}"),
+    ("nvidia-smi-q-nvml-error.txt",
+     f"GPU 0 (00000000:00:06.0) fabric state is 'Completed' with status 'Insufficient Resources': {FAILED}"),
+    ("nvidia-smi-q-no-status.txt",
+     f"GPU 1 (00000000:00:07.0) fabric state is 'Completed' with status 'missing': {FAILED}"),
+], ids=["failure", "nvml-error", "no-status"])
+def test_a_failed_fabric_registration_fails_the_gate_naming_gpu_state_and_status(name, expected):
+    assert h200_problems((FABRIC / name).read_text()) == [("fabric-status", expected)]
+
+
+def test_the_gate_command_says_the_failed_registration_not_healthy(monkeypatch, capsys):
+    """The issue's demonstration: this capture read `healthy … fabric Completed`."""
+    fake_tools(monkeypatch, {QUERY: (0, (H200 / "query-gpu.csv").read_text()),
+                             ("nvidia-smi", "-q"): (0, (FABRIC / "nvidia-smi-q-failure.txt").read_text()),
+                             ("nvidia-smi", "nvlink", "-s"): (0, misc_section("nvlink -s"))})
+    rc = hc.main(["health", "--host", "h200x2", "--gpus", "2", "--gpu-model", "H200", "--fabric"])
+    out = capsys.readouterr()
+    assert (rc, out.out) == (1, "")
+    assert out.err == f"h200x2: fabric-status: GPU 1 (00000000:00:07.0) fabric state is 'Completed' with status " \
+                      f"'Failure': {FAILED}\n"
+
+
+@pytest.mark.parametrize("state, status, expected", [
+    ("Completed", "Success", []),
+    ("In Progress", "N/A", [("fabric", "G fabric state is 'In Progress' (fabric manager or NVLSM not ready)")]),
+    ("Not Started", None, [("fabric", "G fabric state is 'Not Started' (fabric manager or NVLSM not ready)")]),
+    (None, None, [("fabric", "G fabric state is 'missing' (fabric manager or NVLSM not ready)")]),
+    ("", "Success", [("fabric", "G fabric state is 'missing' (fabric manager or NVLSM not ready)")]),
+    ("N/A", "N/A", [("fabric", "G fabric state is 'N/A' (fabric manager or NVLSM not ready)")]),
+    ("Completed", "", [("fabric-status", f"G fabric state is 'Completed' with status 'missing': {FAILED}")]),
+    ("Completed", "success", [("fabric-status", f"G fabric state is 'Completed' with status 'success': {FAILED}")]),
+    ("Completed", "Unknown Error",
+     [("fabric-status", f"G fabric state is 'Completed' with status 'Unknown Error': {FAILED}")]),
+])
+def test_fabric_state_and_status_of_one_gpu(state, status, expected):
+    assert hc.fabric_problems("G", state, status) == expected
+
+
+def test_where_the_fabric_does_not_apply_neither_field_is_judged():
+    """Without --fabric (a stack without fabric manager) the Fabric section is not read; a single H200
+    without NVLink peers reads State N/A and Status N/A, a problem only when the stack asks for a fabric."""
+    assert h200_problems((FABRIC / "nvidia-smi-q-failure.txt").read_text(), fabric=False) == []
+    single = hc.parse_smi_q((SINGLE / "nvidia-smi-q.txt").read_text())["gpus"]
+    assert [(g["fabric_state"], g["fabric_status"]) for g in single] == [("N/A", "N/A")]
+    fields = (single[0].get("remapped_pending"), single[0].get("remapped_failure"))
+    assert hc.remap_problems("G", *fields) == []
+
+
+def test_the_stand_in_reports_a_failed_registration_and_the_gate_names_every_gpu(sim):
+    sim.fault(FABRIC_STATUS="Failure")
+    problems = b300_problems(sim)
+    assert [p for p in problems if p[0] != "fabric-status"] == []
+    assert problems[0] == ("fabric-status", f"GPU 0 (00000000:1A:00.0) fabric state is 'Completed' with status "
+                                            f"'Failure': {FAILED}")
+    assert len(problems) == 8
+    # Until the fabric completes, NVML has no status: the state is what the gate names.
+    (sim.root / "run/glm-sim/fabricmanager-active").unlink()
+    assert {p[0] for p in b300_problems(sim)} == {"fabric"}
+
+
+# --- the class around it: gate inputs that are partial or unreadable fail --------------------------
+
+
+def test_remapped_rows_fields_that_are_missing_or_unreadable(sim):
+    out = b300_outputs(sim)
+    no_failure_line = re.sub(r"\n        Remapping Failure Occurred +: No", "", out["q"], count=1)
+    assert hc.gpu_problems(out["query"], no_failure_line, out["nvlink"], 8, "B300", None, True) == [
+        ("remapped-rows", "GPU 0 (00000000:1A:00.0): Remapped Rows Remapping Failure Occurred reads 'nothing', "
+                          "expected No")]
+    assert hc.remap_problems("G", "N/A", "No") == [("remapped-rows", "G: Remapped Rows Pending reads 'N/A', expected No")]
+    assert hc.remap_problems("G", None, "No") == [("remapped-rows", "G: Remapped Rows Pending reads 'nothing', expected No")]
+    assert hc.remap_problems("G", "Yes", "Yes") == [
+        ("remapped-rows", "G has a pending row remap (reset the GPU before serving)"),
+        ("remapped-rows", "G had a row remapping failure")]
+    assert hc.remap_problems("G", "No", "No") == []
+
+
+@pytest.mark.parametrize("speed", ["N/A", "0 GB/s", "0.000 GB/s", "<inactive>", "Unknown", "26.562"])
+def test_an_nvlink_link_without_a_speed_is_down(sim, speed):
+    out = b300_outputs(sim)
+    nvlink = re.sub(r"(GPU 4: .*\n(?:.*\n){3}\t Link 3: ).*", rf"\g<1>{speed}", out["nvlink"], count=1)
+    assert nvlink != out["nvlink"]
+    assert hc.gpu_problems(out["query"], out["q"], nvlink, 8, "B300", None, True) == [
+        ("nvlink", "GPU 4 NVLink links down: 3")]
+
+
+def test_unreadable_tool_output_is_a_named_problem_not_a_crash(tools, capsys):
+    tools[QUERY] = (0, tools[QUERY][1] + "Unable to determine the device handle for GPU0000:F0:00.0: Unknown Error\n")
+    rc, out, err = health(capsys, *GPU_ARGS)
+    assert rc == 1 and out == ""
+    assert err == ("b300-1: gpus: cannot read nvidia-smi --query-gpu: malformed nvidia-smi csv row: 'Unable to "
+                   "determine the device handle for GPU0000:F0:00.0: Unknown Error'\n")
+    # A show_gids row that is not a GID row is skipped: the GID it should have given is missing.
+    gids = tools[("show_gids",)][1]
+    tools[("show_gids",)] = (0, re.sub(r"^(mlx5_0\s+1\s+)3\b", r"\1x", gids, flags=re.M))
+    rc, out, err = health(capsys, *RDMA_ARGS)
+    assert (rc, out, err) == (1, "", "b300-1: rdma: mlx5_0 has no GID at index 3\n")
+
+
+def test_a_driver_that_fails_without_a_word_is_named(tools, capsys):
+    tools[QUERY] = (9, "")
+    assert health(capsys, *GPU_ARGS) == (1, "", "b300-1: driver: nvidia-smi failed (exit 9): no output\n")
+
+
+# --- issue 25, defect 9: every tool under a limit --------------------------------------------------
+
+
+def gone(pid: int) -> bool:
+    """The process is no more (or a zombie waiting to be reaped), within a few seconds."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def hanging_tool(path: Path, pids: Path, hang_on: str = "*", answers: dict[str, str] | None = None) -> None:
+    """A tool (a script, as show_gids is) that hangs when its arguments match the case pattern
+    ``hang_on``: it prints a line and waits on a child that sleeps for good, both ignoring TERM, each
+    pid in ``pids``. Other arguments get the text of the first pattern of ``answers`` they match."""
+    others = "".join(f"  {pattern}) printf '%s' {shlex.quote(text)} ;;\n" for pattern, text in (answers or {}).items())
+    path.write_text(f"""#!/bin/bash
+case "$*" in
+  {hang_on})
+    trap '' TERM
+    echo "$$" >> {pids}
+    echo partial
+    sleep 1000 &
+    echo "$!" >> {pids}
+    wait ;;
+{others}esac
+""")
+    path.chmod(0o755)
+
+
+def all_gone(pids: Path) -> bool:
+    numbers = [int(p) for p in pids.read_text().split()] if pids.exists() else []
+    return bool(numbers) and all(gone(p) for p in numbers)
+
+
+def test_a_tool_that_hangs_is_stopped_with_what_it_started_and_named(tmp_path, monkeypatch):
+    pids = tmp_path / "pids"
+    hanging_tool(tmp_path / "show_gids", pids)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setitem(hc.TOOL_TIMEOUT_S, "show_gids", 0.5)
+    start = time.monotonic()
+    assert hc._run(["show_gids"]) == (hc.TIMED_OUT, "show_gids timed out after 0.5s")
+    assert time.monotonic() - start < 0.5 + hc.REAP_S
+    assert all_gone(pids), "the tool and its child are gone"
+    assert hc._run(["show_gids"], timeout=0.2) == (124, "show_gids timed out after 0.2s")
+
+
+def run_hostcheck(tmp_path: Path, argv: list[str], limits: dict[str, float]) -> subprocess.CompletedProcess:
+    """hostcheck.py as the gate runs it (its own process, PATH with the tools of tmp_path/bin), with
+    shorter tool limits; a run that hangs is stopped here and fails the test."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import hostcheck as hc; "
+            "vars(hc).setdefault('TOOL_TIMEOUT_S', {}).update(json.loads(sys.argv[2])); sys.exit(hc.main(sys.argv[3:]))")
+    cmd = [sys.executable, "-c", code, str(Path(hc.__file__).parent), json.dumps(limits), *argv]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         env={**os.environ, "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"})
+    try:
+        out, err = p.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        pytest.fail(f"hostcheck.py {' '.join(argv)} still running after 20 s: a hung tool hangs it")
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+@pytest.mark.parametrize("hang_on, expected", [
+    ("--query-gpu=*", "h200x2: driver: nvidia-smi failed (exit 124): nvidia-smi timed out after 0.5s"),
+    ("-q", "h200x2: gpus: nvidia-smi -q failed (exit 124): nvidia-smi timed out after 0.5s"),
+    ("'nvlink -s'", "h200x2: nvlink: nvidia-smi nvlink -s failed (exit 124): nvidia-smi timed out after 0.5s"),
+], ids=["query", "q", "nvlink"])
+def test_a_hanging_nvidia_smi_fails_the_gate_naming_it(tmp_path, hang_on, expected):
+    """nvidia-smi answering as it did on the real 2 × H200, but for the one call that hangs."""
+    (tmp_path / "bin").mkdir()
+    pids = tmp_path / "pids"
+    answers = {"--query-gpu=*": (H200 / "query-gpu.csv").read_text(), "-q": (H200 / "nvidia-smi-q.txt").read_text(),
+               "'nvlink -s'": misc_section("nvlink -s")}
+    hanging_tool(tmp_path / "bin" / "nvidia-smi", pids, hang_on, answers)
+    start = time.monotonic()
+    r = run_hostcheck(tmp_path, ["health", "--host", "h200x2", "--gpus", "2", "--gpu-model", "H200", "--fabric"],
+                      {"nvidia-smi": 0.5})
+    assert (r.returncode, r.stdout, r.stderr.splitlines()) == (1, "", [expected])
+    assert time.monotonic() - start < 15
+    assert all_gone(pids)
+
+
+def test_a_hanging_rdma_tool_fails_the_check_naming_it(tmp_path):
+    (tmp_path / "bin").mkdir()
+    pids = tmp_path / "pids"
+    hanging_tool(tmp_path / "bin" / "ibv_devinfo", pids)
+    r = run_hostcheck(tmp_path, ["health", "--host", "b300-1", *RDMA_ARGS], {"ibv_devinfo": 0.5})
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == "b300-1: rdma: ibv_devinfo -v failed (exit 124): ibv_devinfo timed out after 0.5s\n"
+    assert all_gone(pids)
+
+
+def test_a_hanging_tool_is_a_fact_not_a_hang(monkeypatch):
+    fake_tools(monkeypatch, {QUERY: (124, "nvidia-smi timed out after 60s")})
+    assert hc.gpu_facts() == {"error": "nvidia-smi timed out after 60s", "exit": 124}
+
+
+def test_a_look_of_the_gate_outlasts_every_tool_of_hostcheck_at_its_limit(monkeypatch, capsys):
+    """With every tool hanging (and each slow to die once killed), what hostcheck waits in all stays
+    below the limit the gate gives one look (the hostcheck_timeout_s of the rendered script)."""
+    waited: list[float] = []
+
+    class Pipe:
+        def close(self) -> None:
+            pass
+
+    class Hung:
+        pid = 0
+        stdout = stderr = Pipe()
+
+        def __init__(self, cmd, **kw):
+            assert kw["start_new_session"] is True, "a group of its own, to kill what it started"
+
+        def communicate(self, timeout):
+            waited.append(timeout)
+            raise subprocess.TimeoutExpired("x", timeout)
+
+        def wait(self, timeout):
+            waited.append(timeout)
+            raise subprocess.TimeoutExpired("x", timeout)
+
+    killed = []
+    monkeypatch.setattr(hc.subprocess, "Popen", Hung)
+    monkeypatch.setattr(hc.os, "killpg", lambda pid, sig: killed.append(sig))
+    monkeypatch.setattr(hc.shutil, "which", lambda name: f"/usr/bin/{name}")
+    for fabric in (True, False):
+        waited.clear()
+        rc, out, err = health(capsys, "--gpus", "8", "--gpu-model", "B300", *(["--fabric"] if fabric else []))
+        assert rc == 1 and "timed out after 60s" in err
+        look = int(re.search(r"^hostcheck_timeout_s=(\d+)$", gate_script(fabric=fabric), re.M)[1])
+        assert sum(waited) < look
+    assert set(killed) == {signal.SIGKILL}
+
+
+# --- the gate script (fabric.sh.j2) ----------------------------------------------------------------
+
+
+def prod_b300(dcgm_level: int = 0, fabric: bool = True):
+    """prod-b300's stack with another diagnostic level or without the fabric manager."""
+    from glm_infra.stack import load_file
+
+    from conftest import stack_file
+
+    cfg = load_file(stack_file("prod-b300")).config
+    drivers = cfg.drivers.model_copy(update={"dcgm_diag_level": dcgm_level, "fabric_manager": fabric})
+    return cfg.model_copy(update={"drivers": drivers})
+
+
+def gate_script(dcgm_level: int = 0, fabric: bool = True, **limits: int) -> str:
+    """The rendered health gate of b300-1, with its limits (``NAME=N`` lines) replaced."""
+    from glm_infra import render
+
+    script = render.health_script(prod_b300(dcgm_level, fabric), "b300-1")
+    for name, value in limits.items():
+        script = re.sub(rf"^{name}=\d+$", f"{name}={value}", script, flags=re.M)
+    return script
+
+
+def run_gate(s: StubPath, script: str, *args: str, limit: float = 20) -> Result:
+    """StubPath.run, but a gate still running after ``limit`` seconds is killed with everything it
+    started, and fails the test."""
+    s.log.write_text("")
+    env = {"PATH": f"{s.bin}:/usr/bin:/bin", "STUB_LOG": str(s.log), "STATE": str(s.state), "LC_ALL": "C"}
+    p = subprocess.Popen(["bash", "-s", "--", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        out, err = p.communicate(script, timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        pytest.fail(f"the gate is still running after {limit} s: a hung tool hangs it")
+    return Result(p.returncode, out, err, [l for l in s.log.read_text().splitlines() if l])
+
+
+def hang(s: StubPath, name: str) -> None:
+    """A stub that hangs (a child that sleeps for good, both ignoring TERM), pids in $STATE/pids."""
+    s.add(name, """trap '' TERM; echo "$$" >> "$STATE/pids"; sleep 1000 & echo "$!" >> "$STATE/pids"; wait""")
+
+
+HEALTHY = 'echo "b300-1: healthy (8 × NVIDIA B300 SXM6 AC, driver 580.159.04)"'
+
+
+def test_the_gate_stops_a_hanging_hostcheck_and_names_it(tmp_path):
+    s = StubPath(tmp_path / "stubs")
+    hang(s, "python3")
+    start = time.monotonic()
+    r = run_gate(s, gate_script(hostcheck_timeout_s=1, kill_after_s=1), "apply")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.splitlines() == ["b300-1: health: hostcheck.py health timed out after 1s"]
+    assert time.monotonic() - start < 10, "once: a hung look is not waited for again"
+    assert sum(c.startswith("python3") for c in r.calls) == 1
+    assert all_gone(s.state / "pids")
+
+
+@pytest.mark.parametrize("mode", ["apply", "check"])
+def test_the_gate_stops_a_hanging_dcgmi_and_names_it(tmp_path, mode):
+    s = StubPath(tmp_path / "stubs")
+    s.add("python3", HEALTHY)
+    hang(s, "dcgmi")
+    r = run_gate(s, gate_script(dcgm_level=2, dcgm_timeout_s=1, kill_after_s=1), mode)
+    assert r.returncode == 1 and "healthy" in r.stdout
+    assert r.stderr.splitlines() == ["b300-1: health: dcgmi diag -r 2 timed out after 1s"]
+    assert all_gone(s.state / "pids")
+
+
+DCGM_PASS = r"""Successfully ran diagnostic for group.
++---------------------------+------------------------------------------------+
+| Diagnostic                | Result                                         |
++===========================+================================================+
+|-----  Deployment  --------+------------------------------------------------|
+| software                  | Pass                                           |
+|                           | GPU0: Pass                                     |
++---------------------------+------------------------------------------------+"""
+
+
+@pytest.mark.parametrize("dcgmi, expected", [
+    (f"printf '%s\\n' {shlex.quote(DCGM_PASS)}", None),
+    ("exit 0", "b300-1: health: dcgmi diag -r 1 printed nothing"),
+    (f"printf '%s\\n' {shlex.quote(DCGM_PASS.replace('GPU0: Pass', 'GPU0: Fail'))}",
+     "b300-1: health: dcgmi diag -r 1 reports a failed test"),
+    (f"printf '%s\\n' {shlex.quote(DCGM_PASS.replace('| Pass', '| Fail', 1))}",
+     "b300-1: health: dcgmi diag -r 1 reports a failed test"),
+    ("echo 'Error: Unable to start an embedded host engine.'; exit 249",
+     "b300-1: health: dcgmi diag -r 1 failed (exit 249)"),
+], ids=["pass", "empty", "gpu-fails", "test-fails", "no-host-engine"])
+def test_the_diagnostic_passes_only_on_a_table_without_a_failure(tmp_path, dcgmi, expected):
+    s = StubPath(tmp_path / "stubs")
+    s.add("python3", HEALTHY)
+    s.add("dcgmi", dcgmi)
+    r = run_gate(s, gate_script(dcgm_level=1), "apply")
+    if expected is None:
+        assert (r.returncode, r.stderr) == (0, "")
+        assert r.stdout.splitlines()[-1] == "b300-1: health: dcgmi diag -r 1 passed"
+    else:
+        assert r.returncode == 1 and r.stderr.splitlines()[-1] == expected
+
+
+def test_the_gate_passes_only_on_the_healthy_line(tmp_path):
+    s = StubPath(tmp_path / "stubs")
+    s.add("python3", "exit 0")
+    r = run_gate(s, gate_script(), "check")
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr == "b300-1: health: hostcheck.py health exited 0 without its healthy line\n"
+    s.add("python3", "exit 3")
+    r = run_gate(s, gate_script(), "apply")
+    assert (r.returncode, r.stderr) == (1, "b300-1: health: hostcheck.py health failed (exit 3) and printed nothing\n")
+    s.add("python3", 'echo "b300-2: healthy (another host)"')
+    assert run_gate(s, gate_script(), "check").returncode == 1
+    s.add("python3", HEALTHY)
+    r = run_gate(s, gate_script(), "check")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "b300-1: healthy (8 × NVIDIA B300 SXM6 AC, driver 580.159.04)\n", "")
+
+
+def test_the_gate_does_not_wait_on_a_failed_fabric_registration(tmp_path):
+    s = StubPath(tmp_path / "stubs")
+    line = f"b300-1: fabric-status: GPU 3 (00000000:73:00.0) fabric state is 'Completed' with status 'Failure': {FAILED}"
+    s.add("python3", f"echo {shlex.quote(line)} >&2; exit 1")
+    s.add("sleep", "exit 0")
+    r = run_gate(s, gate_script(), "apply")
+    assert (r.returncode, r.stderr) == (1, line + "\n")
+    assert sum(c.startswith("python3") for c in r.calls) == 1
+    # A fabric still in progress is waited for: here it completes at the second look.
+    s.add("python3", f"""if [ -e "$STATE/looked" ]; then {HEALTHY}; exit 0; fi
+touch "$STATE/looked"; echo "b300-1: fabric: GPU 0 (00000000:1A:00.0) fabric state is 'In Progress'" >&2; exit 1""")
+    r = run_gate(s, gate_script(), "apply")
+    assert (r.returncode, r.stdout) == (0, "b300-1: healthy (8 × NVIDIA B300 SXM6 AC, driver 580.159.04)\n")
+    assert r.called("sleep 5") and sum(c.startswith("python3") for c in r.calls) == 2
+
+
+def test_the_gate_with_the_stand_in_nvidia_smi_and_the_real_hostcheck(tmp_path, sim):
+    """fabric.sh check with hostcheck.py itself and the stand-in nvidia-smi: healthy, then the simulated
+    failed registration named on each GPU."""
+    s = StubPath(tmp_path / "stubs")
+    s.add("nvidia-smi", f'GLM_SIM_ROOT={shlex.quote(str(sim.root))} PYTHONPATH={shlex.quote(str(HW_LIB))} '
+                        f'exec {shlex.quote(sys.executable)} {shlex.quote(str(TOOLS["nvidia-smi"]))} "$@"')
+    s.add("python3", f'exec {shlex.quote(sys.executable)} "$@"')
+    script = gate_script().replace("/usr/local/libexec/glm-infra/hostcheck.py", hc.__file__)
+    r = run_gate(s, script, "check")
+    assert (r.returncode, r.stderr) == (0, "")
+    assert r.stdout.startswith("b300-1: healthy (8 × NVIDIA B300 SXM6 AC, driver 580.159.04; fabric Completed on 8 GPUs")
+    sim.fault(FABRIC_STATUS="Failure")
+    r = run_gate(s, script, "check")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.splitlines()[0] == (f"b300-1: fabric-status: GPU 0 (00000000:1A:00.0) fabric state is 'Completed' "
+                                        f"with status 'Failure': {FAILED}")
+    assert len(r.stderr.splitlines()) == 8
+
+
+@pytest.mark.parametrize("level", [0, 1, 2, 3])
+@pytest.mark.parametrize("fabric", [True, False])
+def test_the_gate_step_outlasts_the_wait_a_last_look_and_the_diagnostic(level, fabric):
+    """From the rendered script's own numbers: the wait for the fabric, a pause, one more look at its
+    limit (and timeout's grace to KILL), then dcgmi diag at its limit: all within the step's timeout."""
+    from glm_infra import hostplan
+    from glm_infra.steps import seconds
+    from glm_infra.topology import plan
+
+    cfg = prod_b300(level, fabric)
+    step = hostplan.health_gate_step(cfg, plan(cfg).host("b300-1"))
+    script = step.stdin
+
+    def value(name: str) -> int:
+        return int(re.search(rf"^{name}=(\d+)$", script, re.M)[1])
+
+    pause = int(re.search(r"^    sleep (\d+)$", script, re.M)[1])
+    grace = value("kill_after_s")
+    longest = value("timeout_s") + pause + value("hostcheck_timeout_s") + grace
+    if level:
+        assert value("dcgm_timeout_s") >= {1: 60, 2: 4 * 120, 3: 2 * 900}[level], "DCGM's documented run times, and room"
+        longest += value("dcgm_timeout_s") + grace
+    else:
+        assert value("dcgm_level") == 0
+    assert seconds(step.timeout, 0) == longest + 60, "and a minute for SSH and bash"
+
+
+# --- facts and preflight on partial facts: what is missing is named, never taken for a pass --------
+
+
+def test_facts_of_a_host_whose_os_release_says_little(monkeypatch, tmp_path):
+    osr = tmp_path / "os-release"
+    osr.write_text("NAME=Custom\n")
+    real = hc.os_release
+    monkeypatch.setattr(hc, "os_release", lambda path="/etc/os-release": real(str(osr)))
+    fake_tools(monkeypatch, {})
+    monkeypatch.setattr(hc.platform, "machine", lambda: "aarch64")
+    model = tmp_path / "model"
+    f = hc.facts(str(model))
+    assert (f["os"], f["os_pretty"], f["arch"]) == ("unknown", "", "aarch64")
+    assert f["disk"]["path"] == str(tmp_path) and f["disk"]["staged_bytes"] == 0
+    assert hc.preflight_problems(f, ["ubuntu 24.04"], "1.0", 0, "B300", False)[0] == (
+        "os", "cannot tell the OS: /etc/os-release is missing or has no ID")
+
+
+def test_preflight_on_facts_that_lost_their_keys():
+    """A facts line with keys missing (an older hostcheck, a truncated line) is refused for each."""
+    assert hc.preflight_problems({}, ["ubuntu 24.04"], "5.12", 8, "B300", False, 485) == [
+        ("os", "cannot tell the OS: /etc/os-release is missing or has no ID"),
+        ("kernel", "cannot read the kernel version ''"),
+        ("gpus", "0 GPUs visible, stack expects 8"),
+        ("disk", "no disk facts (the model path was not given)"),
+    ]
+    partial = {"os": "ubuntu 24.04", "kernel": "6.8.0", "gpus": {"models": []}, "disk": {"path": "/mnt"}}
+    assert hc.preflight_problems(partial, ["ubuntu 24.04"], "5.12", 8, "B300", False, 1e-9) == [
+        ("gpus", "0 GPUs visible, stack expects 8"),
+        ("disk", "0 GB free or staged at /mnt, stack needs 1e-09 GB (preflight.minFreeDiskGb)")]
+    staged_only = {**partial, "gpus": {"count": 8}, "disk": {"path": "/mnt", "staged_bytes": 1}}
+    assert hc.preflight_problems(staged_only, ["ubuntu 24.04"], "5.12", 8, "B300", False, 1e-9) == []
+    free_only = {**staged_only, "disk": {"path": "/mnt", "free_bytes": 1}}
+    assert hc.preflight_problems(free_only, ["ubuntu 24.04"], "5.12", 8, "B300", False, 1e-9) == []
+
+
+def test_preflight_lists_what_it_allows_and_what_it_found():
+    facts = real_facts(gpus={"count": 2, "models": ["NVIDIA H100", "NVIDIA H200"]},
+                       disk={"path": "/mnt", "free_bytes": 1_500_000_000, "staged_bytes": 0})
+    assert hc.preflight_problems(facts, ["debian 12", "rocky 9"], "5.12", 2, "B300", False, 485) == [
+        ("os", "Ubuntu 24.04.3 LTS is not supported here (allowed: debian 12, rocky 9)"),
+        ("gpus", "GPU model NVIDIA H100, NVIDIA H200, stack expects B300"),
+        ("disk", "2 GB free or staged at /mnt, stack needs 485 GB (preflight.minFreeDiskGb)"),
+    ]
+
+
+def test_gpu_facts_of_odd_query_output(monkeypatch):
+    header = "index, name, driver_version, memory.total [MiB]\n"
+    fake_tools(monkeypatch, {QUERY: (0, header + "0, NVIDIA B300, 580.159.04, [N/A]\n")})
+    assert hc.gpu_facts() == {"count": 1, "models": ["NVIDIA B300"], "driver_version": "580.159.04",
+                              "compute_cap": [""], "memory_total_mib": None}
+    fake_tools(monkeypatch, {QUERY: (0, "index, name, driver_version\n0, NVIDIA B300, 580.159.04\n")})
+    assert hc.gpu_facts()["memory_total_mib"] is None
+    # Output without the columns asked for is unreadable, not a crash.
+    fake_tools(monkeypatch, {QUERY: (0, "index, name\n0, NVIDIA B300\n")})
+    assert hc.gpu_facts() == {"error": "cannot read nvidia-smi --query-gpu: no driver_version column", "exit": 0}
+    fake_tools(monkeypatch, {QUERY: (0, "index\n0\n")})
+    assert hc.gpu_facts()["error"] == "cannot read nvidia-smi --query-gpu: no name or driver_version column"
+    fake_tools(monkeypatch, {QUERY: (0, "index, name\n0\n")})
+    assert hc.gpu_facts() == {"error": "cannot read nvidia-smi --query-gpu: malformed nvidia-smi csv row: '0'", "exit": 0}
+
+
+def test_the_rdma_summary_says_what_it_read_even_of_odd_ports():
+    text = ("hca_id:\tmlx5_0\n\t\tport:\t1\n\t\t\tstate:\t\t\tPORT_ACTIVE (4)\n\t\t\tactive_mtu:\t\t4096 (5)\n"
+            "hca_id:\tmlx5_1\n\t\tport:\t1\n")
+    gids = {"mlx5_0": {3: {"gid": "::ffff:10.0.0.1", "ver": "v2", "ipv4": "10.0.0.1"}},
+            "mlx5_1": {3: {"gid": "::ffff:10.0.0.2", "ver": "v1", "ipv4": "10.0.0.2"}}}
+    assert hc.rdma_summary(text, gids, ["mlx5_0", "mlx5_1"], "Ethernet", 3) == (
+        "RDMA mlx5_0,mlx5_1: 2 ports ?/PORT_ACTIVE Ethernet active_mtu 4096/?, GID 3 RoCE v1/v2 IPv4 on 2 NICs")
+
+
+def test_the_gpu_summary_says_what_it_read_even_of_odd_rows():
+    query = "index, name, driver_version\n0, NVIDIA B300, 580.159.04\n1, NVIDIA B300, 580.172.08\n"
+    assert hc.gpu_summary(query, "", "", False) == "2 × NVIDIA B300, driver 580.159.04, 580.172.08; 0 pending row remaps on 0 GPUs"
+    assert hc.gpu_summary("index\n0\n", "", "", False) == "1 × ?, driver ?; 0 pending row remaps on 0 GPUs"

@@ -10,7 +10,8 @@ glm-infra installs this file on every host and runs it from the preflight and he
     hostcheck.py health --host NAME --gpus N --gpu-model M [--driver V] [--fabric [--nvlinks 18]]
                         [--nics mlx5_0,...] [--link-layer Ethernet] [--mtu 4096] [--gid-index 3]
                                                  exit 1 with one "NAME: check: problem" line per failure;
-                                                 a tool that fails or prints nothing is a failure
+                                                 a tool that fails, prints nothing or does not answer
+                                                 within its limit (TOOL_TIMEOUT_S) is a failure
 
 The parsers read what ``nvidia-smi``, ``ibv_devinfo [-v]``, ``show_gids`` and ``ibstat`` print; tests
 run them on captures from real machines (tests/fixtures).
@@ -25,10 +26,25 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
 QUERY_FIELDS = "index,name,uuid,pci.bus_id,driver_version,memory.total,compute_cap"
+
+# Seconds each tool may take before it counts as hung: a failure naming the tool, never a wait past
+# the step's own timeout. nvidia-smi answers in seconds (its first call after a boot initialises
+# every GPU, which takes longer); the RDMA tools read sysfs.
+TOOL_TIMEOUT_S: dict[str, float] = {"nvidia-smi": 60, "ibv_devinfo": 30, "show_gids": 30, "ibstat": 30,
+                                    "systemd-detect-virt": 10}
+TIMED_OUT = 124  # the exit status of a tool stopped at its limit, as coreutils' timeout reports it
+REAP_S = 5  # how long a killed tool may take to go (one stuck in the driver goes only when it leaves it)
+# The health gate's own limits (fabric.sh.j2 runs this file and dcgmi under coreutils' timeout).
+# `dcgmi diag -r LEVEL`, by DCGM's documentation: level 1 lasts seconds, level 2 about two minutes,
+# level 3 about 15 minutes; the limits leave room for eight GPUs on a busy host.
+DCGM_DIAG_TIMEOUT_S = {0: 0, 1: 300, 2: 900, 3: 2700}
+GATE_POLL_S = 5  # the pause between two looks at the fabric
+KILL_AFTER_S = 10  # from timeout's TERM to its KILL, for a tool that ignores TERM
 
 
 # --- parsers -------------------------------------------------------------------------------------
@@ -110,7 +126,9 @@ def parse_nvlink_status(text: str) -> dict[int, dict[int, str | None]]:
         m = re.match(r"^\s+Link (\d+): (.+?)\s*$", line)
         if m and current is not None:
             speed = m.group(2)
-            current[int(m.group(1))] = None if "inactive" in speed.lower() else speed
+            # Up only with a speed: <inactive>, N/A, 0 GB/s or anything unreadable is not a working link.
+            up = re.fullmatch(r"(\d+(?:\.\d+)?) GB/s", speed)
+            current[int(m.group(1))] = speed if up and float(up.group(1)) > 0 else None
     return out
 
 
@@ -162,7 +180,8 @@ def parse_show_gids(text: str) -> list[dict[str, str]]:
     rows = []
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) < 5 or parts[0] in ("DEV", "---") or not parts[1].isdigit():
+        # A row without a number for port and index is not a GID row (headers, rules, a mangled line).
+        if len(parts) < 5 or not (parts[1].isdigit() and parts[2].isdigit()):
             continue
         dev, port, index, gid = parts[:4]
         rest = parts[4:]
@@ -213,7 +232,7 @@ def gid_table(devinfo: str, show_gids: str | None) -> dict[str, dict[int, dict[s
             if r["port"] == "1":
                 out.setdefault(r["dev"], {})[int(r["index"])] = {"gid": r["gid"], "ver": r["ver"], "ipv4": r["ipv4"]}
     else:
-        out = {dev: dict(ports.get(1, {}).get("gids", {})) for dev, ports in parse_ibv_devinfo(devinfo).items()}
+        out = {dev: dict(ports[1]["gids"]) if 1 in ports else {} for dev, ports in parse_ibv_devinfo(devinfo).items()}
     # One spelling per GID (the tools print some compressed, some as eight groups).
     return {dev: {i: {**g, "gid": _canonical_gid(g["gid"])} for i, g in gids.items()} for dev, gids in out.items()}
 
@@ -228,11 +247,52 @@ def _canonical_gid(gid: str) -> str:
 # --- gathering -----------------------------------------------------------------------------------
 
 
-def _run(cmd: list[str]) -> tuple[int, str]:
+def _run(cmd: list[str], timeout: float | None = None) -> tuple[int, str]:
+    """(exit status, output) of a tool; its stderr too when it fails. A tool still running after
+    ``timeout`` (default: its TOOL_TIMEOUT_S) is killed with what it started, and reads as
+    (TIMED_OUT, "TOOL timed out after Ns")."""
     if shutil.which(cmd[0]) is None:
         return 127, f"{cmd[0]}: not installed"
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    return p.returncode, (p.stdout if p.returncode == 0 else (p.stdout + p.stderr)).strip()
+    limit = TOOL_TIMEOUT_S[cmd[0]] if timeout is None else timeout
+    # A session of its own, so that a timeout kills what the tool started too (a wrapper script's
+    # children would otherwise live on).
+    # No input for it to wait on; text pipes (errors= makes them text) that take any bytes.
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                         errors="replace", start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=REAP_S)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        for pipe in (p.stdout, p.stderr):
+            pipe.close()  # type: ignore[union-attr]
+        return TIMED_OUT, f"{cmd[0]} timed out after {limit:g}s"
+    return p.returncode, (out if p.returncode == 0 else (out + err)).strip()
+
+
+def health_budget_s(fabric: bool) -> int:
+    """The longest ``health`` of the GPUs takes with every tool it runs at its limit, plus Python's own
+    start: what the gate's limit around it must exceed, so that the tool that hangs is the one named."""
+    looks = 3 if fabric else 2  # --query-gpu, -q [, nvlink -s]
+    return int((TOOL_TIMEOUT_S["nvidia-smi"] + REAP_S) * looks) + 15
+
+
+def gate_limits(fabric: bool, dcgm_level: int) -> dict[str, int]:
+    """What fabric.sh.j2 gives each thing it runs (seconds): a look (this file's ``health``), dcgmi
+    diag, timeout's grace before KILL, the pause between looks."""
+    return {"hostcheck_s": health_budget_s(fabric), "dcgm_s": DCGM_DIAG_TIMEOUT_S[dcgm_level],
+            "kill_after_s": KILL_AFTER_S, "poll_s": GATE_POLL_S}
+
+
+def gate_timeout_s(fabric_timeout: int, fabric: bool, dcgm_level: int) -> int:
+    """The longest the health gate (fabric.sh.j2 apply) runs: its last look at the fabric starts within
+    a pause of ``fabric_timeout`` and ends within its limit, then dcgmi diag within its own."""
+    g = gate_limits(fabric, dcgm_level)
+    dcgm = g["dcgm_s"] + g["kill_after_s"] if dcgm_level else 0
+    return fabric_timeout + g["poll_s"] + g["hostcheck_s"] + g["kill_after_s"] + dcgm
 
 
 def os_release(path: str = "/etc/os-release") -> dict[str, str]:
@@ -277,6 +337,9 @@ def gpu_facts() -> dict:
         rows = parse_query_csv(out)
     except ValueError as e:
         return {"error": f"cannot read nvidia-smi --query-gpu: {e}", "exit": rc}
+    missing = [k for k in ("name", "driver_version") if rows and k not in rows[0]]
+    if missing:
+        return {"error": f"cannot read nvidia-smi --query-gpu: no {' or '.join(missing)} column", "exit": rc}
     return {
         "count": len(rows),
         "models": sorted({r["name"] for r in rows}),
@@ -301,7 +364,7 @@ def rdma_facts() -> dict:
         out_facts[dev] = {}
         for p, info in ports.items():
             port = {k: v for k, v in info.items() if k != "gids"}
-            port["roce_v2_ipv4_gids"] = sorted(i for i, g in info.get("gids", {}).items() if g["ver"] == "v2" and g["ipv4"])
+            port["roce_v2_ipv4_gids"] = sorted(i for i, g in info["gids"].items() if g["ver"] == "v2" and g["ipv4"])
             if rates.get(dev, {}).get(p) is not None:
                 port["rate_gbps"] = rates[dev][p]
             out_facts[dev][str(p)] = port
@@ -329,7 +392,7 @@ def staged_bytes(path: str) -> int:
     """Bytes of the checkpoint already at ``path`` (a folder or a symlink to one): room it would
     give back if staged again, so a host that holds the weights passes the disk check again."""
     total = 0
-    for root, _, files in os.walk(os.path.realpath(path)) if os.path.isdir(path) else ():
+    for root, _, files in os.walk(os.path.realpath(path)):  # nothing for a file or a missing path
         for name in files:
             try:
                 total += os.lstat(os.path.join(root, name)).st_size
@@ -379,16 +442,9 @@ def gpu_problems(query_csv: str, smi_q: str, nvlink: str, gpus: int, model: str,
         problems.append(("gpus", f"nvidia-smi -q describes {len(q['gpus'])} GPUs, stack expects {gpus}"))
     for i, g in enumerate(q["gpus"]):
         label = f"GPU {i} ({g['bus_id']})"
-        if fabric and g.get("fabric_state") != "Completed":
-            problems.append(
-                ("fabric", f"{label} fabric state is {g.get('fabric_state', 'missing')!r} (fabric manager or NVLSM not ready)")
-            )
-        if "remapped_pending" not in g:
-            problems.append(("remapped-rows", f"{label}: nvidia-smi -q shows no Remapped Rows section"))
-        elif g["remapped_pending"] != "No":
-            problems.append(("remapped-rows", f"{label} has a pending row remap (reset the GPU before serving)"))
-        if g.get("remapped_failure", "No") != "No":
-            problems.append(("remapped-rows", f"{label} had a row remapping failure"))
+        if fabric:
+            problems += fabric_problems(label, g.get("fabric_state"), g.get("fabric_status"))
+        problems += remap_problems(label, g.get("remapped_pending"), g.get("remapped_failure"))
     if fabric:
         links = parse_nvlink_status(nvlink)
         if len(links) != gpus:
@@ -399,6 +455,35 @@ def gpu_problems(query_csv: str, smi_q: str, nvlink: str, gpus: int, model: str,
                 problems.append(("nvlink", f"GPU {gpu} NVLink links down: {', '.join(down)}"))
             if len(ls) < nvlinks:
                 problems.append(("nvlink", f"GPU {gpu} lists {len(ls)} NVLink links, expected {nvlinks}"))
+    return problems
+
+
+def fabric_problems(label: str, state: str | None, status: str | None) -> list[Problem]:
+    """NVML's fabric registration of one GPU (``nvidia-smi -q`` Fabric): State goes Not Started, In
+    Progress, Completed; only then does Status say whether it worked ("Success", else an NVML error
+    such as "Failure" or "Insufficient Resources"). Missing (None) or empty is a problem too."""
+    if state != "Completed":
+        return [("fabric", f"{label} fabric state is {state or 'missing'!r} (fabric manager or NVLSM not ready)")]
+    if status != "Success":
+        # Waiting does not fix a failed registration: its own check, which the gate does not wait on.
+        return [("fabric-status", f"{label} fabric state is 'Completed' with status {status or 'missing'!r}: "
+                                  "its fabric registration failed (see the nvidia-fabricmanager log)")]
+    return []
+
+
+def remap_problems(label: str, pending: str | None, failure: str | None) -> list[Problem]:
+    """``nvidia-smi -q`` Remapped Rows of one GPU: Pending and Remapping Failure Occurred must both read
+    No; a missing or unreadable field is a problem."""
+    if pending is None and failure is None:
+        return [("remapped-rows", f"{label}: nvidia-smi -q shows no Remapped Rows section")]
+    problems: list[Problem] = []
+    for field, value, meaning in (("Pending", pending, "has a pending row remap (reset the GPU before serving)"),
+                                  ("Remapping Failure Occurred", failure, "had a row remapping failure")):
+        if value == "Yes":
+            problems.append(("remapped-rows", f"{label} {meaning}"))
+        elif value != "No":
+            problems.append(("remapped-rows", f"{label}: Remapped Rows {field} reads {value or 'nothing'!r}, "
+                                              "expected No"))
     return problems
 
 
@@ -462,10 +547,11 @@ def rdma_summary(devinfo: str, gids: dict[str, dict[int, dict[str, str]]], nics:
     return out
 
 
-def _gpu_health(args: argparse.Namespace) -> tuple[list[Problem], str]:
+def _gpu_health(args: argparse.Namespace) -> list[Problem] | str:
+    """The problems of the GPUs; when there are none, what was read of them."""
     rc, query = _run(["nvidia-smi", f"--query-gpu={QUERY_FIELDS}", "--format=csv"])
     if rc != 0:
-        return [("driver", f"nvidia-smi failed (exit {rc}): {_first_line(query)}")], ""
+        return [("driver", f"nvidia-smi failed (exit {rc}): {_first_line(query) or 'no output'}")]
     problems = [p for p in [tool_problem("gpus", "nvidia-smi --query-gpu", rc, query)] if p]
     rc_q, smi_q = _run(["nvidia-smi", "-q"])
     problems += [p for p in [tool_problem("gpus", "nvidia-smi -q", rc_q, smi_q)] if p]
@@ -474,12 +560,14 @@ def _gpu_health(args: argparse.Namespace) -> tuple[list[Problem], str]:
         rc_l, nvlink = _run(["nvidia-smi", "nvlink", "-s"])
         problems += [p for p in [tool_problem("nvlink", "nvidia-smi nvlink -s", rc_l, nvlink)] if p]
     if problems:  # what failed or printed nothing is the problem; no judging of partial output
-        return problems, ""
-    problems = gpu_problems(query, smi_q, nvlink, args.gpus, args.gpu_model, args.driver, args.fabric, args.nvlinks)
-    return problems, gpu_summary(query, smi_q, nvlink, args.fabric)
+        return problems
+    # The summary only of what passed (it would choke on what gpu_problems reports as unreadable).
+    return (gpu_problems(query, smi_q, nvlink, args.gpus, args.gpu_model, args.driver, args.fabric, args.nvlinks)
+            or gpu_summary(query, smi_q, nvlink, args.fabric))
 
 
-def _rdma_health(args: argparse.Namespace) -> tuple[list[Problem], str]:
+def _rdma_health(args: argparse.Namespace) -> list[Problem] | str:
+    """The problems of the RDMA NICs; when there are none, what was read of them."""
     nics = args.nics.split(",")
     rc, devinfo = _run(["ibv_devinfo", "-v"])
     problems = [p for p in [tool_problem("rdma", "ibv_devinfo -v", rc, devinfo)] if p]
@@ -488,23 +576,16 @@ def _rdma_health(args: argparse.Namespace) -> tuple[list[Problem], str]:
         rc_g, show = _run(["show_gids"])
         problems += [p for p in [tool_problem("rdma", "show_gids", rc_g, show)] if p]
     if problems:
-        return problems, ""
+        return problems
     gids = gid_table(devinfo, show)
-    problems = rdma_problems(devinfo, gids, nics, args.link_layer, args.mtu, args.gid_index)
-    return problems, rdma_summary(devinfo, gids, nics, args.link_layer, args.gid_index)
+    return (rdma_problems(devinfo, gids, nics, args.link_layer, args.mtu, args.gid_index)
+            or rdma_summary(devinfo, gids, nics, args.link_layer, args.gid_index))
 
 
 def health(args: argparse.Namespace) -> int:
-    problems: list[Problem] = []
-    read: list[str] = []
-    if not args.rdma_only:
-        p, summary = _gpu_health(args)
-        problems += p
-        read.append(summary)
-    if args.nics:
-        p, summary = _rdma_health(args)
-        problems += p
-        read.append(summary)
+    results = ([] if args.rdma_only else [_gpu_health(args)]) + ([_rdma_health(args)] if args.nics else [])
+    problems = [p for r in results if not isinstance(r, str) for p in r]
+    read = [r for r in results if isinstance(r, str)]
     for check, problem in problems:
         print(f"{args.host}: {check}: {problem}", file=sys.stderr)
     if not problems:
@@ -587,7 +668,7 @@ def parser() -> argparse.ArgumentParser:
     h.add_argument("--driver")
     h.add_argument("--fabric", action="store_true")
     h.add_argument("--nvlinks", type=int, default=18, help="NVLink links per GPU (18 on HGX B300)")  # pragma: no mutate
-    h.add_argument("--nics", default="")
+    h.add_argument("--nics")
     h.add_argument("--link-layer", choices=["Ethernet", "InfiniBand"])
     h.add_argument("--mtu", type=int)
     h.add_argument("--gid-index", type=int)
