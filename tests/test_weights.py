@@ -3,6 +3,7 @@ corruption repair, disk refusal, revision switch. The simulated-cluster run does
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -198,6 +199,166 @@ def test_peer_gives_up_when_the_seed_never_answers(tmp_path):
     assert r.returncode == 1 and "did not answer within 2s" in r.stderr
 
 
+def verify(path: Path, revision: str = "rev1") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(WEIGHTS), "verify", "--revision", revision, "--path", str(path)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_verify_fails_when_the_model_path_serves_another_revision(mirror, tmp_path):
+    url, _, _ = mirror
+    path = tmp_path / "h" / "model"
+    for rev in ("rev1", "rev2"):
+        assert stage("--role", "seed", "--source", "mirror", "--url", url, "--revision", rev, "--path", str(path),
+                     "--margin-gb", "0").returncode == 0
+    assert verify(path, "rev2").returncode == 0
+    r = verify(path, "rev1")  # staged and intact, but not what the path serves
+    assert r.returncode == 1 and f"{path} serves rev2, not rev1" in r.stderr, r.stderr
+    path.unlink()
+    path.mkdir()  # something else at the model path
+    r = verify(path, "rev2")
+    assert r.returncode == 1 and f"{path} serves nothing glm-infra staged, not rev2" in r.stderr, r.stderr
+
+
+# --- names and bytes from other hosts: a parent or a mirror that lies ------------------------------
+
+
+class FakeParent:
+    """A relay parent that serves whatever the test gives it — its progress document (the manifest) and
+    the same bytes for every other path — as a host on the cluster network that lies would. It runs in
+    a thread of the test and stops with it."""
+
+    def __init__(self, doc: dict, body: bytes) -> None:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server API)
+                data = json.dumps(doc).encode() if ".glm-progress.json" in self.path else body
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *a) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def files_under(d: Path) -> list[str]:
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*") if not p.is_dir() or p.is_symlink())
+
+
+@pytest.mark.parametrize("bad", ["ABSOLUTE", "../x", "a/../../x", "link/x", ".glm-complete"])
+def test_a_parent_naming_a_file_outside_the_model_dir_is_refused_before_anything_is_written(tmp_path, bad):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    bad = str(outside / "abs") if bad == "ABSOLUTE" else bad
+    path = tmp_path / "peer" / "model"
+    root = path.parent / "model.revisions" / "rev1"
+    root.mkdir(parents=True)
+    if bad.startswith("link/"):  # a folder here that is a symlink to elsewhere: never written through
+        (root / "link").symlink_to(outside, target_is_directory=True)
+    before = files_under(tmp_path)
+    body = b"pwned\n"
+    sha = hashlib.sha256(body).hexdigest()
+    doc = {"revision": "rev1", "complete": True, "received": 0, "published": ["config.json", bad],
+           "files": [{"path": "config.json", "size": len(body), "sha256": sha},
+                     {"path": bad, "size": len(body), "sha256": sha}]}
+    parent = FakeParent(doc, body)
+    try:
+        r = stage("--role", "peer", "--peer", parent.url, "--revision", "rev1", "--path", str(path),
+                  "--margin-gb", "0", "--stall", "2", "--timeout", "20")
+    finally:
+        parent.close()
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"refusing the manifest from {parent.url}: " in r.stderr and repr(bad) in r.stderr, r.stderr
+    after = [f for f in files_under(tmp_path) if f != "peer/model.revisions/.lock"]  # the staging's own lock
+    assert after == before, "nothing written: not outside, not the good file, not the manifest"
+    assert not path.exists(), "nothing switched"
+
+
+@pytest.mark.parametrize("bad", ["../escape", ".glm-manifest.json", "a\\..\\x"])
+def test_a_mirror_manifest_naming_an_unsafe_file_is_refused(mirror, tmp_path, bad):
+    url, log, src = mirror
+    body = b"{}\n"
+    (src / "rev3").mkdir()
+    (src / "rev3" / "config.json").write_bytes(body)
+    entry = {"size": len(body), "sha256": hashlib.sha256(body).hexdigest()}
+    (src / "rev3" / "manifest.json").write_text(json.dumps(
+        {"files": [{"path": "config.json", **entry}, {"path": bad, **entry}]}))
+    path = tmp_path / "h" / "model"
+    r = stage("--role", "seed", "--source", "mirror", "--url", url, "--revision", "rev3", "--path", str(path),
+              "--margin-gb", "0")
+    assert r.returncode == 1
+    assert f"refusing the manifest from {url}/rev3/manifest.json: unsafe file name {bad!r}" in r.stderr, r.stderr
+    assert files_under(tmp_path / "h") == ["model.revisions/.lock"], "nothing written"
+    assert not any("/rev3/config.json" in l for l in requests(log)), "nothing fetched"
+
+
+def peer_from_fanout(seed_root: Path, peer_path: Path, tmp: Path) -> subprocess.CompletedProcess:
+    """A peer staged from the seed's verified files (weights.py serve: what the seed published)."""
+    fan_url, _, fan = serve(seed_root, tmp, "fanout", all_files=False)
+    try:
+        return stage("--role", "peer", "--peer", fan_url, "--revision", "rev1", "--path", str(peer_path),
+                     "--margin-gb", "0", "--stall", "5", "--timeout", "60")
+    finally:
+        fan.terminate()
+        fan.wait()
+
+
+def test_a_peer_staging_again_takes_a_shard_changed_at_the_source_with_the_same_size(mirror, tmp_path):
+    url, _, src = mirror
+    seed_path, peer_path = tmp_path / "seed" / "model", tmp_path / "peer" / "model"
+    seed = ("--role", "seed", "--source", "mirror", "--url", url, "--revision", "rev1", "--path", str(seed_path),
+            "--margin-gb", "0")
+    seed_root = seed_path.parent / "model.revisions" / "rev1"
+    assert stage(*seed).returncode == 0
+    assert peer_from_fanout(seed_root, peer_path, tmp_path).returncode == 0
+    # The source replaces one shard under the same revision: same size, other bytes, a new manifest.
+    shard = "model-00002-of-00006.safetensors"
+    data = bytearray((src / "rev1" / shard).read_bytes())
+    data[2000] ^= 0xFF
+    (src / "rev1" / shard).write_bytes(bytes(data))
+    m = manifest(src, "rev1")
+    next(e for e in m["files"] if e["path"] == shard)["sha256"] = hashlib.sha256(bytes(data)).hexdigest()
+    (src / "rev1" / "manifest.json").write_text(json.dumps(m))
+    r = stage(*seed)
+    assert r.returncode == 0 and "seed: 1 files from the mirror source, 8 already here" in r.stdout, r.stdout
+    r = peer_from_fanout(seed_root, peer_path, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "peer: 1 files copied" in r.stdout and "8 already here and verified" in r.stdout, r.stdout
+    assert (peer_path / shard).read_bytes() == bytes(data)
+    v = verify(peer_path)
+    assert v.returncode == 0, v.stderr
+
+
+def test_a_peer_staging_again_copies_a_shard_corrupted_here(mirror, tmp_path):
+    url, _, src = mirror
+    seed_path, peer_path = tmp_path / "seed" / "model", tmp_path / "peer" / "model"
+    assert stage("--role", "seed", "--source", "mirror", "--url", url, "--revision", "rev1", "--path",
+                 str(seed_path), "--margin-gb", "0").returncode == 0
+    seed_root = seed_path.parent / "model.revisions" / "rev1"
+    assert peer_from_fanout(seed_root, peer_path, tmp_path).returncode == 0
+    shard = peer_path / "model-00005-of-00006.safetensors"
+    blob = bytearray(shard.read_bytes())
+    blob[777] ^= 0x01  # same size, other bytes: the disk went bad since the last staging
+    shard.write_bytes(bytes(blob))
+    r = peer_from_fanout(seed_root, peer_path, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"{shard.name}: does not match its sha256, copying it again" in r.stdout, r.stdout
+    assert "peer: 1 files copied" in r.stdout and "8 already here and verified" in r.stdout, r.stdout
+    assert shard.read_bytes() == (src / "rev1" / shard.name).read_bytes()
+
+
 # --- the Hugging Face source: the real huggingface_hub and `hf` CLI against a loopback hub ----------
 
 COMMIT = "3f0c5a1e9b7d2c4a6e8f0b1d3c5e7a9b2d4f6a8c"
@@ -227,9 +388,26 @@ def hub(tmp_path, monkeypatch):
     p.wait()
 
 
-def hf_stage(path: Path, token: Path, revision: str = COMMIT) -> subprocess.CompletedProcess:
+def hf_stage(path: Path, token: Path, revision: str = COMMIT, hf_python: Path = HF_PYTHON) -> subprocess.CompletedProcess:
     return stage("--role", "seed", "--source", "huggingface", "--repo", REPO, "--revision", revision,
-                 "--hf-python", str(HF_PYTHON), "--token-file", str(token), "--path", str(path), "--margin-gb", "0")
+                 "--hf-python", str(hf_python), "--token-file", str(token), "--path", str(path), "--margin-gb", "0")
+
+
+def recording_hf_venv(tmp: Path) -> tuple[Path, Path]:
+    """A venv bin folder whose ``python`` and ``hf`` record the argv and the environment they were
+    started with (one file each per process), then exec the real ones: what the staging gave the
+    processes it started, as they saw it."""
+    bin_dir, seen = tmp / "hf-venv" / "bin", tmp / "started"
+    bin_dir.mkdir(parents=True)
+    seen.mkdir()
+    for name, real in (("python", HF_PYTHON), ("hf", HF_PYTHON.parent / "hf")):
+        script = bin_dir / name
+        script.write_text("#!/bin/sh\n"
+                          f"printf '%s\\0' \"$0\" \"$@\" > {seen}/argv.$$\n"
+                          f"env -0 > {seen}/env.$$\n"
+                          f"exec {real} \"$@\"\n")
+        script.chmod(0o755)
+    return bin_dir / "python", seen
 
 
 def hub_downloads(log: Path) -> list[str]:
@@ -248,8 +426,21 @@ def test_huggingface_source_downloads_verifies_and_publishes(hub, tmp_path):
     assert len(hub_downloads(log)) == 9
     progress = json.loads((path / ".glm-progress.json").read_text())
     assert progress["complete"] and len(progress["published"]) == 9, "every file is served to the peers"
-    # The token reached the hub from the file, never through the command line.
+
+
+def test_the_hf_token_reaches_the_hub_client_only_through_its_environment(hub, tmp_path):
+    _, _, token = hub
+    python, seen = recording_hf_venv(tmp_path)
+    r = hf_stage(tmp_path / "seed" / "model", token, hf_python=python)
+    assert r.returncode == 0, r.stderr
     assert "hf_secret_123" not in " ".join(r.args)
+    started = {pid.name.split(".")[1]: pid.read_bytes().split(b"\0")[:-1] for pid in seen.glob("argv.*")}
+    programs = sorted(Path(argv[0].decode()).name for argv in started.values())
+    assert programs.count("python") == 1 and programs.count("hf") >= 2, programs  # the listing, the downloads
+    for pid, argv in started.items():
+        assert not any(b"hf_secret_123" in a for a in argv), f"the token is in the argv of {argv!r}"
+        env = (seen / f"env.{pid}").read_bytes().split(b"\0")
+        assert b"HF_TOKEN=hf_secret_123" in env, f"{argv!r} ran without the token in its environment"
 
 
 def test_huggingface_second_run_downloads_nothing(hub, tmp_path):

@@ -34,14 +34,19 @@ import argparse
 import concurrent.futures
 import contextlib
 import fcntl
+import functools
 import hashlib
+import hmac
 import http.client
 import http.server
 import json
 import os
 import re
+import secrets
 import shutil
+import socket
 import socketserver
+import stat
 import subprocess
 import sys
 import threading
@@ -55,6 +60,11 @@ PROGRESS = ".glm-progress.json"
 COMPLETE = ".glm-complete"
 DONE = ".glm-done"  # a host that copied from this one GETs it once it has every file
 CHUNK = 4 << 20
+HASHES = ".glm-hashes.json"  # digests of the files here, by size, mtime, inode: a staging again reads what changed
+MAX_JSON = 64 << 20  # a manifest or progress document from another host larger than this is refused
+REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")  # the stack's own rule (config.py): a folder name
+SHA256 = re.compile(r"[0-9a-f]{64}")
+GIT_BLOB = re.compile(r"[0-9a-f]{40}")
 HOST = os.uname().nodename
 
 
@@ -73,12 +83,23 @@ class NotThere(StageError):
 # --- files ---------------------------------------------------------------------------------------
 
 
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
+def hashed(path: str, h: "hashlib._Hash") -> "hashlib._Hash":
+    """``h`` updated with the bytes of the file, read CHUNK by CHUNK (never a whole file in memory)."""
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
             h.update(chunk)
-    return h.hexdigest()
+    return h
+
+
+def sha256_file(path: str) -> str:
+    return hashed(path, hashlib.sha256()).hexdigest()
+
+
+def git_blob_sha1(path: str) -> str:
+    return hashed(path, hashlib.sha1(f"blob {os.path.getsize(path)}\0".encode())).hexdigest()
+
+
+HASHERS = {"sha256": sha256_file, "git-blob": git_blob_sha1}
 
 
 def write_json(path: str, data: object) -> None:
@@ -103,12 +124,89 @@ def revision_dir(path: str, revision: str) -> str:
     return os.path.join(revisions_dir(path), revision)
 
 
-def safe_name(name: str) -> str:
-    """A manifest entry must stay inside the revision directory."""
-    norm = os.path.normpath(name)
-    if norm.startswith(("/", "..")) or norm.startswith(".glm-") or norm in (".", ""):
-        raise StageError(f"refusing unsafe file name {name!r} in the manifest")
-    return norm
+def name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a file of the revision directory, or None. Only a plain relative name in
+    canonical form passes: nothing that reaches outside the directory, names one file two ways, or
+    takes the name of glm-infra's own files or of a transfer in progress."""
+    if not isinstance(name, str) or not name:
+        return "not a file name"
+    if "\0" in name:
+        return "a NUL byte"
+    if "\\" in name:
+        return "a backslash"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "a control character"
+    if name.startswith("/"):
+        return "an absolute path"
+    parts = name.split("/")
+    if ".." in parts:
+        return "a '..' component"
+    if "" in parts or "." in parts:
+        return "an empty or '.' component"
+    if parts[0].startswith(".glm-"):
+        return "glm-infra's own file"
+    if name.endswith(".partial"):
+        return "the name of a transfer in progress"
+    try:
+        longest = max(len(p.encode()) for p in parts)
+    except UnicodeEncodeError:
+        return "not UTF-8"
+    if longest > 255:
+        return "a component longer than 255 bytes"
+    return None
+
+
+def safe_name(name: object, origin: str = "the manifest") -> str:
+    """A file name that came from another host (the mirror's or the hub's listing, a relay parent's
+    manifest), or StageError naming where it came from."""
+    problem = name_problem(name)
+    if problem:
+        raise StageError(f"refusing the manifest from {origin}: unsafe file name {name!r} ({problem})")
+    return name  # type: ignore[return-value]
+
+
+def inside(root: str, name: str, origin: str = "the manifest") -> str:
+    """root/name, where the bytes of ``name`` land — refused when a symlink on the way (or the file, or
+    its transfer file) leads outside root."""
+    p = os.path.join(root, name)
+    top = os.path.realpath(root)
+    for q in (p, p + ".partial"):
+        real = os.path.realpath(q)
+        if os.path.commonpath([top, real]) != top:
+            raise StageError(f"refusing the manifest from {origin}: {name!r} would land at {real}, outside "
+                             f"{top} (through a symlink)")
+    return p
+
+
+def manifest_files(files: object, origin: str, blobs: bool = False) -> list[dict]:
+    """The entries of a manifest from another host, each checked — a safe name (once), a byte count, a
+    sha256 (or, ``blobs``: from the hub, a small file's git blob id instead) — sorted by path; a
+    StageError naming ``origin`` and the entry otherwise. Nothing is written before this passed."""
+    if not isinstance(files, list):
+        raise StageError(f"refusing the manifest from {origin}: no list of files")
+    out: dict[str, dict] = {}
+    for e in files:
+        if not isinstance(e, dict):
+            raise StageError(f"refusing the manifest from {origin}: an entry is not an object: {e!r}")
+        name = safe_name(e.get("path"), origin)
+        size, sha = e.get("size"), e.get("sha256")
+        if type(size) is not int or size < 0:
+            raise StageError(f"refusing the manifest from {origin}: {name}: size {size!r} is not a byte count")
+        entry = {"path": name, "size": size, "sha256": sha}
+        if blobs and sha is None:
+            entry["git_blob"] = blob = e.get("git_blob")
+            if not (isinstance(blob, str) and GIT_BLOB.fullmatch(blob)):
+                raise StageError(f"refusing the manifest from {origin}: {name}: neither a sha256 nor a git blob id")
+        elif not (isinstance(sha, str) and SHA256.fullmatch(sha)):
+            raise StageError(f"refusing the manifest from {origin}: {name}: sha256 {sha!r} is not a sha256")
+        if name in out:
+            raise StageError(f"refusing the manifest from {origin}: {name} is listed twice")
+        out[name] = entry
+    folders = {"/".join(n.split("/")[:i]) for n in out for i in range(1, n.count("/") + 1)}
+    clash = sorted(folders & set(out))
+    if clash:
+        raise StageError(f"refusing the manifest from {origin}: {clash[0]} is a file and a folder of another")
+    return [out[n] for n in sorted(out)]
 
 
 def index_shards(root: str) -> set[str]:
@@ -116,36 +214,77 @@ def index_shards(root: str) -> set[str]:
     index = os.path.join(root, "model.safetensors.index.json")
     if not os.path.exists(index):
         return set()
-    return set(read_json(index).get("weight_map", {}).values())
+    weight_map = read_json(index).get("weight_map", {})
+    return {v for v in weight_map.values() if isinstance(v, str)} if isinstance(weight_map, dict) else set()
 
 
-def file_ok(root: str, e: dict, full: bool = True) -> bool:
-    """The file is there with its size and (full) its sha256 — or, for a hub file kept in git whose
-    sha256 is not known yet, its git blob id."""
-    p = os.path.join(root, e["path"])
-    if not os.path.isfile(p) or os.path.getsize(p) != e["size"]:
-        return False
-    if not full:
-        return True
-    if e.get("git_blob"):
-        return git_blob_sha1(p) == e["git_blob"]
-    return sha256_file(p) == e["sha256"]
+class Hashes:
+    """The digests of the files under ``root``. With a ``cache`` file, a digest is remembered by what
+    changes whenever a file is written or replaced — its size, mtime (ns), inode and device — so a
+    staging again reads only what changed since; without one (``verify``) every file is read."""
+
+    def __init__(self, root: str, cache: str | None = None) -> None:
+        self.root, self.cache = root, cache
+        self.lock = threading.Lock()
+        self.known: dict[str, dict] = {}
+        self.changed = False
+        if cache:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                known = read_json(cache)  # only ever what this host hashed; unreadable: hash again
+                self.known = {k: v for k, v in known.items() if isinstance(v, dict)}
+
+    @staticmethod
+    def stamp(st: os.stat_result) -> list[int]:
+        return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
+
+    def digest(self, name: str, algo: str = "sha256") -> str:
+        p = os.path.join(self.root, name)
+        key = f"{algo}:{name}"
+        before = os.stat(p)
+        hit = self.known.get(key)
+        if self.cache and hit and hit.get("stat") == self.stamp(before):
+            return hit["digest"]
+        value = HASHERS[algo](p)
+        if self.cache and self.stamp(os.stat(p)) == self.stamp(before):  # not written while it was read
+            self.remember(name, value, algo)
+        return value
+
+    def remember(self, name: str, value: str, algo: str = "sha256") -> None:
+        """The digest of a file this host just wrote (hashed on the way in)."""
+        if self.cache:
+            with self.lock:
+                self.known[f"{algo}:{name}"] = {"stat": self.stamp(os.stat(os.path.join(self.root, name))),
+                                                "digest": value}
+                self.changed = True
+
+    def save(self) -> None:
+        with self.lock:
+            if self.cache and self.changed:
+                write_json(self.cache, self.known)
+                self.changed = False
+
+    def ok(self, e: dict, full: bool = True) -> bool:
+        """The file is there with its size and (full) its sha256 — or, for a hub file kept in git whose
+        sha256 is not known yet, its git blob id."""
+        try:
+            st = os.stat(os.path.join(self.root, e["path"]))
+        except OSError:
+            return False
+        if not stat.S_ISREG(st.st_mode) or st.st_size != e["size"]:
+            return False
+        if not full:
+            return True
+        if e.get("git_blob"):
+            return self.digest(e["path"], "git-blob") == e["git_blob"]
+        return self.digest(e["path"]) == e["sha256"]
 
 
-def git_blob_sha1(path: str) -> str:
-    h = hashlib.sha1(f"blob {os.path.getsize(path)}\0".encode())
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def check_files(root: str, manifest: dict, full: bool) -> list[str]:
+def check_files(root: str, manifest: dict, full: bool, hashes: Hashes | None = None) -> list[str]:
     """Names of files that are missing, of the wrong size or (full) of the wrong sha256."""
-    bad = []
+    hashes = hashes or Hashes(root)
 
     def one(entry: dict) -> str | None:
-        return None if file_ok(root, entry, full) else entry["path"]
+        return None if hashes.ok(entry, full) else entry["path"]
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2)) as ex:
         bad = [b for b in ex.map(one, manifest["files"]) if b]
@@ -160,38 +299,72 @@ class SourceFailed(StageError):
     """The host copied from failed: refused, reset, a short body, a stalled transfer."""
 
 
-class BadBytes(StageError):
-    """What arrived does not match the manifest's sha256."""
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """A mirror may redirect, to http(s) only; a relay host never does, so one that does is refused
+    (its target would be another host's choice of where this host connects)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 (urllib's API)
+        if not req.follow:
+            raise SourceFailed(f"{req.full_url}: HTTP {code} to {newurl!r} (a relay host never redirects)")
+        if urllib.parse.urlsplit(newurl).scheme not in ("http", "https"):
+            raise SourceFailed(f"{req.full_url}: HTTP {code} to {newurl!r} (not http or https)")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-def _sha_of_prefix(path: str) -> "hashlib._Hash":
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h
+OPENER = urllib.request.build_opener(_Redirects)
+
+
+def open_url(url: str, timeout: float, headers: dict[str, str] | None = None, follow: bool = False):  # noqa: ANN201
+    req = urllib.request.Request(url, headers=dict(headers or {}))
+    req.follow = follow  # type: ignore[attr-defined]
+    return OPENER.open(req, timeout=timeout)
+
+
+def check_range(url: str, header: str | None, start: int, size: int | None) -> None:
+    """A 206 must carry the bytes asked for: from ``start`` to the end of the file the manifest describes."""
+    m = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+|\*)", str(header).strip(), re.ASCII)
+    if not m or int(m[1]) != start or (size is not None and (int(m[2]) != size - 1 or m[3] != str(size))):
+        raise SourceFailed(f"{url}: Content-Range {header!r} for bytes {start}-"
+                           f"{'' if size is None else size - 1} (of {size if size is not None else '?'})")
 
 
 def download(url: str, dest: str, size: int | None, headers: dict[str, str] | None = None, timeout: float = 60,
-             on_bytes=None) -> str:
+             on_bytes=None, follow: bool = True) -> str:
     """One attempt at url → dest, resuming dest.partial with a Range request; streamed through a CHUNK
-    buffer (never a whole file in memory) and hashed on the way. Returns the sha256 of dest."""
+    buffer (never a whole file in memory) and hashed on the way. Returns the sha256 of dest. The
+    headers that answer are checked against what was asked (status, Content-Range, Content-Length),
+    and no more bytes are taken than the manifest's size (``size`` None: MAX_JSON)."""
     partial = dest + ".partial"
+    if os.path.islink(partial):  # a transfer file is written here, never through a link
+        os.remove(partial)
     have = os.path.getsize(partial) if os.path.exists(partial) else 0
     if size is not None and have > size:
         os.remove(partial)
         have = 0
-    req = urllib.request.Request(url, headers=dict(headers or {}))
-    if have:
-        req.add_header("Range", f"bytes={have}-")
-    h = _sha_of_prefix(partial) if have else hashlib.sha256()
+    limit = MAX_JSON if size is None else size
+    h = hashed(partial, hashlib.sha256()) if have else hashlib.sha256()
+    too_long = False
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            if have and resp.status != 206:  # the server sends it all again: start over
+        with open_url(url, timeout, {**(headers or {}), **({"Range": f"bytes={have}-"} if have else {})},
+                      follow) as resp:
+            if resp.status == 206 and have:
+                check_range(url, resp.headers.get("Content-Range"), have, size)
+            elif resp.status == 200:  # the whole file (again): start over
                 h, have = hashlib.sha256(), 0
+            else:
+                raise SourceFailed(f"{url}: HTTP {resp.status} for a request of bytes {have}-")
+            length = resp.headers.get("Content-Length")
+            if size is not None and length is not None and length.strip() != str(size - have):
+                raise SourceFailed(f"{url}: Content-Length {length!r}, not the {size - have} bytes left of {size}")
             buf = memoryview(bytearray(CHUNK))  # one bounded buffer for the whole file
-            with open(partial, "ab" if have else "wb") as f:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if have else os.O_TRUNC)
+            got = have
+            with open(os.open(partial, flags, 0o644), "wb") as f:
                 while n := resp.readinto(buf):
+                    got += n
+                    if got > limit:
+                        too_long = True
+                        break
                     f.write(buf[:n])
                     h.update(buf[:n])
                     if on_bytes:
@@ -210,6 +383,9 @@ def download(url: str, dest: str, size: int | None, headers: dict[str, str] | No
             raise SourceFailed(f"{url}: HTTP {e.code}") from None
     except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as e:
         raise SourceFailed(f"{url}: {getattr(e, 'reason', None) or e!r}") from None
+    if too_long:
+        os.remove(partial)
+        raise SourceFailed(f"{url}: more than {limit} bytes (partial file dropped)")
     got = os.path.getsize(partial)
     if size is not None and got != size:
         raise SourceFailed(f"{url}: short body ({got} of {size} bytes)")
@@ -230,18 +406,37 @@ def fetch(url: str, dest: str, size: int | None, headers: dict[str, str] | None 
     raise AssertionError("unreachable")
 
 
-def fetch_verified(url: str, root: str, entry: dict, headers: dict[str, str] | None = None, on_bytes=None) -> None:
-    dest = os.path.join(root, entry["path"])
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
+def fetch_verified(url: str, hashes: Hashes, entry: dict, on_bytes=None) -> None:
+    p = inside(hashes.root, entry["path"])
+    os.makedirs(os.path.dirname(p), exist_ok=True)
     for _ in range(2):
-        if fetch(url, dest, entry["size"], headers, on_bytes=on_bytes) == entry["sha256"]:
+        sha = fetch(url, p, entry["size"], on_bytes=on_bytes)
+        if sha == entry["sha256"]:
+            hashes.remember(entry["path"], sha)
             return
-        os.remove(dest)
+        os.remove(p)
         log(f"{entry['path']}: sha256 mismatch after download, fetching again")
     raise StageError(f"{entry['path']}: sha256 mismatch twice from {url}")
 
 
 # --- what a host serves while it stages: its verified files, to the hosts that copy from it ---------
+
+
+MAC_HEADER = "X-Glm-Relay-Mac"
+
+
+def sign(key: bytes, nonce: str, body: bytes) -> str:
+    """HMAC-SHA256, with the stack's relay key, of a progress document and the nonce of the request it
+    answers: a peer holding the key takes no manifest from a host without it, nor an old one replayed."""
+    return hmac.new(key, nonce.encode() + b"\n" + body, hashlib.sha256).hexdigest()
+
+
+def relay_key(path: str) -> bytes:
+    """The stack's relay key from its 0600 file (GLM_RELAY_KEY=, like the HF token: never in argv)."""
+    key = env_value(path, "GLM_RELAY_KEY")
+    if key is None or len(key) < 32:
+        raise StageError(f"{path}: no GLM_RELAY_KEY of at least 32 characters")
+    return key.encode()
 
 
 class Relay:
@@ -257,6 +452,19 @@ class Relay:
         self.received = 0  # bytes written so far: a host that is still receiving is not stalled
         self.clients: dict[str, dict] = {}  # host → {"last": monotonic, "active": transfers, "done": bool}
         self.progress_path: str | None = None
+        self.key: bytes | None = None  # the stack's relay key: the progress document goes out signed
+
+    def adopt(self, files: list[dict]) -> list[str]:
+        """List ``files`` (the manifest being staged) from now on: a published file whose entry they
+        change or drop is withdrawn until verified again here. Returns the names withdrawn."""
+        with self.lock:
+            new = {e["path"]: e for e in files}
+            old = {e["path"]: e for e in self.files}
+            gone = [n for n in self.published if new.get(n) != old.get(n)]
+            self.files = list(files)
+            self.published = [n for n in self.published if n not in gone]
+        self.publish()
+        return gone
 
     def publish(self, name: str = "", complete: bool = False) -> None:
         with self.lock:
@@ -293,7 +501,10 @@ class _Files(http.server.SimpleHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server API)
         url = urllib.parse.urlparse(self.path)
         name = urllib.parse.unquote(url.path).lstrip("/")
-        client = urllib.parse.parse_qs(url.query).get("host", [self.client_address[0]])[0]
+        query = urllib.parse.parse_qs(url.query)
+        client = query.get("host", [""])[0]
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}", client):
+            client = self.client_address[0]  # a name this host logs and keeps: only a plain one
         relay = self.relay
         if relay is not None:
             relay.seen(client, done=name == DONE)
@@ -302,7 +513,9 @@ class _Files(http.server.SimpleHTTPRequestHandler):
             with relay.lock:
                 doc, published = relay.snapshot(), set(relay.published)
             if name == PROGRESS:
-                return self._send(json.dumps(doc).encode(), "application/json")
+                body = json.dumps(doc).encode()
+                mac = {MAC_HEADER: sign(relay.key, query.get("nonce", [""])[0], body)} if relay.key else {}
+                return self._send(body, "application/json", mac)
         elif self.published_only and name != PROGRESS:
             try:
                 published = set(read_json(os.path.join(self.directory, PROGRESS))["published"])
@@ -319,9 +532,8 @@ class _Files(http.server.SimpleHTTPRequestHandler):
             return
         size = os.path.getsize(path)
         start = 0
-        rng = self.headers.get("Range", "")
-        if rng.startswith("bytes=") and rng.endswith("-") and rng[6:-1].isdigit():
-            start = int(rng[6:-1])
+        if m := re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""), re.ASCII):
+            start = int(m[1])
             if start >= size:
                 self.send_error(416)
                 return
@@ -341,8 +553,10 @@ class _Files(http.server.SimpleHTTPRequestHandler):
             if relay is not None:
                 relay.seen(client, active=-1)
 
-    def _send(self, body: bytes, kind: str) -> None:
+    def _send(self, body: bytes, kind: str, headers: dict[str, str] | None = None) -> None:
         self.send_response(200)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
         self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -358,22 +572,27 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     allow_reuse_address = True
 
 
-def start_relay(relay: Relay, root: str, bind: str, stall: float) -> _Server:
-    """Serve this host's verified files from a thread of the staging itself: nothing outlives the step."""
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+def files_server(directory: str, bind: str, **handler: object) -> _Server:
+    """A server of ``directory`` on ADDR:PORT ([v6]:PORT), its handler _Files with ``handler`` set."""
     host, _, port = bind.rpartition(":")
-    # A blocked write to a client that went away ends after ``stall`` seconds.
-    handler_class = type("Handler", (_Files,), {"relay": relay, "published_only": True, "timeout": stall})
-    handler = lambda *a, **kw: handler_class(*a, directory=root, **kw)  # noqa: E731
+    host = host.strip("[]")
+    return (_Server6 if ":" in host else _Server)(
+        (host, int(port)), functools.partial(type("Handler", (_Files,), handler), directory=directory))
+
+
+def start_relay(relay: Relay, root: str, bind: str, stall: float) -> _Server:
+    """Serve this host's verified files from a thread of the staging itself: nothing outlives the step.
+    A client that sends nothing (or stops reading) for ``stall`` seconds is dropped."""
     try:
-        server = _Server((host.strip("[]"), int(port)), handler)
+        server = files_server(root, bind, relay=relay, published_only=True, timeout=stall)
     except OSError as e:
         raise StageError(f"cannot serve the relay on {bind}: {e.strerror or e}") from None
-    threading.Thread(target=server.serve_forever, name="relay", daemon=True).start()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
-
-
-def info_came(clients: dict[str, dict], c: str) -> bool:
-    return clients.get(c, {}).get("last", 0.0) > 0
 
 
 def wait_for_children(relay: Relay, children: list[str], stall: float) -> list[str]:
@@ -396,15 +615,14 @@ def wait_for_children(relay: Relay, children: list[str], stall: float) -> list[s
             last = max(info["last"], since) if info else since
             if (info and info["active"] > 0) or now - last < stall:
                 waiting.append(c)
-            else:
-                gone.append((c, "made no request" if info else "never came"))
-        for c, why in gone:
-            if c not in relay.clients or not relay.clients[c].get("left"):
-                log(f"{c} {why} for {stall:g}s: not waiting for it any longer")
-                with relay.lock:
-                    relay.clients.setdefault(c, {"last": 0.0, "active": 0, "done": False})["left"] = True
-                if info_came(clients, c):
-                    left.append(c)
+            elif not (info and info.get("left")):  # (one that comes back is waited for again)
+                gone.append((c, info))
+        for c, info in gone:
+            log(f"{c} {'made no request' if info else 'never came'} for {stall:g}s: not waiting for it any longer")
+            with relay.lock:
+                relay.clients.setdefault(c, {"last": 0.0, "active": 0, "done": False})["left"] = True
+            if info:  # it came, and stopped before it had every file
+                left.append(c)
         if not waiting:
             return left
         if now - told >= 30:
@@ -417,26 +635,29 @@ def wait_for_children(relay: Relay, children: list[str], stall: float) -> list[s
 
 
 def source_manifest(args: argparse.Namespace, root: str) -> dict:
-    """Files of the checkpoint with sizes and sha256, from the source. From the hub, a small file kept
-    in git (not LFS) has no sha256 yet, only its git blob id: the seed hashes it once downloaded."""
+    """Files of the checkpoint with sizes and sha256, from the source, checked like a relay parent's
+    (the source is another host too). From the hub, a small file kept in git (not LFS) has no sha256
+    yet, only its git blob id: the seed hashes it once downloaded."""
     if args.source == "mirror":
         url = f"{args.url.rstrip('/')}/{args.revision}/manifest.json"
         tmp = os.path.join(root, ".glm-source-manifest.json")
         fetch(url, tmp, None)
-        m = read_json(tmp)
-        os.remove(tmp)
+        try:
+            m = read_json(tmp)
+        except ValueError:
+            raise StageError(f"{url}: not a JSON manifest") from None
+        finally:
+            os.remove(tmp)
+        files = manifest_files(m.get("files") if isinstance(m, dict) else None, url)
     else:  # huggingface: the hub knows every file's size and LFS sha256 (or git blob id)
-        m = hf_manifest(args)
-    files = []
-    for e in m["files"]:
-        f = {"path": safe_name(e["path"]), "size": int(e["size"]), "sha256": e["sha256"]}
-        if not e["sha256"]:
-            f["git_blob"] = e["blob"]
-        files.append(f)
-    return {"revision": args.revision, "files": sorted(files, key=lambda e: e["path"])}
+        url = f"{args.repo}@{args.revision}"
+        files = manifest_files(hf_manifest(args), url, blobs=True)
+    for e in files:
+        inside(root, e["path"], url)
+    return {"revision": args.revision, "files": files}
 
 
-def hf_manifest(args: argparse.Namespace) -> dict:
+def hf_manifest(args: argparse.Namespace) -> list:
     code = (
         "import json,sys;from huggingface_hub import HfApi;"
         "i=HfApi().model_info(sys.argv[1],revision=sys.argv[2],files_metadata=True);"
@@ -452,17 +673,37 @@ def hf_manifest(args: argparse.Namespace) -> dict:
         error = re.sub(r"^[\w.]*\.", "", raised[-1]) if raised else ""
         said = "" if raised and lines[-1] == raised[-1] else lines[-1]
         raise StageError(f"cannot list {args.repo}@{args.revision}: {' '.join(filter(None, [error, said]))}")
-    return {"files": [f for f in json.loads(out.stdout) if f["size"] is not None and (f["sha256"] or f["blob"])]}
+    try:
+        listed = json.loads(out.stdout)
+    except ValueError:
+        listed = None
+    if not isinstance(listed, list):
+        raise StageError(f"cannot list {args.repo}@{args.revision}: the hub client printed no list of files")
+    # Every file the hub lists, in the manifest's form: one without a size or a digest fails the check.
+    return [{"path": f.get("path"), "size": f.get("size"), "sha256": f.get("sha256"), "git_blob": f.get("blob")}
+            if isinstance(f, dict) else f for f in listed]
+
+
+def env_value(path: str, var: str) -> str | None:
+    """VAR's value in an EnvironmentFile of VAR=value lines (None when it sets none); StageError naming
+    the file when it cannot be read: a secret file that is not there is a failure, never "no secret"."""
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise StageError(f"cannot read {path}: {e.strerror or e}") from None
+    for line in lines:
+        k, _, v = line.strip().partition("=")
+        if k == var and v:
+            return v
+    return None
 
 
 def hf_env(args: argparse.Namespace) -> dict[str, str]:
+    """The hub client's environment: the token from its file (never on a command line)."""
     env = dict(os.environ)
-    if args.token_file and os.path.exists(args.token_file):
-        with open(args.token_file) as f:
-            for line in f:
-                k, _, v = line.strip().partition("=")
-                if k == "HF_TOKEN" and v:
-                    env["HF_TOKEN"] = v
+    if args.token_file and (token := env_value(args.token_file, "HF_TOKEN")):
+        env["HF_TOKEN"] = token
     return env
 
 
@@ -498,26 +739,29 @@ def hf_download(args: argparse.Namespace, root: str, entries: list[dict]) -> Non
             args.relay.got(now - seen)
             seen = now
     if p.returncode != 0:
-        raise subprocess.CalledProcessError(p.returncode, p.args)
+        raise StageError(f"hf download of {len(entries)} files from {args.repo}@{args.revision} "
+                         f"exited {p.returncode}")
+    hashes: Hashes = args.hashes
     for e in entries:
-        if not file_ok(root, e):
+        if not hashes.ok(e):
             raise StageError(f"{e['path']}: the hub delivered bytes that do not match its sha256/size")
         if e.get("git_blob"):  # from now on every host checks it like any other file
-            e["sha256"] = sha256_file(os.path.join(root, e["path"]))
+            e["sha256"] = hashes.digest(e["path"])
             del e["git_blob"]
 
 
 def stage_seed(args: argparse.Namespace, root: str) -> None:
     relay: Relay = args.relay
+    hashes: Hashes = args.hashes
     manifest = source_manifest(args, root)
     need_disk(args, root, manifest)
     if args.source == "huggingface":
         # The small git-kept files first (config, tokenizer): then every file has a sha256 the peers
         # can check before anything is published.
         small = [e for e in manifest["files"] if e.get("git_blob")]
-        good = [e for e in small if file_ok(root, e)]
+        good = [e for e in small if hashes.ok(e)]
         for e in good:
-            e["sha256"] = sha256_file(os.path.join(root, e["path"]))
+            e["sha256"] = hashes.digest(e["path"])
             del e["git_blob"]
         missing = [e for e in small if e.get("git_blob")]
         if missing:
@@ -526,39 +770,36 @@ def stage_seed(args: argparse.Namespace, root: str) -> None:
     else:
         fresh = set()
     write_json(os.path.join(root, MANIFEST), manifest)
-    relay.files = manifest["files"]
-    relay.publish()
+    relay.adopt(manifest["files"])
     kept = fetched = 0
     todo: list[dict] = []
     for e in manifest["files"]:
-        p = os.path.join(root, e["path"])
-        if file_ok(root, e):
+        p = inside(root, e["path"])
+        if hashes.ok(e):
             if e["path"] in fresh:
                 fetched += 1
             else:
                 kept += 1
             relay.publish(e["path"])
         elif args.source == "mirror":
-            if os.path.exists(p):
+            if os.path.lexists(p):
                 log(f"{e['path']}: does not match the manifest, fetching it again")
                 os.remove(p)
-            fetch_verified(f"{args.url.rstrip('/')}/{args.revision}/{urllib.parse.quote(e['path'])}", root, e,
+            fetch_verified(f"{args.url.rstrip('/')}/{args.revision}/{urllib.parse.quote(e['path'])}", hashes, e,
                            on_bytes=relay.got)
             fetched += 1
             relay.publish(e["path"])
-        elif args.source == "huggingface":
-            if os.path.exists(p):
+        else:  # huggingface
+            if os.path.lexists(p):
                 log(f"{e['path']}: does not match the hub's sha256, downloading it again")
             todo.append(e)
-        else:
-            raise StageError(f"{e['path']}: missing or does not match its sha256 at {p}")
     for i in range(0, len(todo), HF_BATCH):
         batch = todo[i:i + HF_BATCH]
         hf_download(args, root, batch)
         fetched += len(batch)
         for e in batch:
             relay.publish(e["path"])
-        log(f"{fetched}/{len(todo)} files downloaded from {args.repo}")
+        log(f"{i + len(batch)}/{len(todo)} files downloaded from {args.repo}")
     relay.publish(complete=True)
     log(f"seed: {fetched} files from the {args.source} source, {kept} already here and verified")
 
@@ -566,67 +807,137 @@ def stage_seed(args: argparse.Namespace, root: str) -> None:
 # --- a peer: copies from its parent in the relay tree, from the next ancestor up when that fails ----
 
 
-def get_json(url: str, timeout: float) -> dict:
+def get_json(url: str, timeout: float, key: bytes | None = None) -> object:
+    """A JSON document from a relay host: at most MAX_JSON bytes, never redirected. With the stack's
+    relay key, it must come signed with it, together with the nonce this request sent (not replayed)."""
+    nonce = secrets.token_hex(16)
+    if key is not None:
+        url += f"&nonce={nonce}"
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return json.load(r)
-    except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException, ValueError) as e:
+        with open_url(url, timeout) as r:
+            body = r.read(MAX_JSON + 1)
+            mac = r.headers.get(MAC_HEADER, "")
+    except urllib.error.HTTPError as e:
+        raise SourceFailed(f"{url}: HTTP {e.code}") from None
+    except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as e:
         raise SourceFailed(f"{url}: {getattr(e, 'reason', None) or e!r}") from None
+    if len(body) > MAX_JSON:
+        raise SourceFailed(f"{url}: more than {MAX_JSON} bytes")
+    if key is not None and not hmac.compare_digest(mac.encode("latin-1"), sign(key, nonce, body).encode()):
+        raise StageError(f"refusing the manifest from {url}: {'a wrong signature' if mac else 'not signed'} "
+                         f"(it is not signed with this stack's relay key: a host of another stack, or forged)")
+    try:
+        return json.loads(body)
+    except ValueError as e:
+        raise SourceFailed(f"{url}: not JSON ({e})") from None
+
+
+def parent_doc(doc: object, origin: str) -> dict:
+    """A relay host's progress document, checked whole (every name, size, sha256) before anything is
+    written from it: a StageError naming the host and the entry otherwise."""
+    if not isinstance(doc, dict):
+        raise StageError(f"refusing the manifest from {origin}: not a progress document")
+    for key, kind in (("revision", str), ("files", list), ("published", list), ("complete", bool)):
+        if not isinstance(doc.get(key), kind):
+            raise StageError(f"refusing the manifest from {origin}: {key!r} is missing or not a {kind.__name__}")
+    if type(doc.get("received")) is not int or doc["received"] < 0:
+        raise StageError(f"refusing the manifest from {origin}: 'received' is missing or not a byte count")
+    files = manifest_files(doc["files"], origin)
+    names = {e["path"] for e in files}
+    for n in doc["published"]:
+        if not isinstance(n, str) or n not in names:
+            raise StageError(f"refusing the manifest from {origin}: it publishes {n!r}, which it does not list")
+    return {**doc, "files": files}
+
+
+def earlier_files(root: str, revision: str) -> list[dict] | None:
+    """The manifest an earlier staging of this revision wrote here, or None: none, another revision's,
+    or one that does not pass the checks (then nothing here is kept without a source's manifest)."""
+    try:
+        m = read_json(os.path.join(root, MANIFEST))
+        if isinstance(m, dict) and m.get("revision") == revision:
+            return manifest_files(m.get("files"), f"the earlier staging ({root})")
+    except FileNotFoundError:
+        pass  # the first staging of this revision here
+    except (OSError, ValueError) as e:
+        log(f"no earlier manifest kept: {e}")
+    except StageError as e:
+        log(f"{e}: keeping nothing from it")
+    return None
 
 
 def stage_peer(args: argparse.Namespace, root: str) -> None:
     """Copy every file as soon as the host copied from has verified it (pipelined), verify it here,
     publish it. The sources are the parent first, then each ancestor up to the seed: a source that
     fails (refused or reset after it answered, a short body, bad bytes, no progress for ``--stall``
-    seconds) is left for the next one; after the seed, the parent again."""
+    seconds) is left for the next one; after the seed, the parent again. What is staged is the
+    manifest the source serves: a file verified against an earlier one is kept only if its entry is
+    the same (its sha256 checked through the hash cache)."""
     relay: Relay = args.relay
-    sources = [u.rstrip("/") for u in args.peer]
+    hashes: Hashes = args.hashes
+    sources = [u.removesuffix("/") for u in args.peer]
     me = urllib.parse.urlencode({"host": args.name})
     deadline = time.monotonic() + args.timeout
     at = 0
     answered = False  # the current source answered at least once
     since = time.monotonic()  # when the current source last showed progress (or we came to it)
     last_sig: tuple | None = None
-    have: set[str] = set()
-    kept = 0
+    files: dict[str, dict] = {}  # the manifest being staged, by path
+    have: set[str] = set()  # files here verified against ``files``
+    kept: set[str] = set()  # of those, the ones that were here before this staging
     copied: dict[str, int] = {}
-    checked_disk = False
+    known = False  # a source served its manifest
     started = time.monotonic()
-    told = started
+    told = 0.0  # when it last said it is waiting: at once, then every minute
+
+    def adopt(new: list[dict], origin: str) -> None:
+        """Stage the manifest ``new`` from now on (every destination checked before anything is
+        written); a file verified against an entry it changes or drops is verified again."""
+        nonlocal files
+        for e in new:
+            inside(root, e["path"], origin)
+        need_disk(args, root, {"files": new})
+        by_path = {e["path"]: e for e in new}
+        stale = sorted(n for n in have if by_path.get(n) != files.get(n))
+        have.difference_update(stale)
+        kept.difference_update(stale)
+        files = by_path
+        write_json(os.path.join(root, MANIFEST), {"revision": args.revision, "files": new})
+        relay.adopt(new)
+        if stale:
+            log(f"{origin}: its manifest differs for {len(stale)} files verified here before "
+                f"({', '.join(stale[:5])}{' ...' if len(stale) > 5 else ''}): checking them again")
+
     # What an earlier staging of this revision verified here is published at once (its children start
     # on it), and a complete copy needs no parent at all: one whose staging is over serves nobody.
     local: set[str] = set()
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        earlier = read_json(os.path.join(root, MANIFEST))
-        if earlier["revision"] == args.revision:
-            relay.files = earlier["files"]
-            relay.publish()
-            local = {e["path"] for e in earlier["files"]}
-            for e in earlier["files"]:
-                if file_ok(root, e):
-                    have.add(e["path"])
-                    kept += 1
-                    relay.publish(e["path"])
+    if prior := earlier_files(root, args.revision):
+        adopt(prior, "the earlier staging")
+        local = set(files)
+        for e in prior:
+            if hashes.ok(e):
+                have.add(e["path"])
+                kept.add(e["path"])
+                relay.publish(e["path"])
 
     def move(why: str, to: int | None = None) -> None:
         nonlocal at, answered, since, last_sig
         nxt = (at + 1) % len(sources) if to is None else to
         role = "the seed" if nxt == len(sources) - 1 else ("its parent" if nxt == 0 else "an ancestor")
         log(f"{sources[at]}: {why}; copying from {sources[nxt]} ({role}) now")
-        if nxt != at:  # it need not wait for this host any longer (if it still listens)
-            with contextlib.suppress(SourceFailed):
-                get_json_done(f"{sources[at]}/{DONE}?{me}&moved=1", timeout=3)
+        if nxt != at:  # it need not wait for this host any longer
+            say_done(f"{sources[at]}/{DONE}?{me}&moved=1", timeout=3)
         at, answered, since, last_sig = nxt, False, time.monotonic(), None
 
     while True:
         if time.monotonic() > deadline:
-            if not checked_disk:
+            if not known:
                 raise StageError(f"{', '.join(sources)} did not answer within {args.timeout}s")
             raise StageError(f"timed out after {args.timeout}s with {len(have)} files "
                              f"(sources: {', '.join(sources)})")
         base = sources[at]
         try:
-            progress = get_json(f"{base}/{PROGRESS}?{me}", timeout=args.stall)
+            raw = get_json(f"{base}/{PROGRESS}?{me}", args.stall, args.relay_key)
         except SourceFailed as e:
             if answered:
                 move(f"failed ({e})")
@@ -646,39 +957,37 @@ def stage_peer(args: argparse.Namespace, root: str) -> None:
                     told = time.monotonic()
                 time.sleep(1)
             continue
-        if progress.get("revision") != args.revision:
+        progress = parent_doc(raw, base)
+        if progress["revision"] != args.revision:
             if time.monotonic() - since > args.stall:
-                move(f"serves revision {progress.get('revision')}, not {args.revision}")
+                move(f"serves revision {progress['revision']!r}, not {args.revision}")
             else:
                 time.sleep(1)
             continue
         answered = True
-        entries = {e["path"]: e for e in progress["files"]}
-        if not checked_disk and entries:
-            write_json(os.path.join(root, MANIFEST), {"revision": args.revision, "files": progress["files"]})
-            need_disk(args, root, {"files": progress["files"]})
-            relay.files = progress["files"]
-            relay.publish()
-            checked_disk = True
-        sig = (len(progress["published"]), progress.get("received"), progress["complete"])
+        if progress["files"]:
+            known = True
+            if {e["path"]: e for e in progress["files"]} != files:
+                adopt(progress["files"], base)
+        sig = (len(progress["published"]), progress["received"], progress["complete"])
         if sig != last_sig:
             last_sig, since = sig, time.monotonic()
         failed = None
         for name in progress["published"]:
             if name in have:
                 continue
-            e = entries[name]
-            p = os.path.join(root, name)
-            if file_ok(root, e):
-                kept += 1
+            e = files[name]
+            p = inside(root, name)
+            if hashes.ok(e):
+                kept.add(name)
             else:
-                if os.path.exists(p):
+                if os.path.lexists(p):
                     log(f"{name}: does not match its sha256, copying it again")
                     os.remove(p)
                 os.makedirs(os.path.dirname(p), exist_ok=True)
                 try:
                     sha = download(f"{base}/{urllib.parse.quote(name)}?{me}", p, e["size"], timeout=args.stall,
-                                   on_bytes=relay.got)
+                                   on_bytes=relay.got, follow=False)
                 except NotThere:
                     break  # listed in a progress file the source has since rewritten: next round
                 except SourceFailed as err:
@@ -688,6 +997,7 @@ def stage_peer(args: argparse.Namespace, root: str) -> None:
                     os.remove(p)
                     failed = f"{name}: sha256 mismatch (bytes rejected)"
                     break
+                hashes.remember(name, sha)
                 copied[base] = copied.get(base, 0) + 1
             have.add(name)
             relay.publish(name)
@@ -695,7 +1005,7 @@ def stage_peer(args: argparse.Namespace, root: str) -> None:
         if failed:
             move(failed)
             continue
-        if progress["complete"] and entries and have >= set(entries):
+        if progress["complete"] and files and have >= set(files):
             break
         if time.monotonic() - since > args.stall:
             move(f"no progress for {args.stall:g}s")
@@ -703,27 +1013,25 @@ def stage_peer(args: argparse.Namespace, root: str) -> None:
         time.sleep(0.5)
     relay.publish(complete=True)
     for base in sources:  # every host copied from may be waiting for this one
-        with contextlib.suppress(SourceFailed):
-            get_json_done(f"{base}/{DONE}?{me}")
+        say_done(f"{base}/{DONE}?{me}")
     where = ", ".join(f"{n} from {b}" for b, n in copied.items()) or "none"
-    log(f"peer: {sum(copied.values())} files copied ({where}), {kept} already here and verified")
+    log(f"peer: {sum(copied.values())} files copied ({where}), {len(kept)} already here and verified")
 
 
 def first_answering(sources: list[str], at: int, me: str) -> int | None:
     """The index of the first source after ``at`` (in failover order) that answers, if any."""
-    for i in list(range(at + 1, len(sources))) + list(range(0, at)):
+    for i in list(range(at + 1, len(sources))) + list(range(at)):
         with contextlib.suppress(SourceFailed):
             get_json(f"{sources[i]}/{PROGRESS}?{me}", timeout=5)
             return i
     return None
 
 
-def get_json_done(url: str, timeout: float = 5) -> None:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            r.read()
-    except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as e:
-        raise SourceFailed(str(e)) from None
+def say_done(url: str, timeout: float = 5) -> None:
+    """Tell a host copied from that this one needs nothing more from it (if it still listens)."""
+    with contextlib.suppress(urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException), \
+            open_url(url, timeout) as r:
+        r.read(1024)
 
 
 # --- shared steps --------------------------------------------------------------------------------
@@ -776,7 +1084,11 @@ def verify_in_place(path: str) -> int:
         raise StageError(f"{path} is not a directory (model.source local: the checkpoint must be there)")
     manifest_path = os.path.join(path, MANIFEST)
     if os.path.exists(manifest_path):
-        bad = check_files(path, read_json(manifest_path), full=True)
+        try:
+            files = manifest_files(read_json(manifest_path).get("files"), manifest_path)
+        except (OSError, ValueError, AttributeError) as e:
+            raise StageError(f"{manifest_path}: unreadable ({e})") from None
+        bad = check_files(path, {"files": files}, full=True)
     else:
         bad = sorted(s for s in index_shards(path) if not os.path.isfile(os.path.join(path, s)))
         if not os.path.exists(os.path.join(path, "model.safetensors.index.json")):
@@ -798,6 +1110,8 @@ def cmd_stage(args: argparse.Namespace) -> int:
         os.makedirs(root, exist_ok=True)
         args.relay = relay = Relay(args.revision, args.name)
         relay.progress_path = os.path.join(root, PROGRESS)
+        relay.key = args.relay_key = relay_key(args.relay_key_file) if args.relay_key_file else None
+        args.hashes = hashes = Hashes(root, os.path.join(root, HASHES))
         server = start_relay(relay, root, args.serve, args.stall) if args.serve else None
         try:
             complete = os.path.join(root, COMPLETE)
@@ -807,10 +1121,12 @@ def cmd_stage(args: argparse.Namespace) -> int:
                 stage_seed(args, root)
             else:
                 stage_peer(args, root)
+            # The gate of .glm-complete: every file of the manifest written here, with its sha256 (read
+            # once: what this staging hashed or downloaded is in the cache).
             manifest = read_json(os.path.join(root, MANIFEST))
-            bad = check_files(root, manifest, full=False)
+            bad = check_files(root, manifest, full=True, hashes=hashes)
             if bad:
-                raise StageError(f"after staging, not in place: {', '.join(bad[:5])}")
+                raise StageError(f"after staging, missing or corrupt: {', '.join(bad[:5])}")
             with open(complete, "w") as f:
                 f.write(f"{len(manifest['files'])} files, {sum(e['size'] for e in manifest['files'])} bytes\n")
             switch(args.path, args.revision)
@@ -823,6 +1139,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
                     raise StageError(f"staged here, but {', '.join(left)} stopped copying from this host before "
                                      f"they had every file; the next `pulumi up` stages both again")
         finally:
+            hashes.save()
             if server is not None:
                 server.shutdown()
                 server.server_close()
@@ -834,9 +1151,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     size and (unless --quick) its sha256."""
     root = revision_dir(args.path, args.revision)
     try:
-        manifest = read_json(os.path.join(root, MANIFEST))
+        manifest = {"files": manifest_files(read_json(os.path.join(root, MANIFEST)).get("files"), root)}
     except OSError:
         print(f"{HOST}: weights: {args.revision} is not staged at {args.path}", file=sys.stderr)
+        return 1
+    except (ValueError, AttributeError, StageError) as e:
+        print(f"{HOST}: weights: {args.revision} at {args.path}: unreadable manifest ({e})", file=sys.stderr)
         return 1
     problems = []
     if os.path.realpath(args.path) != os.path.realpath(root):
@@ -857,7 +1177,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if not os.path.isdir(top):
         return 0
     for name in sorted(os.listdir(top)):
-        if name not in (args.revision, ".lock") and os.path.isdir(os.path.join(top, name)):
+        if name != args.revision and os.path.isdir(os.path.join(top, name)):  # (.lock is a file)
             shutil.rmtree(os.path.join(top, name))
             log(f"removed the old revision {name}")
     return 0
@@ -872,16 +1192,13 @@ def cmd_remove(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    host, _, port = args.bind.rpartition(":")
-    handler_class = type("Handler", (_Files,), {"published_only": not args.all})
-    handler = lambda *a, **kw: handler_class(*a, directory=args.dir, **kw)  # noqa: E731
-    with _Server((host.strip("[]"), int(port)), handler) as httpd:
+    """Every file of a folder (--all: the mirror stand-in) or only what its progress file published."""
+    with files_server(args.dir, args.bind, published_only=not args.all) as httpd:
         httpd.serve_forever()
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    global HOST
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="weights.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("stage")
@@ -891,6 +1208,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--repo", help="Hugging Face repository")
     s.add_argument("--hf-python", default="/opt/glm-infra/hf/bin/python", help="python of the venv with the hf CLI")
     s.add_argument("--token-file", help="EnvironmentFile with HF_TOKEN=")
+    s.add_argument("--relay-key-file", help="EnvironmentFile with GLM_RELAY_KEY=: progress documents go out "
+                   "signed with it, and a peer takes only signed ones")
     s.add_argument("--peer", action="append", default=[],
                    help="role peer: a host to copy from, repeated: the parent first, then each ancestor up to the seed")
     s.add_argument("--serve", metavar="ADDR:PORT", help="serve verified files here while staging (hosts with children)")
@@ -914,8 +1233,17 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--dir", required=True)
     v.add_argument("--bind", required=True)
     v.add_argument("--all", action="store_true", help="serve every file (a mirror), not only published ones")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    global HOST
+    args = parser().parse_args(argv)
     HOST = getattr(args, "name", None) or HOST
+    if args.cmd in ("verify", "prune") or (args.cmd == "stage" and args.source != "local"):
+        if not REVISION.fullmatch(args.revision):  # a folder name under PATH.revisions, as the stack's rule
+            print(f"{HOST}: weights: {args.revision!r} is not a revision", file=sys.stderr)
+            return 1
     handlers = {"stage": cmd_stage, "verify": cmd_verify, "prune": cmd_prune, "remove": cmd_remove,
                 "serve": cmd_serve}
     try:
