@@ -27,7 +27,7 @@ HOST = "b300-1"
 DRIVER_DIRS = ["/etc/apt/sources.list.d", "/etc/apt/preferences.d", "/etc/apt/apt.conf.d", "/usr/share/keyrings",
                "/etc/modules-load.d", "/run/glm-infra"]
 RDMA_DIRS = ["/etc/modprobe.d", "/etc/modules-load.d", "/etc/security/limits.d", "/var/lib/glm-infra",
-             "/usr/local/libexec/glm-infra"]
+             "/usr/local/libexec/glm-infra", "/etc/apt/sources.list.d", "/usr/share/keyrings"]
 RUNTIME_DIRS = ["/opt", "/var/lib/glm-infra"]
 
 
@@ -70,9 +70,12 @@ def _needs_root():
 
 # --- drivers.sh ----------------------------------------------------------------------------------
 
+# NVIDIA's names and version schemes for branch 580 (glm_infra/packages.py cites each): the branch's
+# pinning package is versioned by branch, the exact version has a pinning package of its own.
 REPO_VERSIONS = {
-    "nvidia-driver-pinning-580": "580.159.04-1", "nvidia-driver-580-open": "580.159.04-0ubuntu1",
-    "libnvidia-nscq-580": "580.159.04-1", "nvidia-fabricmanager": "580.159.04-1", "libnvsdm": "580.159.04-1",
+    "nvidia-driver-pinning-580": "580-5", "nvidia-driver-pinning-580.159.04": "580.159.04-1",
+    "nvidia-driver-580-open": "580.159.04-0ubuntu1", "libnvidia-nscq": "580.159.04-1",
+    "nvidia-fabricmanager": "580.159.04-1", "libnvsdm": "580.159.04-1",
     "datacenter-gpu-manager-4-cuda13": "1:4.4.1-1", "nvlsm": "2025.06.5-1", "infiniband-diags": "2507mlnx56-1",
 }
 
@@ -85,15 +88,19 @@ def apt_stubs(tmp_path):
         (s.state / "repo" / pkg).write_text(ver)
     for d in ("installed", "held", "enabled"):
         (s.state / d).mkdir()
-    s.add("dpkg-query", 'v=$(cat "$STATE/installed/${!#}" 2>/dev/null) && echo "installed $v" || exit 1')
+    # dpkg-query -W PACKAGE: "installed VERSION"; without a package, every installed one ("installed NAME").
+    s.add("dpkg-query", '''case "${!#}" in -f*) for f in "$STATE"/installed/*; do [ -e "$f" ] && echo "installed ${f##*/}"; done; exit 0 ;; esac
+v=$(cat "$STATE/installed/${!#}" 2>/dev/null) && echo "installed $v" || exit 1''')
     s.add("apt-cache", 'p=${!#}; [ -e "$STATE/repo/$p" ] && echo " $p | $(cat "$STATE/repo/$p") | http://repo ./ Packages"; exit 0')
     s.add("apt-get", '''[ "$1" = install ] || exit 0
 for a in "$@"; do case "$a" in -*|install) ;; *=*) echo "${a#*=}" > "$STATE/installed/${a%%=*}" ;;
-  *) cat "$STATE/repo/$a" > "$STATE/installed/$a" ;; esac; done''')
+  *-) rm -f "$STATE/installed/${a%-}" ;; *) cat "$STATE/repo/$a" > "$STATE/installed/$a" ;; esac; done''')
     s.add("apt-mark", '''case "$1" in showhold) ls "$STATE/held" ;; hold) shift; for p; do touch "$STATE/held/$p"; done ;;
   unhold) shift; for p; do rm -f "$STATE/held/$p"; done ;; esac''')
     s.add("curl", 'while [ $# -gt 1 ]; do [ "$1" = -o ] && { echo "PUBLIC KEY" > "$2"; exit 0; }; shift; done')
-    s.add("gpg", "cat")
+    # As gpg does: with a FILE and no --output it writes FILE.gpg, not stdout (an empty keyring otherwise).
+    s.add("gpg", 'out=; prev=; for a; do [ "$prev" = --output ] && out=$a; prev=$a; f=$a; done; '
+                 'if [ "$out" = - ]; then cat "$f"; else cat "$f" > "${out:-$f.gpg}"; fi')
     s.add("nvidia-smi", '[ -e "$STATE/mismatch" ] && { echo "Failed to initialize NVML: Driver/library version mismatch"; exit 18; }; '
                         'cat "$STATE/loaded" 2>/dev/null || echo 580.159.04')
     s.add("systemctl", '''case "$1" in list-unit-files) exit 0 ;; is-enabled|is-active) [ -e "$STATE/enabled/${!#}" ] ;;
@@ -112,14 +119,20 @@ def test_drivers_install_pins_holds_and_enables(apt_stubs, tmp_path):
     assert r.returncode == 0, r.stderr
     install = next(c for c in r.calls if c.startswith("apt-get install"))
     for pkg in ("nvidia-driver-580-open=580.159.04-0ubuntu1", "nvidia-fabricmanager=580.159.04-1",
-                "libnvidia-nscq-580=580.159.04-1", "nvidia-driver-pinning-580=580.159.04-1", "nvlsm"):
+                "libnvidia-nscq=580.159.04-1", "nvidia-driver-pinning-580=580-5",
+                "nvidia-driver-pinning-580.159.04=580.159.04-1", "nvlsm"):
         assert pkg in install.split(), pkg
     assert sorted(p.name for p in (apt_stubs.state / "held").iterdir()) == sorted(REPO_VERSIONS)
-    assert {"nvidia-persistenced", "nvidia-fabricmanager", "nvlsm"} <= {p.name for p in (apt_stubs.state / "enabled").iterdir()}
+    # NVLSM has no unit: the fabric manager's starts it. DCGM's host engine serves the exporter.
+    enabled = {p.name for p in (apt_stubs.state / "enabled").iterdir()}
+    assert enabled == {"nvidia-persistenced", "nvidia-fabricmanager", "nvidia-dcgm"}, enabled
     prefs = in_root(tmp_path, "/etc/apt/preferences.d/glm-infra-nvidia").read_text()
-    assert "Package: nvidia-fabricmanager\nPin: version 580.159.04*\nPin-Priority: 1001" in prefs
+    assert "Package: nvidia-fabricmanager\nPin: version 580.159.04-*\nPin-Priority: 1001" in prefs
+    assert "Package: nvidia-driver-pinning-580\nPin: version 580-*\nPin-Priority: 1001" in prefs
     sources = in_root(tmp_path, "/etc/apt/sources.list.d/glm-infra-nvidia.list").read_text()
     assert sources.startswith("deb [signed-by=/usr/share/keyrings/glm-infra-nvidia.gpg] https://developer.download.nvidia.com/")
+    # The key the repository is signed with, dearmored into the keyring (not an empty file).
+    assert in_root(tmp_path, "/usr/share/keyrings/glm-infra-nvidia.gpg").read_text() == "PUBLIC KEY\n"
     assert '"nvidia-fabricmanager";' in in_root(tmp_path, "/etc/apt/apt.conf.d/51glm-infra-nvidia-hold").read_text()
     assert "ib_umad" in in_root(tmp_path, "/etc/modules-load.d/glm-infra-nvlink.conf").read_text()
     assert "not loadable in a container" in r.stdout  # modprobe fails, tolerated in a container
@@ -129,6 +142,37 @@ def test_drivers_install_pins_holds_and_enables(apt_stubs, tmp_path):
     assert not again.called("apt-get install") and not again.called("apt-mark hold")
     assert not again.called("apt-get update") and not again.called("systemctl enable")
     assert "wrote" not in again.stdout and "packages already at 580.159.04" in again.stdout
+    check = isolated(apt_stubs, drivers(), ["check"], DRIVER_DIRS, tmp_path)
+    assert check.returncode == 0 and f"{HOST}: drivers: packages at 580.159.04 and held" in check.stdout, check.stderr
+
+
+def test_drivers_new_version_replaces_the_old_versions_pinning_package(apt_stubs, tmp_path):
+    for pkg, ver in REPO_VERSIONS.items():
+        (apt_stubs.state / "installed" / pkg).write_text(ver)
+        (apt_stubs.state / "held" / pkg).touch()
+    (apt_stubs.state / "installed" / "nvidia-driver-pinning-580.159.04").rename(
+        apt_stubs.state / "installed" / "nvidia-driver-pinning-580.126.09")
+    r = isolated(apt_stubs, drivers(), ["check"], DRIVER_DIRS, tmp_path)
+    assert r.returncode == 1
+    assert "nvidia-driver-pinning-580.126.09 is installed: it pins another driver version than 580.159.04" in r.stderr
+    r = isolated(apt_stubs, drivers(), ["apply"], DRIVER_DIRS, tmp_path)
+    assert r.returncode == 0, r.stderr
+    install = next(c for c in r.calls if c.startswith("apt-get install")).split()
+    assert "nvidia-driver-pinning-580.159.04=580.159.04-1" in install and "nvidia-driver-pinning-580.126.09-" in install
+    assert not (apt_stubs.state / "installed" / "nvidia-driver-pinning-580.126.09").exists()
+    assert isolated(apt_stubs, drivers(), ["check"], DRIVER_DIRS, tmp_path).returncode == 0
+
+
+def test_drivers_enable_dcgms_host_engine_only_for_the_gate_or_the_exporter(apt_stubs, tmp_path):
+    quiet = PROD.model_copy(update={"monitoring": PROD.monitoring.model_copy(update={"enabled": False})})
+    assert PROD.drivers.dcgm_diag_level == 0
+    r = isolated(apt_stubs, drivers(quiet), ["apply"], DRIVER_DIRS, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "nvidia-dcgm" not in {p.name for p in (apt_stubs.state / "enabled").iterdir()}
+    gate = quiet.model_copy(update={"drivers": quiet.drivers.model_copy(update={"dcgm_diag_level": 2})})
+    r = isolated(apt_stubs, drivers(gate), ["apply"], DRIVER_DIRS, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.called("systemctl enable --now --quiet nvidia-dcgm")
 
 
 def test_drivers_version_missing_from_the_repository(apt_stubs, tmp_path):
@@ -334,8 +378,14 @@ DEVINFO_PORT = """hca_id:\t{dev}
 def rdma_stubs(tmp_path):
     s = StubPath(tmp_path / "stubs")
     (s.state / "installed").mkdir()
-    s.add("dpkg-query", '[ -e "$STATE/installed/${!#}" ] && echo installed || exit 1')
-    s.add("apt-get", '[ "$1" = install ] && for a; do case "$a" in -*|install) ;; *) touch "$STATE/installed/$a" ;; esac; done; exit 0')
+    s.add("dpkg-query", 'v=$(cat "$STATE/installed/${!#}" 2>/dev/null) && echo "installed $v" || exit 1')
+    s.add("apt-get", '[ "$1" = install ] && for a; do case "$a" in -*|install) ;; *=*) echo "${a#*=}" > "$STATE/installed/${a%%=*}" ;; '
+                     '*) echo 50.0-2 > "$STATE/installed/$a" ;; esac; done; exit 0')
+    # NVIDIA's DOCA repository (doca-ofed at the DOCA release's build), its key.
+    s.add("apt-cache", '[ "${!#}" = doca-ofed ] && echo " doca-ofed | 3.1.0-091000 | https://linux.mellanox.com ./ Packages"; exit 0')
+    s.add("curl", 'while [ $# -gt 1 ]; do [ "$1" = -o ] && { echo "PUBLIC KEY" > "$2"; exit 0; }; shift; done')
+    s.add("gpg", 'out=; prev=; for a; do [ "$prev" = --output ] && out=$a; prev=$a; f=$a; done; '
+                 'if [ "$out" = - ]; then cat "$f"; else cat "$f" > "${out:-$f.gpg}"; fi')  # as gpg_stub above
     devinfo = "".join(DEVINFO_PORT.format(dev=f"mlx5_{i}", state="PORT_ACTIVE") for i in range(8))
     (s.state / "devinfo").write_text(devinfo)
     s.add("ibv_devinfo", 'cat "$STATE/devinfo"')
@@ -358,7 +408,13 @@ def test_rdma_installs_configures_and_checks(rdma_stubs, tmp_path):
     hostcheck.write_text(render.hostcheck_source())
     r = isolated(rdma_stubs, rdma_script(), ["apply"], RDMA_DIRS, tmp_path)
     assert r.returncode == 0, r.stderr
-    assert r.called("apt-get install -y -q doca-ofed")
+    assert r.called("apt-get install -y -q --allow-downgrades doca-ofed=3.1.0-091000")
+    assert in_root(tmp_path, "/etc/apt/sources.list.d/glm-infra-doca.list").read_text() == (
+        "deb [signed-by=/usr/share/keyrings/glm-infra-doca.gpg] "
+        "https://linux.mellanox.com/public/repo/doca/3.1.0/ubuntu24.04/x86_64/ ./\n")
+    assert in_root(tmp_path, "/usr/share/keyrings/glm-infra-doca.gpg").read_text() == "PUBLIC KEY\n"
+    assert r.called("curl -fsSL --retry 3 -o") and "https://linux.mellanox.com/public/repo/doca/GPG-KEY-Mellanox.pub" in \
+        next(c for c in r.calls if c.startswith("curl"))
     assert "blacklist nvidia-peermem" in in_root(tmp_path, "/etc/modprobe.d/glm-infra-gpudirect.conf").read_text()
     assert "memlock    unlimited" in in_root(tmp_path, "/etc/security/limits.d/90-glm-infra-memlock.conf").read_text()
     assert (f"{HOST}: healthy (RDMA mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_4,mlx5_5,mlx5_6,mlx5_7: 8 ports PORT_ACTIVE Ethernet "
@@ -367,10 +423,18 @@ def test_rdma_installs_configures_and_checks(rdma_stubs, tmp_path):
     assert again.returncode == 0 and not again.called("apt-get") and "wrote" not in again.stdout
 
 
+def test_rdma_check_names_a_doca_ofed_of_another_doca_release(rdma_stubs, tmp_path):
+    (rdma_stubs.state / "installed" / "doca-ofed").write_text("2.10.0-093000")
+    r = isolated(rdma_stubs, rdma_script(), ["check"], RDMA_DIRS, tmp_path)
+    assert r.returncode == 1
+    assert f"{HOST}: rdma: doca-ofed is 2.10.0-093000, stack pins DOCA 3.1.0" in r.stderr
+
+
 def test_rdma_names_the_nic_that_is_down(rdma_stubs, tmp_path):
     hostcheck = in_root(tmp_path, render.HOSTCHECK)
     hostcheck.parent.mkdir(parents=True, exist_ok=True)
     hostcheck.write_text(render.hostcheck_source())
+    (rdma_stubs.state / "installed" / "doca-ofed").write_text("3.1.0-091000")
     text = (rdma_stubs.state / "devinfo").read_text()
     (rdma_stubs.state / "devinfo").write_text(text.replace("PORT_ACTIVE", "PORT_DOWN", 4).replace("PORT_DOWN", "PORT_ACTIVE", 3))
     r = isolated(rdma_stubs, rdma_script(), ["check"], RDMA_DIRS, tmp_path)

@@ -4,9 +4,11 @@ roll.sh's drain and return against a stub PATH with a stand-in router metrics pa
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import os
 import shlex
+import shutil
 import subprocess
 import threading
 import time
@@ -139,6 +141,7 @@ def leases(tmp_path):
         return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
 
     run.root = root
+    run.script = script
     return run
 
 
@@ -164,12 +167,19 @@ def test_two_hosts_of_a_pool_take_turns(leases):
 
 
 def test_a_slot_whose_run_is_gone_is_taken_back(leases):
-    gone = subprocess.Popen(["sleep", "0"])
-    gone.wait()
-    assert leases("b300-1", "acquire", holder=gone.pid).returncode == 0  # held by a run that has ended
+    run = subprocess.Popen(["sleep", "60"])
+    try:
+        assert leases("b300-1", "acquire", holder=run.pid).returncode == 0
+    finally:
+        run.kill()
+        run.wait()  # the run holding the slot has ended
     r = leases("b300-2", "acquire", wait_s=10)
     assert r.returncode == 0, r.stderr
-    assert "prefill/slot-0: taken back from b300-1 (its run, pid %d, is gone)" % gone.pid in r.stdout
+    assert "prefill/slot-0: taken back from b300-1 (its run, pid %d, is gone)" % run.pid in r.stdout
+    assert slots(leases.root) == {"prefill/slot-0": "b300-2"}
+    # A run whose start time cannot be read would write a slot naming no run: it takes no turn.
+    r = leases("b300-3", "acquire", holder=run.pid)
+    assert r.returncode == 1 and f"cannot read the start time of pid {run.pid}" in r.stderr
     assert slots(leases.root) == {"prefill/slot-0": "b300-2"}
 
 
@@ -246,12 +256,13 @@ def test_drain_and_return(router, tmp_path):
     script = script.replace(next(l for l in script.splitlines() if l.startswith("metrics_url=")),
                             f"metrics_url={shlex.quote(metrics)}")
     for k in ("guard_s", "down_s", "up_s", "start_s"):
-        script = script.replace(next(l for l in script.splitlines() if l.startswith(f"{k}=")), f"{k}=4")
+        script = script.replace(next(l for l in script.splitlines() if l.startswith(f"{k}=")), f"{k}=2")
     mine = [i.url for i in p.instances if i.host == "b300-2"]
     other = [i.url for i in p.instances if i.host == "b300-1"]
     s = StubPath(tmp_path / "stubs")
     s.add("systemctl", 'case "$1" in disable) rm -f "$STATE/active" ;; start) touch "$STATE/active" ;; esac; exit 0')
     s.add("journalctl")
+    s.add("sleep", "exec /usr/bin/sleep 0.2")  # the bounds are seconds here: poll often within them
     real_curl = "/usr/bin/curl"
     s.add("curl", f'case "$*" in *metrics*) exec {real_curl} "$@" ;; *) [ -e "$STATE/active" ] ;; esac')
     run = lambda *a: isolated(s, script, list(a), ["/var/lib/glm-infra"], tmp_path)  # noqa: E731
@@ -263,7 +274,7 @@ def test_drain_and_return(router, tmp_path):
     # b300-1 not healthy in the router: draining b300-2 too would leave prefill without a host.
     _Metrics.page = health_page({**{u: 0 for u in other}, **{u: 1 for u in mine}})
     r = run("drain", "bbbbbbbbbbbbbbbb")
-    assert r.returncode == 1 and "not draining: prefill on b300-1 is not healthy in the router after 4s" in r.stderr
+    assert r.returncode == 1 and "not draining: prefill on b300-1 is not healthy in the router after 2s" in r.stderr
     assert not r.called("systemctl disable")
 
     # b300-1 serves; the router never marks b300-2's workers down in time: a warning, not a failure.
@@ -285,11 +296,173 @@ def test_drain_and_return(router, tmp_path):
     phases = [line.split()[2] for line in in_root(tmp_path, "/var/lib/glm-infra/roll.log").read_text().splitlines()]
     assert phases == ["drain-start", "drain-start", "stopped", "drained", "return-start", "returned"]
 
-    # The router unreadable: the drain goes on (warning), the return too.
+    # The router unreadable: the drain refuses before stopping anything (tests below: the message, the force).
     _Metrics.page = ""
     router.shutdown()
+    router.server_close()  # refused, not left unanswered
     r = run("drain", "cccccccccccccccc")
-    assert r.returncode == 0 and "cannot be read" in r.stderr
+    assert r.returncode == 1 and "cannot be read" in r.stderr and not r.called("systemctl")
+
+
+# --- roll.sh as its steps run it: inputs unreadable, late or cut short --------------------------------
+
+ROLL_DIRS = ["/var/lib/glm-infra", "/usr/local/libexec/glm-infra"]
+
+
+class RollHost:
+    """b300-2's host-drain and host-return run the way pulumi runs them: the step's own command (the
+    roll's digest and, for a forced run, the variable in it), the roll script on its stdin (with the
+    metrics URL pointed at loopback), in a mount namespace, against stub systemctl/curl."""
+
+    def __init__(self, tmp: Path, metrics: str) -> None:
+        self.tmp, self.metrics = tmp, metrics
+        self.stubs = s = StubPath(tmp / "stubs")
+        s.add("systemctl", 'case "$1" in disable) [ -e "$STATE/disable-fails" ] && exit 1; rm -f "$STATE/active" ;;\n'
+                           '  start) touch "$STATE/active" ;; esac; exit 0')
+        s.add("journalctl")
+        s.add("sleep", "exec /usr/bin/sleep 0.2")
+        s.add("curl", 'case "$*" in *metrics*) exec /usr/bin/curl "$@" ;; *) [ -e "$STATE/active" ] ;; esac')
+
+    def steps(self) -> dict:
+        stack = load_file(stack_file("prod-b300")).config
+        p = plan(stack)
+        return hostplan.host_steps(stack, p, p.host("b300-2"), stack_name="t").steps
+
+    def run(self, key: str, create: bool = False):
+        st = self.steps()[key]
+        command = st.update if key == "host-drain" and not create else st.create
+        self.roll = command.split()[-1]
+        stdin = self.tmp / "stdin"
+        text = self.steps()["host-drain"].stdin
+        for line in text.splitlines():
+            if line.startswith(("metrics_url=", "guard_s=", "down_s=", "up_s=", "start_s=")):
+                value = shlex.quote(self.metrics) if line.startswith("metrics_url=") else "3"
+                text = text.replace(line, f"{line.split('=')[0]}={value}")
+        stdin.write_text(text if key == "host-drain" else "")
+        return isolated(self.stubs, f"exec < {shlex.quote(str(stdin))}\n{command}\n", [], ROLL_DIRS, self.tmp)
+
+    def file(self, path: str) -> Path:
+        return in_root(self.tmp, path)
+
+
+def closed_port_url() -> str:
+    from conftest import free_port
+
+    return f"http://127.0.0.1:{free_port()}/metrics"  # nothing listens: curl is refused at once
+
+
+def test_the_drain_refuses_when_the_router_cannot_be_read(tmp_path, monkeypatch):
+    monkeypatch.delenv("GLM_INFRA_ROLL_FORCE", raising=False)
+    host = RollHost(tmp_path, closed_port_url())
+    r = host.run("host-drain")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert (f"b300-2: roll: the router's metrics ({host.metrics}) cannot be read: whether the other prefill hosts "
+            "serve is unknown (curl: (7)") in r.stderr
+    assert "not going on blind" in r.stderr and "GLM_INFRA_ROLL_FORCE=1 pulumi up" in r.stderr
+    assert not r.called("systemctl") and not host.file("/var/lib/glm-infra/roll-drained").exists()
+
+    # Forced for one run (the variable set where pulumi runs): the step's command carries it to the host.
+    monkeypatch.setenv("GLM_INFRA_ROLL_FORCE", "1")
+    assert "GLM_INFRA_ROLL_FORCE=1 /usr/local/libexec/glm-infra/roll.sh drain" in host.steps()["host-drain"].update
+    r = host.run("host-drain")
+    assert r.returncode == 0, r.stderr
+    assert "going on without it (GLM_INFRA_ROLL_FORCE=1)" in r.stderr
+    assert r.called("systemctl disable --now --quiet glm-vllm-prefill-2.service glm-vllm-prefill-3.service")
+    monkeypatch.setenv("GLM_INFRA_ROLL_FORCE", "yes")  # only 1 forces: anything else is the plain command
+    assert "GLM_INFRA_ROLL_FORCE" not in host.steps()["host-drain"].update + host.steps()["host-return"].create
+
+
+def test_the_return_refuses_to_finish_when_the_router_cannot_be_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("GLM_INFRA_ROLL_FORCE", "1")
+    host = RollHost(tmp_path, closed_port_url())
+    assert host.run("host-drain").returncode == 0
+    monkeypatch.delenv("GLM_INFRA_ROLL_FORCE")
+    r = host.run("host-return")
+    assert r.returncode == 1
+    assert r.called("systemctl start glm-vllm-prefill-2.service glm-vllm-prefill-3.service"), "serving again"
+    assert f"the router's metrics ({host.metrics}) cannot be read: whether it sends requests to" in r.stderr
+    assert "GLM_INFRA_ROLL_FORCE=1 pulumi up" in r.stderr
+    # Not done: the roll stays unfinished (check fails, the next up returns it again).
+    assert host.file("/var/lib/glm-infra/roll-drained").exists()
+    assert not host.file("/var/lib/glm-infra/roll-done").exists()
+    monkeypatch.setenv("GLM_INFRA_ROLL_FORCE", "1")
+    r = host.run("host-return")
+    assert r.returncode == 0 and "going on without it" in r.stderr, r.stderr
+    assert host.file("/var/lib/glm-infra/roll-done").read_text().strip() == host.roll
+    assert not host.file("/var/lib/glm-infra/roll-drained").exists()
+
+
+def test_a_drain_that_cannot_disable_the_instances_stops(router, tmp_path, monkeypatch):
+    """Left enabled they would start with the boot, before RDMA is set up."""
+    monkeypatch.delenv("GLM_INFRA_ROLL_FORCE", raising=False)
+    stack = load_file(stack_file("prod-b300")).config
+    _Metrics.page = health_page({i.url: 1 for i in plan(stack).instances})
+    host = RollHost(tmp_path, f"http://127.0.0.1:{router.server_address[1]}/metrics")
+    (host.stubs.state / "disable-fails").touch()
+    r = host.run("host-drain")
+    assert r.returncode == 1 and "b300-2: roll: could not stop and disable glm-vllm-prefill-2.service" in r.stderr
+    assert not r.called("systemctl stop")
+
+
+def test_a_return_after_a_drain_cut_short_starts_this_hosts_instances(router, tmp_path, monkeypatch):
+    """The drain records what it stops before stopping; cut short while writing, the record is empty."""
+    monkeypatch.delenv("GLM_INFRA_ROLL_FORCE", raising=False)
+    stack = load_file(stack_file("prod-b300")).config
+    _Metrics.page = health_page({i.url: 1 for i in plan(stack).instances})
+    host = RollHost(tmp_path, f"http://127.0.0.1:{router.server_address[1]}/metrics")
+    assert host.run("host-drain").returncode == 0
+    drained = host.file("/var/lib/glm-infra/roll-drained")
+    drained.write_text("")
+    r = host.run("host-return")
+    assert r.returncode == 0, r.stderr
+    assert r.called("systemctl start glm-vllm-prefill-2.service glm-vllm-prefill-3.service")
+    assert "roll-drained is empty" in r.stderr and not drained.exists()
+
+
+# --- the turn lease, when a slot or its folder is not what it should be --------------------------------
+
+
+def test_a_slot_that_names_no_run_is_held_not_taken(leases):
+    assert leases("b300-3", "acquire").returncode == 0  # makes the stack's lease folder
+    folder = next(leases.root.iterdir())
+    slot = folder / "prefill" / "slot-0"
+    slot.parent.mkdir()
+    for partial in ("b300-1 4", "b300-1 4 5"):  # cut short: no start time and no date, or no date
+        slot.write_text(partial)
+        r = leases("b300-2", "acquire", wait_s=1)
+        assert r.returncode == 1, partial
+        assert f"slot-0: {slot} names no run" in r.stderr and "taken" not in r.stdout
+        assert slot.read_text() == partial, "left for whoever holds it, or for an operator to remove"
+
+
+def test_the_slot_names_the_pulumi_run_above_the_turn(leases, tmp_path):
+    """The holder is the pulumi process the step runs under, found up the process tree (pulumi-command
+    starts a shell, which starts bash), with its start time: not the shell right above the script."""
+    fake = tmp_path / "pulumi"
+    shutil.copy("/bin/bash", fake)  # a process whose name (comm) is pulumi
+    env = {k: v for k, v in os.environ.items() if k != "GLM_INFRA_LEASE_PID"}
+    env["GLM_INFRA_LEASES"] = str(leases.root)
+    run = subprocess.Popen([str(fake), "-c", f'sh -c "bash {leases.script("b300-1")} acquire x; true"; read -r _'],
+                           env=env, stdin=subprocess.PIPE, text=True)
+    try:
+        for _ in range(200):
+            held = list(leases.root.glob("*/prefill/slot-0"))
+            if held:
+                break
+            time.sleep(0.1)
+        start = Path(f"/proc/{run.pid}/stat").read_text().rsplit(") ", 1)[1].split()[19]
+        assert held and held[0].read_text().split()[:3] == ["b300-1", str(run.pid), start]
+    finally:
+        run.communicate("\n", timeout=30)
+
+
+def test_a_turn_whose_slot_cannot_be_written_fails(leases):
+    assert leases("b300-3", "acquire").returncode == 0
+    folder = next(leases.root.iterdir())
+    (folder / "prefill").write_text("a file where the pool's folder should be\n")
+    r = leases("b300-2", "acquire", wait_s=2)
+    assert r.returncode != 0 and "taken" not in r.stdout, (r.stdout, r.stderr)
+    assert "prefill" in r.stderr
 
 
 def test_lease_and_roll_scripts_are_shellcheck_clean(tmp_path):
@@ -301,3 +474,113 @@ def test_lease_and_roll_scripts_are_shellcheck_clean(tmp_path):
     for key in ("turn-acquire", "host-drain"):
         r = shellcheck(hs[key].stdin, tmp_path)
         assert r.returncode == 0, f"{key}\n{r.stdout}"
+
+
+def test_without_a_router_the_drain_asks_the_other_hosts_health(tmp_path, monkeypatch):
+    """No router to read: the other hosts of the pool must answer /health themselves."""
+    monkeypatch.delenv("GLM_INFRA_ROLL_FORCE", raising=False)
+    host = RollHost(tmp_path, "")
+    stack = load_file(stack_file("prod-b300")).config
+    b300_1 = [i.url.split("//")[1] for i in plan(stack).instances if i.host == "b300-1"]
+    host.stubs.add("curl", f'case "$*" in *{b300_1[0]}/health*|*{b300_1[1]}/health*) [ -e "$STATE/others-up" ] ;; '
+                           '*) [ -e "$STATE/active" ] ;; esac')
+    r = host.run("host-drain")
+    assert r.returncode == 1 and "not draining: prefill on b300-1 is not healthy (its /health, no router)" in r.stderr
+    assert not r.called("systemctl")
+    (host.stubs.state / "others-up").touch()
+    r = host.run("host-drain")
+    assert r.returncode == 0 and "no router: nothing to wait for" in r.stdout, r.stderr
+    assert r.called("systemctl disable --now --quiet glm-vllm-prefill-2.service glm-vllm-prefill-3.service")
+
+
+def test_a_roll_or_turn_command_with_a_bad_argument_fails(leases, tmp_path):
+    """A roll digest that is not one, or an action the scripts do not know: usage, exit 2, nothing done."""
+    host = RollHost(tmp_path, closed_port_url())
+    st = host.steps()["host-drain"]
+    host.steps = lambda: {"host-drain": dataclasses.replace(st, update=st.update.replace(" drain ", " drain x-"))}
+    r = host.run("host-drain")
+    assert r.returncode == 2 and "usage:" in r.stderr and "16 hex digits" in r.stderr and not r.called("systemctl")
+    host.steps = lambda: {"host-drain": dataclasses.replace(st, update=st.update.replace(" drain ", " bogus "))}
+    r = host.run("host-drain")
+    assert r.returncode == 2 and "usage:" in r.stderr and not r.called("systemctl")
+    r = leases("b300-1", "bogus")
+    assert r.returncode == 2 and "usage:" in r.stderr and slots(leases.root) == {}
+
+
+def test_the_drain_waits_for_the_other_host_and_the_return_for_the_router(router, tmp_path, monkeypatch):
+    """Late, not unreadable: b300-1 is back in the router a moment after the drain starts, and the router
+    marks b300-2 healthy a moment after its instances answer: both steps wait and go on."""
+    monkeypatch.delenv("GLM_INFRA_ROLL_FORCE", raising=False)
+    host = RollHost(tmp_path, f"http://127.0.0.1:{router.server_address[1]}/metrics")
+    instances = plan(load_file(stack_file("prod-b300")).config).instances
+    other = [i.url for i in instances if i.host == "b300-1"]
+    mine = [i.url for i in instances if i.host == "b300-2"]
+
+    def later(page: str) -> threading.Timer:
+        t = threading.Timer(1.0, lambda: setattr(_Metrics, "page", page))
+        t.start()
+        return t
+
+    _Metrics.page = health_page({**{u: 0 for u in other}, **{u: 1 for u in mine}})
+    t = later(health_page({**{u: 1 for u in other}, **{u: 0 for u in mine}}))
+    try:
+        r = host.run("host-drain")
+    finally:
+        t.cancel()
+    assert r.returncode == 0, r.stderr
+    assert "the router marks http://10.0.0.12:8100 http://10.0.0.12:8101 down" in r.stdout and "warning" not in r.stderr
+    t = later(health_page({u: 1 for u in other + mine}))
+    try:
+        r = host.run("host-return")
+    finally:
+        t.cancel()
+    assert r.returncode == 0, r.stderr
+    assert "the router marks http://10.0.0.12:8100 http://10.0.0.12:8101 healthy" in r.stdout
+
+
+def test_a_first_deploy_records_the_roll_and_returns_nothing(tmp_path, monkeypatch):
+    monkeypatch.delenv("GLM_INFRA_ROLL_FORCE", raising=False)
+    host = RollHost(tmp_path, closed_port_url())
+    r = host.run("host-drain", create=True)
+    assert r.returncode == 0 and "recorded (first deploy)" in r.stdout and not r.calls
+    r = host.run("host-return")
+    assert r.returncode == 0 and "nothing drained" in r.stdout and not r.called("systemctl"), r.stderr
+    assert host.file("/var/lib/glm-infra/roll-done").read_text().strip() == host.roll
+
+
+def test_the_return_waits_for_health_and_fails_when_it_never_comes(router, tmp_path, monkeypatch):
+    monkeypatch.delenv("GLM_INFRA_ROLL_FORCE", raising=False)
+    _Metrics.page = health_page({i.url: 1 for i in plan(load_file(stack_file("prod-b300")).config).instances})
+    host = RollHost(tmp_path, f"http://127.0.0.1:{router.server_address[1]}/metrics")
+    assert host.run("host-drain").returncode == 0
+    host.stubs.add("curl", 'case "$*" in *metrics*) exec /usr/bin/curl "$@" ;; esac; exit 7')  # never
+    r = host.run("host-return")
+    assert r.returncode == 1 and "glm-vllm-prefill-2.service did not answer http://10.0.0.12:8100/health within 3s" in r.stderr
+    assert host.file("/var/lib/glm-infra/roll-drained").exists(), "not done: the next up returns it again"
+    # /health answers from the third look on (a vLLM loading its weights): the return waits for it.
+    host.stubs.add("curl", 'case "$*" in *metrics*) exec /usr/bin/curl "$@" ;; esac\n'
+                           'n=$(cat "$STATE/looks" 2>/dev/null || echo 0); echo $((n + 1)) > "$STATE/looks"; [ "$n" -ge 2 ]')
+    r = host.run("host-return")
+    assert r.returncode == 0 and "healthy" in r.stdout, r.stderr
+    assert not host.file("/var/lib/glm-infra/roll-drained").exists()
+
+
+def test_a_release_leaves_a_slot_taken_back_meanwhile(leases):
+    """release reads the slots, then removes its own under the pool's lock, looking again: a slot another
+    host took back in between (its holder's run was gone) stays that host's."""
+    import fcntl
+
+    assert leases("b300-3", "acquire").returncode == 0  # makes the stack's lease folder
+    pool = next(leases.root.iterdir()) / "prefill"
+    pool.mkdir()
+    slot = pool / "slot-0"
+    slot.write_text("b300-1 4 5 6\n")
+    with open(pool / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        release = leases("b300-1", "release", background=True)
+        time.sleep(1.5)  # it has read the slot and waits for the lock
+        slot.write_text(f"b300-2 {os.getpid()} 1 6\n")
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    out, err = release.communicate(timeout=30)
+    assert release.returncode == 0, err
+    assert slot.read_text().split()[0] == "b300-2"

@@ -112,3 +112,25 @@ def test_check_and_remove(stubs):
 
 def test_unknown_action(stubs):
     assert stubs.run(script(), "bogus").returncode == 2
+
+
+def test_remove_that_cannot_stop_the_unit_fails(stubs):
+    """A vLLM left running after destroy holds its GPUs: say so instead of "stopped and disabled"."""
+    (stubs.state / "installed").touch()
+    stubs.add("systemctl", 'case "$1" in list-unit-files) exit 0 ;; disable) exit 1 ;; *) exit 0 ;; esac')
+    r = stubs.run(script(), "remove")
+    assert r.returncode == 1 and "b300-1: could not stop and disable glm-vllm-prefill-0.service" in r.stderr
+    assert "stopped and disabled" not in r.stdout
+
+
+def test_a_unit_that_answers_late_is_waited_for(stubs):
+    stubs.add("curl", 'n=$(cat "$STATE/looks" 2>/dev/null || echo 0); echo $((n + 1)) > "$STATE/looks"; [ "$n" -ge 2 ]')
+    r = stubs.run(script(timeout_s=3600), "apply")
+    assert r.returncode == 0 and "glm-vllm-prefill-0.service healthy" in r.stdout, r.stderr
+    assert sum(c.startswith("curl") for c in r.calls) == 3
+
+
+def test_check_fails_for_an_active_unit_that_does_not_answer(stubs):
+    (stubs.state / "active").touch()
+    r = stubs.run(script(), "check")
+    assert r.returncode == 1 and "glm-vllm-prefill-0.service does not answer http://10.0.0.11:8100/health" in r.stderr
