@@ -324,6 +324,12 @@ class RdmaInput(TypedDict, total=False):
     """Netdev MTU of the compute NICs (RoCE active_mtu 4096 at 9000). Default: 9000."""
     gid_index: int
     """RoCE v2 GID index with the IPv4 address (show_gids). Default: 3."""
+    doca_version: str
+    """DOCA release of doca-ofed (stack doca-ofed): installed and checked at <docaVersion>-N. Default: '3.1.0'."""
+    doca_repository: str
+    """DOCA apt repository (deb line URL). None: NVIDIA's for the DOCA release, https://linux.mellanox.com/public/repo/doca/<docaVersion>/ubuntu24.04/x86_64/."""
+    doca_keyring_url: str
+    """Signing key of the DOCA repository; None means the repository is trusted as is. Default: 'https://linux.mellanox.com/public/repo/doca/GPG-KEY-Mellanox.pub'."""
     remove_on_destroy: bool
     """Remove the RDMA packages glm-infra installed on destroy. Default: True."""
 
@@ -402,10 +408,12 @@ class SlaInput(TypedDict, total=False):
 
 
 class FirewallInput(TypedDict, total=False):
-    """nftables on every host, in a table of glm-infra's own (inet glm_infra): every port glm-infra opens is reachable from the stack's hosts only, the router's public port also from router.allowedCidrs, Prometheus and Alertmanager from monitoring.allowedCidrs; everything else (SSH too) is left as it is."""
+    """nftables on every host, in a table of glm-infra's own (inet glm_infra): every port glm-infra opens is reachable from the stack's hosts only, the router's public port also from router.allowedCidrs, Prometheus and Alertmanager from monitoring.allowedCidrs; SSH from adminCidrs and the stack's hosts; loopback, replies, ICMP and DHCP pass; everything else is dropped. Host addresses must be IP addresses (nft would resolve a name at boot, before the network is up)."""
 
     enabled: bool
-    """Close glm-infra's ports to everyone but the stack's hosts. Default: True."""
+    """Load the table: glm-infra's ports for the stack's hosts, SSH, and nothing else. Default: True."""
+    admin_cidrs: Sequence[str]
+    """Who may log in over SSH (each host's sshPort) besides the stack's hosts: the networks you and the machine running pulumi connect from (a bastion, a VPN). Unset: SSH from anywhere, as before the firewall; glm-infra cannot know where you log in from, and a guess that missed would lock you out of the host."""
 
 
 class CapacityInput(TypedDict, total=False):
@@ -459,7 +467,7 @@ class ClusterArgs(TypedDict, total=False):
     sla: SlaInput
     """The service level and its gate."""
     firewall: FirewallInput
-    """nftables: glm-infra's ports closed to all but the stack's hosts."""
+    """nftables: glm-infra's ports for the stack's hosts, SSH, the rest dropped."""
     capacity: CapacityInput
     """KV-cache capacity planning: the checkpoint's facts and the reserve."""
 
@@ -488,7 +496,7 @@ class HostsArgs(TypedDict, total=False):
     sla: SlaInput
     """The service level and its gate."""
     firewall: FirewallInput
-    """nftables: glm-infra's ports closed to all but the stack's hosts."""
+    """nftables: glm-infra's ports for the stack's hosts, SSH, the rest dropped."""
     capacity: CapacityInput
     """KV-cache capacity planning: the checkpoint's facts and the reserve."""
     install_runtime: bool

@@ -25,7 +25,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from . import pins
+from . import packages, pins
 
 NAMESPACE = "glm-infra"
 
@@ -521,26 +521,35 @@ class DriversConfig(StrictModel):
     fabric_timeout: int = Field(600, ge=0, le=3600, description="Seconds the health gate waits for the fabric.")
     remove_on_destroy: bool = Field(False, description="Unhold and purge the driver on pulumi destroy.")
 
+    @field_validator("version")
+    @classmethod
+    def _known_branch(cls, v: str) -> str:
+        packages.rule(packages.branch_of(v))  # package names differ per branch: refuse one with no rule
+        return v
+
     @property
     def branch(self) -> str:
-        return self.version.split(".")[0]
+        return packages.branch_of(self.version)
+
+    def package_set(self, dcgm_exporter: bool = False) -> packages.DriverSet:
+        """The packages and units of glm_infra/packages.py for this version (the exporter's unit needs
+        DCGM's host engine, as the health gate's dcgmi diag does)."""
+        return packages.driver_set(self.version, self.fabric_manager, self.dcgm_diag_level > 0 or dcgm_exporter)
+
+    @property
+    def branch_pin_package(self) -> str:
+        """NVIDIA's pinning package of the branch, versioned by branch (580-N), not by driver version."""
+        return self.package_set().branch_pin.name
 
     @property
     def locked_packages(self) -> list[str]:
         """Packages whose version must be exactly the driver's (a mismatch breaks the fabric)."""
-        b = self.branch
-        out = [f"nvidia-driver-pinning-{b}", f"nvidia-driver-{b}-open", f"libnvidia-nscq-{b}"]
-        if self.fabric_manager:
-            out += ["nvidia-fabricmanager", "libnvsdm"]
-        return out
+        return [p.name for p in self.package_set().locked]
 
     @property
     def tool_packages(self) -> list[str]:
         """Packages installed and held at whatever version the repository has."""
-        out = ["datacenter-gpu-manager-4-cuda13"]
-        if self.fabric_manager:
-            out += ["nvlsm", "infiniband-diags"]
-        return out
+        return [p.name for p in self.package_set().tools]
 
 
 class RdmaConfig(StrictModel):
@@ -553,11 +562,24 @@ class RdmaConfig(StrictModel):
         "Ethernet", description="Ethernet (RoCE v2) or InfiniBand on the compute NICs.")
     mtu: int = Field(9000, ge=1500, le=9216, description="Netdev MTU of the compute NICs (RoCE active_mtu 4096 at 9000).")
     gid_index: int = Field(3, ge=0, le=255, description="RoCE v2 GID index with the IPv4 address (show_gids).")
+    doca_version: str = Field(
+        packages.DOCA_VERSION, pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$",
+        description="DOCA release of doca-ofed (stack doca-ofed): installed and checked at <docaVersion>-N.")
+    doca_repository: Url | None = Field(
+        None, description="DOCA apt repository (deb line URL). None: NVIDIA's for the DOCA release, "
+                          "https://linux.mellanox.com/public/repo/doca/<docaVersion>/ubuntu24.04/x86_64/.")
+    doca_keyring_url: Url | None = Field(
+        packages.DOCA_REPOSITORY.keyring_url,
+        description="Signing key of the DOCA repository; None means the repository is trusted as is.")
     remove_on_destroy: bool = Field(True, description="Remove the RDMA packages glm-infra installed on destroy.")
 
     @property
     def packages(self) -> list[str]:
-        return ["doca-ofed"] if self.stack == "doca-ofed" else ["rdma-core", "ibverbs-utils"]
+        return [p.name for p in packages.rdma_packages(self.stack)]
+
+    @property
+    def doca_repository_url(self) -> str:
+        return self.doca_repository or packages.doca_repository_url(self.doca_version)
 
     @property
     def active_mtu(self) -> int:
@@ -641,9 +663,18 @@ class SlaConfig(StrictModel):
 class FirewallConfig(StrictModel):
     """nftables on every host, in a table of glm-infra's own (inet glm_infra): every port glm-infra opens
     is reachable from the stack's hosts only, the router's public port also from router.allowedCidrs,
-    Prometheus and Alertmanager from monitoring.allowedCidrs; everything else (SSH too) is left as it is."""
+    Prometheus and Alertmanager from monitoring.allowedCidrs; SSH from adminCidrs and the stack's hosts;
+    loopback, replies, ICMP and DHCP pass; everything else is dropped. Host addresses must be IP
+    addresses (nft would resolve a name at boot, before the network is up)."""
 
-    enabled: bool = Field(True, description="Close glm-infra's ports to everyone but the stack's hosts.")
+    enabled: bool = Field(True, description="Load the table: glm-infra's ports for the stack's hosts, SSH, "
+                                            "and nothing else.")
+    admin_cidrs: list[Cidr] | None = Field(
+        None, min_length=1,
+        description="Who may log in over SSH (each host's sshPort) besides the stack's hosts: the networks you and "
+                    "the machine running pulumi connect from (a bastion, a VPN). Unset: SSH from anywhere, as "
+                    "before the firewall; glm-infra cannot know where you log in from, and a guess that missed "
+                    "would lock you out of the host.")
 
 
 class CapacityConfig(StrictModel):
@@ -697,8 +728,8 @@ class StackConfig(StrictModel):
     nixl: NixlConfig = Field(default_factory=NixlConfig, description="NIXL / UCX settings.")
     monitoring: MonitoringConfig = Field(default_factory=MonitoringConfig, description="Prometheus, exporters, alerts.")
     sla: SlaConfig = Field(default_factory=SlaConfig, description="The service level and its gate.")
-    firewall: FirewallConfig = Field(default_factory=FirewallConfig, description="nftables: glm-infra's ports closed "
-                                                                                 "to all but the stack's hosts.")
+    firewall: FirewallConfig = Field(default_factory=FirewallConfig, description="nftables: glm-infra's ports for "
+                                                                                 "the stack's hosts, SSH, the rest dropped.")
     capacity: CapacityConfig = Field(default_factory=CapacityConfig, description="KV-cache capacity planning: the "
                                                                                  "checkpoint's facts and the reserve.")
 

@@ -19,6 +19,7 @@ Step keys per host, in the order the steps run:
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from . import firewall, monitoring, paths, pins, render, topology
 from .config import StackConfig
+from .host import hostcheck
 from .steps import TRIGGERS_TOKEN, RenderedFile, ScriptStep, Step, command, digest, file_step, seconds
 from .topology import HostPlan, Instance, Plan, rolling, seed_host
 
@@ -103,6 +105,7 @@ def driver_steps(stack: StackConfig, h: HostPlan) -> list[Step]:
 
 # The steps that take a host down or change what its instances run on: they roll, one turn at a time.
 DISRUPTIVE = ("drivers-install", "drivers-reboot", "rdma")
+ROLL_FORCE = "GLM_INFRA_ROLL_FORCE"  # =1: the roll goes on without the router's view (docs/OPERATIONS.md)
 UNTIMED_STEP_S = 600  # what a step without a timeout is assumed to take at most, for the roll's bounds
 
 
@@ -137,6 +140,10 @@ def roll_steps(stack: StackConfig, plan: Plan, h: HostPlan, stack_name: str,
     lease = render.lease_script(h.name, folder, pools, wait_s)
     path = paths.script("roll")
     install = f"install -D -m 0755 /dev/stdin {path}"
+    # roll.sh refuses to go on blind (the router unreadable) unless the operator sets this for one up;
+    # SSH does not carry the environment, so the command does (and that up re-runs drain and return:
+    # no-ops for a roll already done).
+    run = f"{ROLL_FORCE}=1 {path}" if os.environ.get(ROLL_FORCE) == "1" else path
     first = f"echo {shlex.quote(f'{h.name}: turn: roll {roll} recorded (first deploy: nothing serves yet)')}"
     before = [
         Step("turn-acquire", first, stdin=lease, update=f"bash -s acquire {roll}", local=True,
@@ -144,19 +151,22 @@ def roll_steps(stack: StackConfig, plan: Plan, h: HostPlan, stack_name: str,
         # Destroy leaves no trace of the rolls (the instances themselves are removed by their own steps).
         Step("host-drain", f"{install} && {path} record {roll}",
              f"rm -f {path} {paths.DRAINED} {paths.ROLLED} {paths.ROLL_LOG}", script,
-             update=f"{install} && {path} drain {roll}", timeout=f"{wait_s + stop_s + down_s + 120}s",
+             update=f"{install} && {run} drain {roll}", timeout=f"{wait_s + stop_s + down_s + 120}s",
              files=(RenderedFile(path, script, 0o755),), check=f"{path} check"),
     ]
     after = [
-        Step("host-return", f"{path} return {roll}", timeout=f"{start_s + up_s + 120}s"),
+        Step("host-return", f"{run} return {roll}", timeout=f"{start_s + up_s + 120}s"),
         Step("turn-release", first, stdin=lease, update=f"bash -s release {roll}", local=True),
     ]
     return before, after
 
 
 def health_gate_step(stack: StackConfig, h: HostPlan) -> Step:
+    # The gate's wait, its looks and dcgmi diag, each limited; a minute more for SSH and bash.
+    d = stack.drivers
+    gate_s = hostcheck.gate_timeout_s(d.fabric_timeout, d.fabric_manager, d.dcgm_diag_level)
     return ScriptStep("health-gate", render.health_script(stack, h.name), removable=False).step(
-        "health-gate", timeout=f"{stack.drivers.fabric_timeout + 120}s")
+        "health-gate", timeout=f"{gate_s + 60}s")
 
 
 def weights_steps(stack: StackConfig, plan: Plan, h: HostPlan) -> list[Step]:

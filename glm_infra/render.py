@@ -21,6 +21,7 @@ from .paths import (  # noqa: F401  (re-exported: where things land, for callers
     FRONT_CONF, FRONT_KEYS, HF_SECRETS, HOSTCHECK, ROUTER_SECRETS, SECRETS_DIR, UCX_ENV, UNIT_DIR, VLLM_SECRETS,
     WEIGHTS,
 )
+from .host import hostcheck
 from .steps import RenderedFile, ScriptStep, Step, digest
 from .topology import KV_ROLE, Instance, Plan, pool_of
 
@@ -244,7 +245,9 @@ def weights_source() -> str:
 
 
 def drivers_script(stack: StackConfig, host: str) -> str:
-    return render_template("drivers.sh.j2", host=host, d=stack.drivers)
+    m = stack.monitoring  # the DCGM exporter's unit wants DCGM's host engine (monitoring.dcgm_hosts)
+    exporter = m.enabled and m.dcgm_exporter_package is not None and stack.drivers.mode == "install"
+    return render_template("drivers.sh.j2", host=host, d=stack.drivers, p=stack.drivers.package_set(exporter))
 
 
 def reboot_script(host: str) -> str:
@@ -278,6 +281,7 @@ def health_script(stack: StackConfig, host: str) -> str:
         nvlinks=h.nvlinks,
         dcgm_level=stack.drivers.dcgm_diag_level,
         timeout_s=stack.drivers.fabric_timeout,
+        limits=hostcheck.gate_limits(stack.drivers.fabric_manager, stack.drivers.dcgm_diag_level),
     )
 
 
@@ -396,17 +400,18 @@ _SYSTEM_DIRS = {"/etc", "/etc/default", paths.UNIT_DIR}  # never removed, even i
 
 def package_service_step(key: str, what: str, host: str, packages: list[str], units: list[str], urls: list[str],
                          files: list[RenderedFile], config_check: str = "", runtime_digest: tuple[str, ...] = (),
-                         live_check: str = "") -> Step:
+                         live_check: str = "", reload: bool = False) -> Step:
     """A step that installs ``packages`` if missing, writes ``files`` (embedded in its script, so its
     check sees a hand edit), (re)starts ``units`` when they changed and waits for ``urls``;
-    ``live_check``: a command that must also succeed once they run."""
+    ``live_check``: a command that must also succeed once they run (failing before, it (re)starts
+    them too); ``reload``: reload active units instead of restarting them (units others require)."""
     for f in files:
         assert f.content.endswith("\n") and "GLM_INFRA_FILE_END" not in f.content, f.path
     script = render_template(
         "package-service.sh.j2", step_name=key, what=what, host=host, packages=packages,
         services=[u.removesuffix(".service") for u in units], urls=urls, files=files,
         config_check=config_check, wait_seconds=PACKAGE_SERVICE_WAIT_S, runtime_digest=runtime_digest,
-        live_check=live_check,
+        live_check=live_check, restart="reload-or-restart" if reload else "restart",
         config_digest=digest(*packages, *(f"{f.path}\0{f.mode:o}\0{f.content}" for f in files)),
         dirs=sorted({f.path.rsplit("/", 1)[0] for f in files} - _SYSTEM_DIRS, key=lambda d: (-d.count("/"), d)),
     )

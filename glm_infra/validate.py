@@ -56,6 +56,7 @@ def check(stack: StackConfig, serve: bool = True, capacity: bool = True) -> list
         problems += _router_tls(stack)
     problems += _weight_format(stack)
     problems += _safe_paths(stack)
+    problems += _firewall_addresses(stack)
     problems += _port_collisions(stack, serve)
     if serve and capacity and not problems:
         problems += _capacity(stack)
@@ -335,6 +336,12 @@ def _safe_paths(stack: StackConfig) -> list[Problem]:
             out.append(Problem(_key(top, f".{sub}"), f"{value!r} is a system folder or inside one; {what} needs a "
                                                      "folder of its own"))
     return out
+
+
+def _firewall_addresses(stack: StackConfig) -> list[Problem]:
+    from . import firewall  # its own rule (a DNS name nft would resolve at boot); it imports the renderer
+
+    return [Problem(path, message) for path, message in firewall.problems(stack)]
 
 
 # --- KV-cache room ---------------------------------------------------------------------------------

@@ -154,6 +154,8 @@ def bare(monkeypatch):
 
 
 def test_an_untested_sdk_version_is_left_alone_with_a_warning(bare, monkeypatch):
+    # Outside a Pulumi run (a mocks test before this one leaves the SDK's engine set).
+    monkeypatch.setattr(sdk_wait._settings, "get_engine", lambda: None)
     import pulumi.runtime.stack as stack
 
     monkeypatch.setattr(sdk_wait, "TESTED", frozenset({"3.0.0"}))
@@ -163,6 +165,8 @@ def test_an_untested_sdk_version_is_left_alone_with_a_warning(bare, monkeypatch)
 
 
 def test_an_sdk_without_the_name_to_replace_is_left_alone_with_a_warning(bare, monkeypatch):
+    # Outside a Pulumi run (a mocks test before this one leaves the SDK's engine set).
+    monkeypatch.setattr(sdk_wait._settings, "get_engine", lambda: None)
     import pulumi.runtime.stack as stack
 
     monkeypatch.delattr(stack, "asyncio")

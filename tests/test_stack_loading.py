@@ -39,6 +39,7 @@ def test_a_file_that_is_not_a_stack(tmp_path, text, expected):
     p = tmp_path / "Pulumi.x.yaml"
     p.write_text(text)
     lines = problems(p)
+    assert lines[0] == f"{p}: invalid stack (1 problem)" and lines[1].startswith(f"  {p}"), lines
     assert lines[1].split(": ", 1)[1] == expected, lines
 
 
@@ -59,7 +60,13 @@ def test_lines_point_at_the_key_or_its_nearest_parent(tmp_path):
     assert st._line_for(lines, "glm-infra:hosts[1].gpus") == 5, "a key not in the file: its parent's line"
     assert st._line_for(lines, "glm-infra:prefill.tp") is None
     assert st._line_for(lines, "glm-infra:hosts") == 2
+    assert st._line_for(lines, "glm-infra:hosts[7]") == 2, "an item past the list: the list's line"
+    nested = st._key_lines("config:\n  glm-infra:capacity:\n    modelFacts:\n      kv_lora_rank: 512\n"
+                           "  glm-infra:hosts:\n    - name: a\n      computeNics: [mlx5_0]\n")
+    assert st._line_for(nested, "glm-infra:capacity.modelFacts.num_hidden_layers") == 3
+    assert st._line_for(nested, "glm-infra:hosts[0].computeNics[1]") == 7
     assert st._key_lines("- not a mapping\n") == {} and st._key_lines("other: 1\n") == {}
+    assert st._key_lines("environment:\n  imports: [a]\n") == {}, "only the keys under config"
     e = StackError("f.yaml", [Problem("glm-infra:hosts[1].address", "bad"), Problem("glm-infra:ssh", "missing")], lines)
     assert str(e) == "f.yaml: invalid stack (2 problems)\n  f.yaml:6: glm-infra:hosts[1].address: bad\n  f.yaml: glm-infra:ssh: missing"
 
@@ -78,6 +85,7 @@ def test_lines_point_at_the_key_or_its_nearest_parent(tmp_path):
     ({"loc": ("hosts", "function-after[_name()]", 1), "msg": "bad", "type": "x", "input": [1]},
      ("glm-infra:hosts[1]", "bad")),
     ({"loc": (), "msg": "bad", "type": "x"}, ("glm-infra:(root)", "bad")),
+    ({}, ("glm-infra:(root)", "invalid")),
 ])
 def test_pydantic_errors_read_as_key_paths_without_echoing_secrets(err, expected):
     p = st._from_pydantic(err)
@@ -180,6 +188,7 @@ def test_component_args_that_are_not_a_stack_name_the_component():
     assert "  Cluster 'glm': glm-infra:sssh: unknown key (did you mean glm-infra:ssh?)" in lines
     assert any(line.startswith("  Cluster 'glm': glm-infra:model_x: unknown key") for line in lines)
     assert "  Cluster 'glm': glm-infra:ssh: required key is missing" in lines, lines
+    assert [sum(f"glm-infra:{k}:" in line for line in lines) for k in ("sssh", "model_x")] == [1, 1], "each named once"
     # Without pools (Hosts): the pools and the router are not judged, the rest is.
     hosts_only = {"hosts": raw["hosts"], "ssh": {"privateKeyPath": "k"}, "model": {"repo": "r/m", "revision": "0" * 40,
                                                                                     "path": "/mnt/m"}}
@@ -187,7 +196,7 @@ def test_component_args_that_are_not_a_stack_name_the_component():
 
 
 @pytest.mark.parametrize("revision,warned", [("0" * 40, False), ("ab" * 20, False), ("0" * 39, True),
-                                             ("A" * 40, True), ("g" * 40, True), ("main", True)])
+                                             ("A" * 40, True), ("g" * 40, True), ("X" * 40, True), ("main", True)])
 def test_only_a_full_lowercase_commit_sha_is_a_pin(revision, warned):
     cfg = load_file(stack_file("sim")).config
     cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"revision": revision})})
@@ -209,3 +218,55 @@ def test_an_unknown_gpu_or_version_is_said_to_go_unchecked():
     # "NVIDIA " is only a prefix: a known model with it is checked, not warned about.
     known = [cfg.hosts[0].model_copy(update={"gpu_model": "NVIDIA B300 SXM6"}), *cfg.hosts[1:]]
     assert not any("gpuModel" in w for w in st._warnings(cfg.model_copy(update={"hosts": known, "model": model})))
+
+
+@pytest.mark.parametrize("warn_below,warned", [(2, True), (1, False)])
+def test_a_pool_holding_fewer_max_requests_than_warn_below_is_warned(write_stack, warn_below, warned):
+    """At a 1.5M context each prod-b300 rank holds exactly one request: below warnBelow 2, not below 1."""
+    cfg = stack_config("prod-b300")
+    cfg["glm-infra:model"]["maxModelLen"] = 1_500_000
+    cfg["glm-infra:capacity"] = {"warnBelow": warn_below}
+    got = [w for w in load_file(write_stack(cfg)).warnings if "capacity.warnBelow" in w]
+    assert got == ([f"glm-infra:{r}: a {r} rank holds 1 request(s) of the maximum context (1,500,000 tokens), fewer "
+                    "than capacity.warnBelow 2" for r in ("prefill", "decode")] if warned else [])
+
+
+def test_a_yml_file_is_a_path_and_a_name_is_looked_up_in_the_nearest_project_only(tmp_path, monkeypatch):
+    (tmp_path / "Pulumi.yaml").write_text("name: outer\n")
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "Pulumi.outer-only.yaml").write_text("config: {}\n")
+    (tmp_path / "inner").mkdir()
+    (tmp_path / "inner" / "Pulumi.yaml").write_text("name: inner\n")
+    monkeypatch.chdir(tmp_path / "inner")
+    assert st.resolve_stack_file("x.yml") == Path("x.yml")
+    assert st.resolve_stack_file("outer-only") == Path("stacks/Pulumi.outer-only.yaml"), "not the outer project's"
+
+
+def test_a_control_character_is_a_yaml_error_without_a_position(tmp_path):
+    p = tmp_path / "Pulumi.x.yaml"
+    p.write_text("config:\n  glm-infra:hosts: \x07\n")
+    assert problems(p)[1].split(": ", 1)[1].startswith(
+        "(yaml): YAML syntax error at unknown position: unacceptable character #x0007")
+
+
+def test_hosts_without_pools_get_no_capacity_warnings():
+    """The KV room is the pools' (Hosts serves nothing); the same hosts as a Cluster are warned."""
+    cfg = stack_config("prod-b300")
+    raw = {"hosts": cfg["glm-infra:hosts"], "ssh": cfg["glm-infra:ssh"],
+           "model": {**cfg["glm-infra:model"], "revision": "0" * 40, "maxModelLen": 1_500_000}}
+    assert not [w for w in st.load_dict(raw, "Hosts 'h'", serve=False).warnings if "capacity.warnBelow" in w]
+    assert [w for w in st.load_dict(raw, "Cluster 'c'").warnings if "capacity.warnBelow" in w]
+
+
+def test_the_kv_room_is_judged_from_every_way_in_unless_left_out(write_stack):
+    """A decode rank too small for one request: refused from a file and from component Args alike;
+    ``capacity=False`` (what ``capacity fetch`` loads the stack with) takes it, without the room's warnings."""
+    cfg = stack_config("prod-b300")
+    cfg["glm-infra:decode"].update(dp=2, instancesPerHost=4)
+    path = write_stack(cfg)
+    assert "glm-infra:decode: a decode rank (tp1 dp2) cannot hold one request" in "\n".join(problems(path))
+    raw = {k.removeprefix("glm-infra:"): v for k, v in cfg.items()}
+    with pytest.raises(StackError, match="glm-infra:decode: a decode rank"):
+        st.load_dict(raw, "Cluster 'glm'")
+    loaded = load_file(path, capacity=False)
+    assert loaded.config.decode.dp == 2 and not [w for w in loaded.warnings if "capacity.warnBelow" in w]

@@ -10,7 +10,8 @@ import pytest
 from conftest import STACKS, stack_file
 from glm_infra.cli import main
 from glm_infra.stack import load_file
-from glm_infra.topology import format_table, plan, pool_of, seed_host
+from glm_infra.topology import (format_table, plan, pool_of, roll_predecessors, rolling, rolling_notes, seed_host,
+                                weights_relay)
 
 
 def _plan(name):
@@ -153,5 +154,41 @@ def test_a_colocated_pool_behind_the_router_round_robin(write_stack):
     table = format_table(cfg, p)
     assert "colocated-0 (tp1 dp8)  " in table and "router: https://10.0.0.2:8000 (round robin; 2 workers)" in table
     assert table.splitlines()[0] == table.splitlines()[0].rstrip() and table.startswith("host ")
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="prefill"):
         pool_of(cfg, "prefill")
+
+
+def test_weights_go_to_the_serving_hosts_and_with_hosts_only_to_every_host(write_stack, prod_config):
+    """A host that serves nothing neither seeds nor relays the checkpoint; provisioned without pools
+    (Hosts), every host stages it, the first seeds it, and no host is drained for a rolling change."""
+    prod_config["glm-infra:hosts"].insert(0, {"name": "spare", "address": "10.0.0.99"})
+    cfg = load_file(write_stack(prod_config)).config
+    assert seed_host(cfg) == "b300-1" and seed_host(cfg, serve=False) == "spare"
+    assert list(weights_relay(cfg)) == ["b300-1", "b300-2", "b300-3"]
+    assert list(weights_relay(cfg, serve=False)) == ["spare", "b300-1", "b300-2", "b300-3"]
+    assert weights_relay(cfg, serve=False)["b300-3"].ancestors == ("b300-1", "spare")
+    assert rolling(cfg, plan(cfg, serve=False)) == () and rolling_notes(cfg, plan(cfg, serve=False)) == []
+
+
+def test_a_host_in_two_pools_waits_for_both_and_takes_the_stricter_limit(write_stack, prod_config):
+    prod_config["glm-infra:hosts"].append(dict(prod_config["glm-infra:hosts"][0], name="b300-4", address="10.0.0.14",
+                                               gpus=16))
+    prod_config["glm-infra:prefill"]["hosts"] = ["b300-1", "b300-2", "b300-4"]
+    prod_config["glm-infra:decode"].update(hosts=["b300-3", "b300-4"], maxUnavailable=2)
+    cfg = load_file(write_stack(prod_config)).config
+    p = plan(cfg)
+    groups = rolling(cfg, p)
+    assert {h.name: roll_predecessors(groups, h.name) for h in cfg.hosts} == {
+        "b300-1": (), "b300-2": ("b300-1",), "b300-3": (), "b300-4": ("b300-2", "b300-3")}
+    assert rolling_notes(cfg, p) == [
+        "prefill: 3 hosts, 1 at a time (maxUnavailable 1), each drained and healthy again before the next: "
+        "b300-1, then b300-2, then b300-4",
+        "decode: 2 hosts, 1 at a time (maxUnavailable 2, 1 on a host another pool shares), each drained and healthy "
+        "again before the next: b300-3, then b300-4"]
+
+
+def test_no_line_of_the_table_ends_in_spaces(write_stack, prod_config):
+    prod_config["glm-infra:prefill"]["nixlSideChannelPort"] = 15600  # "15600-15603": wider than its header
+    cfg = load_file(write_stack(prod_config)).config
+    table = format_table(cfg, plan(cfg))
+    assert "15600-15603" in table and [line for line in table.splitlines() if line != line.rstrip()] == []

@@ -124,6 +124,17 @@ BAD = [
     ("tls-names-with-given-certificate", [("glm-infra:router.tlsCertificate", {"secure": "v1:c"}), ("glm-infra:router.tlsKey", {"secure": "v1:k"}), ("glm-infra:router.tlsNames", ["llm.example.com"])], "glm-infra:router.tlsNames", "names the generated certificate"),
     ("tls-name-shell", [("glm-infra:router.tlsNames", ["llm.example.com;id"])], "glm-infra:router.tlsNames[0]", "is not a DNS name or IP address"),
     ("plain-http-unknown", [("glm-infra:router.plainHttp", "allow")], "glm-infra:router.plainHttp", "'refuse' or 'redirect'"),
+    # The other side of a rule, each found by a mutant that survived (scripts/mutation core).
+    ("prefill-without-decode", [("glm-infra:decode", _DELETE)], "glm-infra:decode", "P/D needs both pools: prefill is set but decode is missing"),
+    ("colocated-with-prefill-only", [("glm-infra:decode", _DELETE), ("glm-infra:colocated", {"hosts": ["b300-3"]})], "glm-infra:colocated", "cannot be combined"),
+    ("nixl-port-range-collision", [("glm-infra:hosts[2].gpus", 16), ("glm-infra:prefill.hosts", ["b300-1", "b300-2", "b300-3"]), ("glm-infra:decode.nixlSideChannelPort", 5604)], "glm-infra:decode.nixlSideChannelPort", "ports 5604-5607 on b300-3 used twice: prefill-5 nixl and decode-0 nixl"),
+    ("colon-for-a-dot", [("glm-infra:prefill:tp", 2)], "glm-infra:prefill:tp", "unknown key"),
+    ("extra-arg-value-with-equals", [("glm-infra:decode.extraArgs", ["--model=/mnt/model/glm=v2"])], "glm-infra:decode.extraArgs[0]", "--model is set by glm-infra from model.path"),
+    ("nvfp4-on-nvidia-h200", [("glm-infra:hosts[1].gpuModel", "NVIDIA H200 SXM")], "glm-infra:hosts[1].gpuModel", "b300-2's NVIDIA H200 SXM (compute capability 9) cannot run"),
+    # The KV-cache room (capacity.py), as validate words it.
+    ("gpu-memory-unknown", [("glm-infra:hosts[0].gpuModel", "Z9000")], "glm-infra:capacity.gpuMemoryGb", "hosts[0].gpuModel 'Z9000' is not in glm-infra's GPU memory table"),
+    ("decode-rank-below-one-request", [("glm-infra:decode.dp", 2), ("glm-infra:decode.instancesPerHost", 4)], "glm-infra:decode", "a decode rank (tp1 dp2) cannot hold one request of the maximum context, 202,752 tokens"),
+    ("decode-weights-exceed-the-gpu", [("glm-infra:decode.dp", 1), ("glm-infra:decode.instancesPerHost", 8)], "glm-infra:decode", "the weights alone (446.9 GB per rank) and the reserve (16.0 GB) exceed 288.0 GB × 0.9"),
 ]
 
 
@@ -277,3 +288,68 @@ def test_the_weight_format_comes_from_the_repository_unless_given(prod_config, w
     _set(prod_config, "glm-infra:hosts[1].gpuModel", "Z9000")
     loaded = load_file(write_stack(prod_config))
     assert any("glm-infra:hosts[1].gpuModel: 'Z9000' is not a GPU glm-infra knows" in w for w in loaded.warnings)
+
+
+# Stacks at the edge of a rule, accepted: (id, [(path, value), ...]).
+EDGE = [
+    ("mtp-token-counts-differ", [("glm-infra:prefill.speculativeTokens", 2), ("glm-infra:decode.speculativeTokens", 1)]),
+    ("tp-dp-16-on-a-16-gpu-host", [("glm-infra:hosts[2].gpus", 16), ("glm-infra:decode.tp", 2)]),
+    ("nvfp4-on-b200", [*((f"glm-infra:hosts[{i}].gpuModel", "B200") for i in range(3)),
+                       ("glm-infra:capacity", {"gpuMemoryGb": 288})]),  # compute capability 10.0: just enough
+]
+
+
+@pytest.mark.parametrize("case", EDGE, ids=[c[0] for c in EDGE])
+def test_a_stack_at_the_edge_of_a_rule_is_accepted(case, prod_config, write_stack):
+    for path, value in case[1]:
+        _set(prod_config, path, value)
+    assert load_file(write_stack(prod_config)).config.prefill is not None
+
+
+def test_a_host_that_serves_nothing_is_not_held_to_the_weight_format(prod_config, write_stack):
+    prod_config["glm-infra:hosts"].append({"name": "spare", "address": "10.0.0.99", "gpuModel": "A100"})
+    assert load_file(write_stack(prod_config)).config.hosts[3].gpu_model == "A100"
+    prod_config["glm-infra:prefill"]["hosts"] = ["b300-1", "spare"]
+    msg = str(pytest.raises(StackError, load_file, write_stack(prod_config)).value)
+    assert "glm-infra:hosts[3].gpuModel: spare's A100 (compute capability 8) cannot run" in msg, msg
+
+
+def test_hosts_without_pools_do_not_reserve_the_pools_ports():
+    """Hosts (serve=False) runs no vLLM: a port only the pools would use is free for node exporter; a
+    Cluster of the same hosts refuses it."""
+    from glm_infra.stack import load_dict
+
+    nics = ["mlx5_0"]
+    raw = {"hosts": [{"name": "a", "address": "10.0.0.1", "computeNics": nics},
+                     {"name": "b", "address": "10.0.0.2", "computeNics": nics}],
+           "ssh": {"privateKeyPath": "k"}, "model": {"repo": "r/m", "revision": "0" * 40, "path": "/mnt/m"},
+           "monitoring": {"nodeExporterPort": 8100}}
+    assert load_dict(raw, "Hosts 'h'", serve=False).config.monitoring.node_exporter_port == 8100
+    with pytest.raises(StackError) as e:
+        load_dict(raw, "Cluster 'c'")
+    assert str(e.value).splitlines()[1:] == [
+        "  Cluster 'c': glm-infra:monitoring.nodeExporterPort: port 8100 on a used twice: prefill-0 http and node exporter"]
+
+
+@pytest.mark.parametrize("name,value,problem", [
+    ("router_api_key", "sk-0123456789abcdef", None),
+    ("router_api_key", "sk-0123456789abcdef==", None),
+    ("router_api_key", "sk-0123456789abcdef\nEXTRA=1", "glm-infra:router.apiKey: the secret's value is not 16 to 512 "
+     "characters of a bearer token (letters, digits, - . _ ~ + /, then = padding)"),
+    ("router_api_key", "sk-short", "glm-infra:router.apiKey: the secret's value is not 16 to 512 characters of a "
+     "bearer token (letters, digits, - . _ ~ + /, then = padding)"),
+    ("hf_token", "hf_0123456789", None),
+    ("hf_token", "hf_0123 456789", "glm-infra:model.hfToken: the secret's value is not 8 to 512 letters, digits, _ . "
+     "or - (a Hugging Face token)"),
+    ("webhook_url", "https://hooks.example.com/T0/B1", None),
+    ("webhook_url", "https://hooks.example.com/a'b", "glm-infra:monitoring.webhookUrl: the secret's value is not an "
+     "http(s) URL without spaces, quotes or backslashes"),
+    ("private_key", "any text\nat all \"'", None),  # no rule: it lands in a file of its own
+])
+def test_a_secret_value_that_breaks_its_file_is_named_never_shown(name, value, problem):
+    """What the program checks once a secret's value is known (inputs.py): the key and the rule."""
+    from glm_infra.validate import secret_value_problem
+
+    got = secret_value_problem(name, value)
+    assert (got and f"{got.path}: {got.message}") == problem
+    assert got is None or value not in got.message

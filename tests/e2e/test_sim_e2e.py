@@ -84,7 +84,8 @@ def test_up_provisions_every_host(stack):
         health = on_host(h, "/usr/local/libexec/glm-infra/health-gate.sh check")
         assert f"{h}: healthy (8 × NVIDIA B300 SXM6 AC, driver 580.159.04; fabric Completed on 8 GPUs; NVLink 18 of 18 links up on each of 8 GPUs; 0 pending row remaps on 8 GPUs)" in health
         held = on_host(h, "apt-mark showhold").split()
-        assert {"nvidia-driver-580-open", "nvidia-fabricmanager", "libnvidia-nscq-580"} <= set(held)
+        assert {"nvidia-driver-580-open", "nvidia-fabricmanager", "libnvidia-nscq", "nvidia-driver-pinning-580",
+                "nvidia-driver-pinning-580.159.04"} <= set(held)
         assert "580.159.04" in on_host(h, "nvidia-smi --query-gpu=driver_version --format=csv,noheader")
         runtime = on_host(h, "/usr/local/libexec/glm-infra/runtime.sh check")
         assert "vllm==0.33.0+glmsim" in runtime and "FlashInfer kernels match" in runtime
