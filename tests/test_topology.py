@@ -162,10 +162,11 @@ def test_weights_go_to_the_serving_hosts_and_with_hosts_only_to_every_host(write
     """A host that serves nothing neither seeds nor relays the checkpoint; provisioned without pools
     (Hosts), every host stages it, the first seeds it, and no host is drained for a rolling change."""
     prod_config["glm-infra:hosts"].insert(0, {"name": "spare", "address": "10.0.0.99"})
+    prod_config["glm-infra:hosts"].append({"name": "spare-2", "address": "10.0.0.98"})
     cfg = load_file(write_stack(prod_config)).config
     assert seed_host(cfg) == "b300-1" and seed_host(cfg, serve=False) == "spare"
     assert list(weights_relay(cfg)) == ["b300-1", "b300-2", "b300-3"]
-    assert list(weights_relay(cfg, serve=False)) == ["spare", "b300-1", "b300-2", "b300-3"]
+    assert list(weights_relay(cfg, serve=False)) == ["spare", "b300-1", "b300-2", "b300-3", "spare-2"]
     assert weights_relay(cfg, serve=False)["b300-3"].ancestors == ("b300-1", "spare")
     assert rolling(cfg, plan(cfg, serve=False)) == () and rolling_notes(cfg, plan(cfg, serve=False)) == []
 

@@ -346,8 +346,8 @@ def gpu_facts() -> dict:
         "driver_version": rows[0]["driver_version"] if rows else None,
         "compute_cap": sorted({r.get("compute_cap", "") for r in rows}),
         # The smallest GPU's memory (capacity planning's GPU memory once the host is known).
-        "memory_total_mib": min(mib) if (mib := [int(v.split()[0]) for r in rows
-                                                 if (v := r.get("memory.total", "")) and v.split()[0].isdigit()]) else None,
+        "memory_total_mib": min(mib) if (mib := [int(m.group(1)) for r in rows
+                                                 if (m := re.match(r"(\d+) MiB$", str(r.get("memory.total"))))]) else None,
     }
 
 
@@ -433,7 +433,7 @@ def gpu_problems(query_csv: str, smi_q: str, nvlink: str, gpus: int, model: str,
     if len(rows) != gpus:
         problems.append(("gpus", f"{len(rows)} GPUs visible, stack expects {gpus}"))
     for r in rows:
-        if model.lower() not in r.get("name", "").lower():
+        if model.lower() not in str(r.get("name")).lower():
             problems.append(("gpus", f"GPU {r.get('index')} is {r.get('name')!r}, stack expects {model}"))
         if driver and r.get("driver_version") != driver:
             problems.append(("driver", f"GPU {r.get('index')} runs driver {r.get('driver_version')}, stack pins {driver}"))
@@ -607,9 +607,10 @@ def preflight_problems(f: dict, allowed_os: list[str], min_kernel: str, gpus: in
         problems.append(("os", "cannot tell the OS: /etc/os-release is missing or has no ID"))
     elif os_id.lower() not in [a.lower() for a in allowed_os]:
         problems.append(("os", f"{f.get('os_pretty') or os_id} is not supported here (allowed: {', '.join(allowed_os)})"))
-    kernel, wanted = _version_tuple(f.get("kernel", "")), _version_tuple(min_kernel)
+    kernel_text = f.get("kernel", "")
+    kernel, wanted = _version_tuple(kernel_text), _version_tuple(min_kernel)
     if kernel is None:
-        problems.append(("kernel", f"cannot read the kernel version {f.get('kernel', '')!r}"))
+        problems.append(("kernel", f"cannot read the kernel version {kernel_text!r}"))
     elif wanted is not None and kernel < wanted:
         problems.append(("kernel", f"kernel {f['kernel']} is older than {min_kernel} (DMA-BUF GPUDirect)"))
     g = f.get("gpus", {})

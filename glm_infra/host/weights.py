@@ -8,16 +8,33 @@ Layout under the model path P (what vLLM serves):
     P.revisions/<revision>/    the checkpoint; ``.glm-manifest.json`` lists every file with size
                                and sha256; ``.glm-complete`` exists once every file is verified
     P.revisions/.lock          held while a staging runs
+    P.revisions/<revision>/.glm-hashes.json   digests by size, mtime, inode: what a staging again reads
 
-    weights.py stage --role seed --source mirror --url URL --revision R --path P [RELAY]
-    weights.py stage --role seed --source huggingface --repo ORG/NAME --revision R --path P [RELAY]
-    weights.py stage --role peer --peer URL [--peer URL ...] --revision R --path P [RELAY]
-        RELAY: --name HOST [--serve ADDR:PORT --children HOST,HOST] [--stall SECONDS]
+    weights.py stage --role seed --source mirror --url URL --revision R --path P [RELAY] [COMMON]
+    weights.py stage --role seed --source huggingface --repo ORG/NAME --revision R --path P
+                     [--hf-python PY] [--token-file F] [RELAY] [COMMON]
+    weights.py stage --role peer --peer URL [--peer URL ...] --revision R --path P [RELAY] [COMMON]
+        RELAY: --name HOST [--serve ADDR:PORT --children HOST,HOST] [--stall SECONDS] [--relay-key-file F]
+        COMMON: [--margin-gb GB] [--timeout SECONDS]
     weights.py stage --source local --path P       (already on every host: verify only)
     weights.py serve --dir D --bind ADDR:PORT [--all]   (a static mirror: the simulated model source)
-    weights.py verify --revision R --path P        (full sha256 check; exit 1 naming bad files)
+    weights.py verify --revision R --path P [--quick]   (sha256 of every file, or --quick sizes only;
+                                                         exit 1 naming bad files)
     weights.py prune --revision R --path P         (remove every other revision)
     weights.py remove --path P                     (remove the checkpoint and its revisions)
+
+    --url            the mirror: files under URL/REVISION/, with URL/REVISION/manifest.json
+    --hf-python      python of the venv with the hf CLI (default /opt/glm-infra/hf/bin/python)
+    --token-file     EnvironmentFile with HF_TOKEN= (read by this program: never on a command line)
+    --peer           a host to copy from, repeated: the parent first, then each ancestor up to the seed
+    --name           this host's name in the relay (default: its hostname)
+    --serve          serve the verified files here while staging (hosts with --children, comma-separated)
+    --stall          seconds without progress before a peer leaves the host it copies from (default 120)
+    --relay-key-file EnvironmentFile with GLM_RELAY_KEY=: progress documents go out signed with it, with
+                     the nonce of each request, and a peer takes only documents signed so
+    --margin-gb      free disk to leave beside the checkpoint (default 10)
+    --timeout        seconds a peer may take in all (default 86400)
+    --all            (serve) every file, not only those the folder's progress file published
 
 Every host publishes each file in ``.glm-progress.json`` only after verifying it; with ``--serve`` a
 thread of the staging serves the published files (never a partial one) to the hosts that copy from
@@ -231,7 +248,7 @@ class Hashes:
         if cache:
             with contextlib.suppress(OSError, ValueError, AttributeError):
                 known = read_json(cache)  # only ever what this host hashed; unreadable: hash again
-                self.known = {k: v for k, v in known.items() if isinstance(v, dict)}
+                self.known = {k: v for k, v in known.items() if isinstance(v, dict) and isinstance(v.get("digest"), str)}
 
     @staticmethod
     def stamp(st: os.stat_result) -> list[int]:
@@ -315,7 +332,7 @@ OPENER = urllib.request.build_opener(_Redirects)
 
 
 def open_url(url: str, timeout: float, headers: dict[str, str] | None = None, follow: bool = False):  # noqa: ANN201
-    req = urllib.request.Request(url, headers=dict(headers or {}))
+    req = urllib.request.Request(url, headers=headers or {})
     req.follow = follow  # type: ignore[attr-defined]
     return OPENER.open(req, timeout=timeout)
 
@@ -328,8 +345,7 @@ def check_range(url: str, header: str | None, start: int, size: int | None) -> N
                            f"{'' if size is None else size - 1} (of {size if size is not None else '?'})")
 
 
-def download(url: str, dest: str, size: int | None, headers: dict[str, str] | None = None, timeout: float = 60,
-             on_bytes=None, follow: bool = True) -> str:
+def download(url: str, dest: str, size: int | None, timeout: float = 60, on_bytes=None, follow: bool = True) -> str:
     """One attempt at url → dest, resuming dest.partial with a Range request; streamed through a CHUNK
     buffer (never a whole file in memory) and hashed on the way. Returns the sha256 of dest. The
     headers that answer are checked against what was asked (status, Content-Range, Content-Length),
@@ -345,8 +361,7 @@ def download(url: str, dest: str, size: int | None, headers: dict[str, str] | No
     h = hashed(partial, hashlib.sha256()) if have else hashlib.sha256()
     too_long = False
     try:
-        with open_url(url, timeout, {**(headers or {}), **({"Range": f"bytes={have}-"} if have else {})},
-                      follow) as resp:
+        with open_url(url, timeout, {"Range": f"bytes={have}-"} if have else {}, follow) as resp:
             if resp.status == 206 and have:
                 check_range(url, resp.headers.get("Content-Range"), have, size)
             elif resp.status == 200:  # the whole file (again): start over
@@ -382,7 +397,7 @@ def download(url: str, dest: str, size: int | None, headers: dict[str, str] | No
         else:
             raise SourceFailed(f"{url}: HTTP {e.code}") from None
     except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as e:
-        raise SourceFailed(f"{url}: {getattr(e, 'reason', None) or e!r}") from None
+        raise SourceFailed(f"{url}: {getattr(e, 'reason', None) or e}") from None
     if too_long:
         os.remove(partial)
         raise SourceFailed(f"{url}: more than {limit} bytes (partial file dropped)")
@@ -393,17 +408,17 @@ def download(url: str, dest: str, size: int | None, headers: dict[str, str] | No
     return h.hexdigest()
 
 
-def fetch(url: str, dest: str, size: int | None, headers: dict[str, str] | None = None, tries: int = 5,
-          on_bytes=None) -> str:
+def fetch(url: str, dest: str, size: int | None, tries: int = 5, on_bytes=None) -> str:
     """download() with retries against one source (the mirror): resumes where the last try stopped."""
-    for attempt in range(1, tries + 1):
+    attempt = 1
+    while True:
         try:
-            return download(url, dest, size, headers, on_bytes=on_bytes)
+            return download(url, dest, size, on_bytes=on_bytes)
         except SourceFailed as e:
-            if attempt == tries:
+            if attempt >= tries:
                 raise StageError(f"{e} (after {tries} tries)") from None
         time.sleep(min(2 * attempt, 10))
-    raise AssertionError("unreachable")
+        attempt += 1
 
 
 def fetch_verified(url: str, hashes: Hashes, entry: dict, on_bytes=None) -> None:
@@ -485,7 +500,7 @@ class Relay:
 
     def seen(self, client: str, active: int = 0, done: bool = False) -> None:
         with self.lock:
-            c = self.clients.setdefault(client, {"last": 0.0, "active": 0, "done": False})
+            c = self.clients.setdefault(client, {"active": 0, "done": False})
             c["last"] = time.monotonic()
             c["active"] += active
             c["done"] = c["done"] or done
@@ -532,7 +547,7 @@ class _Files(http.server.SimpleHTTPRequestHandler):
             return
         size = os.path.getsize(path)
         start = 0
-        if m := re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", ""), re.ASCII):
+        if m := re.fullmatch(r"bytes=([0-9]+)-", self.headers.get("Range", "")):
             start = int(m[1])
             if start >= size:
                 self.send_error(416)
@@ -548,7 +563,7 @@ class _Files(http.server.SimpleHTTPRequestHandler):
                     self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
                 self.end_headers()
                 # Zero-copy from the page cache to the socket: the CPU goes to hashing, not copying.
-                self.connection.sendfile(f, start, size - start)
+                self.connection.sendfile(f, start)
         finally:
             if relay is not None:
                 relay.seen(client, active=-1)
@@ -579,16 +594,16 @@ class _Server6(_Server):
 def files_server(directory: str, bind: str, **handler: object) -> _Server:
     """A server of ``directory`` on ADDR:PORT ([v6]:PORT), its handler _Files with ``handler`` set."""
     host, _, port = bind.rpartition(":")
-    host = host.strip("[]")
+    host = host.removeprefix("[").removesuffix("]")
     return (_Server6 if ":" in host else _Server)(
-        (host, int(port)), functools.partial(type("Handler", (_Files,), handler), directory=directory))
+        (host, int(port)), functools.partial(type(_Files.__name__, (_Files,), handler), directory=directory))
 
 
 def start_relay(relay: Relay, root: str, bind: str, stall: float) -> _Server:
     """Serve this host's verified files from a thread of the staging itself: nothing outlives the step.
     A client that sends nothing (or stops reading) for ``stall`` seconds is dropped."""
     try:
-        server = files_server(root, bind, relay=relay, published_only=True, timeout=stall)
+        server = files_server(root, bind, relay=relay, timeout=stall)
     except OSError as e:
         raise StageError(f"cannot serve the relay on {bind}: {e.strerror or e}") from None
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -599,32 +614,27 @@ def wait_for_children(relay: Relay, children: list[str], stall: float) -> list[s
     """Keep serving until every host that copies from here has everything: each says so (/.glm-done,
     also when it moves to another host). One that made no request for ``stall`` seconds (or never
     came within ``stall`` seconds of this host finishing: not deployed with it) is left behind with a
-    log line. Returns those that came and stopped before they had every file."""
+    log line (one that comes back is served again). Returns those that came and stopped before they
+    had every file."""
     since = time.monotonic()
     told = 0.0
-    left: list[str] = []
+    gone: set[str] = set()
     while True:
         now = time.monotonic()
         with relay.lock:
             clients = {k: dict(v) for k, v in relay.clients.items()}
-        waiting, gone = [], []
+        waiting = []
         for c in sorted(set(children) | set(clients)):
             info = clients.get(c)
             if info and info["done"]:
                 continue
-            last = max(info["last"], since) if info else since
-            if (info and info["active"] > 0) or now - last < stall:
+            if (info and info["active"] > 0) or now - max(info["last"] if info else since, since) < stall:
                 waiting.append(c)
-            elif not (info and info.get("left")):  # (one that comes back is waited for again)
-                gone.append((c, info))
-        for c, info in gone:
-            log(f"{c} {'made no request' if info else 'never came'} for {stall:g}s: not waiting for it any longer")
-            with relay.lock:
-                relay.clients.setdefault(c, {"last": 0.0, "active": 0, "done": False})["left"] = True
-            if info:  # it came, and stopped before it had every file
-                left.append(c)
+            elif c not in gone:
+                gone.add(c)
+                log(f"{c} {'made no request' if info else 'never came'} for {stall:g}s: not waiting for it any longer")
         if not waiting:
-            return left
+            return sorted(c for c in gone if c in clients and not clients[c]["done"])
         if now - told >= 30:
             log(f"serving {', '.join(waiting)} until they have every file")
             told = now
@@ -634,12 +644,17 @@ def wait_for_children(relay: Relay, children: list[str], stall: float) -> list[s
 # --- the seed ------------------------------------------------------------------------------------
 
 
+def mirror_url(args: argparse.Namespace, name: str) -> str:
+    """A file of the revision at the mirror: URL/REVISION/NAME."""
+    return f"{args.url.removesuffix('/')}/{args.revision}/{urllib.parse.quote(name)}"
+
+
 def source_manifest(args: argparse.Namespace, root: str) -> dict:
     """Files of the checkpoint with sizes and sha256, from the source, checked like a relay parent's
     (the source is another host too). From the hub, a small file kept in git (not LFS) has no sha256
     yet, only its git blob id: the seed hashes it once downloaded."""
     if args.source == "mirror":
-        url = f"{args.url.rstrip('/')}/{args.revision}/manifest.json"
+        url = mirror_url(args, "manifest.json")
         tmp = os.path.join(root, ".glm-source-manifest.json")
         fetch(url, tmp, None)
         try:
@@ -731,13 +746,16 @@ def hf_download(args: argparse.Namespace, root: str, entries: list[dict]) -> Non
     hf = os.path.join(os.path.dirname(args.hf_python), "hf")
     p = subprocess.Popen([hf, "download", args.repo, *[e["path"] for e in entries], "--revision", args.revision,
                           "--local-dir", root], env=hf_env(args), stdout=subprocess.DEVNULL)
-    seen = 0
-    while p.poll() is None:  # what the hub client wrote so far: the hosts copying from here see progress
-        time.sleep(2)
+    seen = _tree_bytes(root)
+    while True:  # what the hub client wrote so far: the hosts copying from here see progress
+        ended = p.poll() is not None
         now = _tree_bytes(root)
         if now > seen:
             args.relay.got(now - seen)
             seen = now
+        if ended:
+            break
+        time.sleep(2)
     if p.returncode != 0:
         raise StageError(f"hf download of {len(entries)} files from {args.repo}@{args.revision} "
                          f"exited {p.returncode}")
@@ -785,8 +803,7 @@ def stage_seed(args: argparse.Namespace, root: str) -> None:
             if os.path.lexists(p):
                 log(f"{e['path']}: does not match the manifest, fetching it again")
                 os.remove(p)
-            fetch_verified(f"{args.url.rstrip('/')}/{args.revision}/{urllib.parse.quote(e['path'])}", hashes, e,
-                           on_bytes=relay.got)
+            fetch_verified(mirror_url(args, e["path"]), hashes, e, on_bytes=relay.got)
             fetched += 1
             relay.publish(e["path"])
         else:  # huggingface
@@ -820,7 +837,7 @@ def get_json(url: str, timeout: float, key: bytes | None = None) -> object:
     except urllib.error.HTTPError as e:
         raise SourceFailed(f"{url}: HTTP {e.code}") from None
     except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as e:
-        raise SourceFailed(f"{url}: {getattr(e, 'reason', None) or e!r}") from None
+        raise SourceFailed(f"{url}: {getattr(e, 'reason', None) or e}") from None
     if len(body) > MAX_JSON:
         raise SourceFailed(f"{url}: more than {MAX_JSON} bytes")
     if key is not None and not hmac.compare_digest(mac.encode("latin-1"), sign(key, nonce, body).encode()):
@@ -1029,8 +1046,7 @@ def first_answering(sources: list[str], at: int, me: str) -> int | None:
 
 def say_done(url: str, timeout: float = 5) -> None:
     """Tell a host copied from that this one needs nothing more from it (if it still listens)."""
-    with contextlib.suppress(urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException), \
-            open_url(url, timeout) as r:
+    with contextlib.suppress(OSError, http.client.HTTPException), open_url(url, timeout) as r:  # (URLError too)
         r.read(1024)
 
 
@@ -1199,40 +1215,36 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="weights.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The command line (the module's docstring says what each option means)."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("stage")
     s.add_argument("--role", choices=["seed", "peer"], default="seed")
     s.add_argument("--source", choices=["huggingface", "mirror", "local"], default="mirror")
-    s.add_argument("--url", help="mirror base URL (files under URL/REVISION/)")
-    s.add_argument("--repo", help="Hugging Face repository")
-    s.add_argument("--hf-python", default="/opt/glm-infra/hf/bin/python", help="python of the venv with the hf CLI")
-    s.add_argument("--token-file", help="EnvironmentFile with HF_TOKEN=")
-    s.add_argument("--relay-key-file", help="EnvironmentFile with GLM_RELAY_KEY=: progress documents go out "
-                   "signed with it, and a peer takes only signed ones")
-    s.add_argument("--peer", action="append", default=[],
-                   help="role peer: a host to copy from, repeated: the parent first, then each ancestor up to the seed")
-    s.add_argument("--serve", metavar="ADDR:PORT", help="serve verified files here while staging (hosts with children)")
-    s.add_argument("--children", default="", help="comma-separated names of the hosts that copy from this one")
-    s.add_argument("--name", default=os.uname().nodename, help="this host's name in the relay (default: its hostname)")
-    s.add_argument("--stall", type=float, default=120,
-                   help="seconds without progress before a peer leaves the host it copies from")
+    s.add_argument("--url")
+    s.add_argument("--repo")
+    s.add_argument("--hf-python", default="/opt/glm-infra/hf/bin/python")
+    s.add_argument("--token-file")
+    s.add_argument("--relay-key-file")
+    s.add_argument("--peer", action="append", default=[])
+    s.add_argument("--serve")
+    s.add_argument("--children", default="")
+    s.add_argument("--name", default=os.uname().nodename)
+    s.add_argument("--stall", type=float, default=120)
     s.add_argument("--revision", default="")
     s.add_argument("--path", required=True)
     s.add_argument("--margin-gb", type=float, default=10)
-    s.add_argument("--timeout", type=int, default=86400, help="seconds a peer may take in all")
+    s.add_argument("--timeout", type=int, default=86400)
     for name in ("verify", "prune"):
         p = sub.add_parser(name)
         p.add_argument("--revision", required=True)
         p.add_argument("--path", required=True)
-        if name == "verify":
-            p.add_argument("--quick", action="store_true", help="sizes only, no sha256")
-    r = sub.add_parser("remove")
-    r.add_argument("--path", required=True)
+    sub.choices["verify"].add_argument("--quick", action="store_true")
+    sub.add_parser("remove").add_argument("--path", required=True)
     v = sub.add_parser("serve")
     v.add_argument("--dir", required=True)
     v.add_argument("--bind", required=True)
-    v.add_argument("--all", action="store_true", help="serve every file (a mirror), not only published ones")
+    v.add_argument("--all", action="store_true")
     return ap
 
 
