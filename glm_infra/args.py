@@ -90,6 +90,8 @@ class ModelInput(TypedDict, total=False):
     """Host that downloads from the source (default: first serving host)."""
     fanout_port: int
     """Port a host serves its verified files on to the hosts that copy from it (weights relay). Default: 8090."""
+    relay_stall_seconds: int
+    """Seconds without progress before a relay peer leaves the host it copies from, and before a host stops waiting for a child that went silent (weights.py --stall). None: weights.py's own, 120."""
     disk_margin_gb: float
     """Free space required beyond the checkpoint. Default: 20."""
     hf_hub_version: str

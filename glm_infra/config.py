@@ -267,6 +267,10 @@ class ModelConfig(StrictModel):
     mirror_url: str | None = Field(None, description="Mirror base URL: files and manifest.json under URL/REVISION/.")
     seed_host: str | None = Field(None, description="Host that downloads from the source (default: first serving host).")
     fanout_port: Port = Field(8090, description="Port a host serves its verified files on to the hosts that copy from it (weights relay).")
+    relay_stall_seconds: int | None = Field(
+        None, ge=5, le=3600,
+        description="Seconds without progress before a relay peer leaves the host it copies from, and before a host "
+                    "stops waiting for a child that went silent (weights.py --stall). None: weights.py's own, 120.")
     disk_margin_gb: float = Field(20, ge=0, description="Free space required beyond the checkpoint.")
     hf_hub_version: str = Field(pins.HF_HUB, pattern=r"^[0-9][A-Za-z0-9.+_-]*$", description="huggingface_hub pin (hf CLI).")
     verify: str = Field("", description="Change to re-verify (and repair) the checkpoint on every host.")

@@ -192,6 +192,8 @@ def weights_steps(stack: StackConfig, plan: Plan, h: HostPlan) -> list[Step]:
             for up in relay.ancestors:  # the parent first, the seed last: the failover order
                 argv += ["--peer", f"http://{paths.url_host(stack.host(up).address)}:{m.fanout_port}"]
         argv += ["--name", h.name]
+        if m.relay_stall_seconds is not None:  # (left out otherwise: a deployed stack's command stays as it was)
+            argv += ["--stall", str(m.relay_stall_seconds)]
         if relay.children:
             argv += ["--serve", f"{stack.host(h.name).address}:{m.fanout_port}", "--children", ",".join(relay.children)]
     # Re-staged when the checkpoint, its source or the set of hosts changes, or on request (verify).

@@ -67,19 +67,48 @@ def write_stack(tmp_path):
 
 
 E2E_ORDER = ("test_sim_e2e", "test_operations", "test_faults", "test_team_state", "test_examples", "test_rolling")  # each module leaves the hosts for the next
+# What boots simulated hosts (one cluster on br-glmsim at a time): one worker runs all of it, in order.
+CLUSTER_MODULES = ("test_sim_cluster",)
+CLUSTER_GROUP = "simulated-cluster"
+
+
+def on_cluster(item) -> bool:
+    return "/tests/e2e/" in str(item.path).replace(os.sep, "/") or item.path.stem in CLUSTER_MODULES
+
+
+def in_parallel(config) -> bool:
+    """Run by pytest-xdist workers (scripts/test's -n 2), not in one process."""
+    return (getattr(config.option, "numprocesses", None) or 0) != 0 or hasattr(config, "workerinput")
 
 
 def pytest_collection_modifyitems(config, items):
-    """The end-to-end suite (minutes, the real engine) runs after everything fast has passed, its
-    modules in E2E_ORDER."""
+    """The tests that boot simulated hosts form one group, its end-to-end modules in E2E_ORDER.
+    In one process the group runs after everything fast has passed; with workers (--dist loadgroup)
+    it comes first, so one worker starts on it at once while the other takes the fast tier."""
+    parallel = in_parallel(config)
 
     def key(item) -> tuple[int, int]:
-        if "/tests/e2e/" not in str(item.path).replace(os.sep, "/"):
-            return (0, 0)
+        if not on_cluster(item):
+            return (1 if parallel else 0, 0)
         stem = item.path.stem
-        return (1, E2E_ORDER.index(stem) if stem in E2E_ORDER else len(E2E_ORDER))
+        order = (*CLUSTER_MODULES, *E2E_ORDER)
+        return (0 if parallel else 1, order.index(stem) if stem in order else len(order))
 
     items.sort(key=key)
+    for item in items:
+        if on_cluster(item):
+            item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
+
+
+_NICED = {"done": False}
+
+
+def pytest_runtest_setup(item):
+    """A worker on the fast tier yields the CPU to the one driving the simulated hosts, whose waits are
+    bounded in wall-clock time (the SLA gate, boot and health deadlines): the fast tier takes what is left."""
+    if hasattr(item.config, "workerinput") and not on_cluster(item) and not _NICED["done"]:
+        os.nice(10)
+        _NICED["done"] = True
 
 
 _SESSION = {"id": "", "since": 0.0}
@@ -88,12 +117,19 @@ _SESSION = {"id": "", "since": 0.0}
 def pytest_sessionstart(session):
     # Every process the suite starts inherits this; the check below finds them by it. A new id per
     # session: a tool that forks pytest sessions (mutmut) must not see its siblings as leftovers.
+    # An xdist worker keeps its controller's: the controller checks once every worker is done.
+    if hasattr(session.config, "workerinput") and os.environ.get(proctree.SESSION_VAR):
+        _SESSION["id"] = os.environ[proctree.SESSION_VAR]
+        return
     _SESSION["id"] = proctree.new_session_id()
     os.environ[proctree.SESSION_VAR] = _SESSION["id"]
     _SESSION["since"] = time.time()
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workerinput"):
+        return  # the other worker's hosts may still be running: the controller checks at the end
     keep = proctree.ancestors(os.getpid())
     deadline = time.monotonic() + 15  # hosts halting and servers closing get a moment
     left = proctree.leftovers(_SESSION["id"], _SESSION["since"], keep)

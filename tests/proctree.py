@@ -102,11 +102,12 @@ def session_of(pid: int) -> str | None:
     return next((e[len(prefix):].decode() for e in env if e.startswith(prefix)), None)
 
 
-def owner(pid: int, table: dict[int, Proc]) -> str | None:
+def owner(pid: int, table: dict[int, Proc], keep: set[int] = frozenset()) -> str | None:
     """The session of pid or of its nearest ancestor that has one (a host's processes are started by
-    its own systemd, without the variable, but below the nspawn that the session started)."""
+    its own systemd, without the variable, but below the nspawn that the session started), not looking
+    past ``keep`` (pytest and its ancestors: an xdist worker was started with its controller's id)."""
     seen = set()
-    while pid in table and pid not in seen and pid > 1:
+    while pid in table and pid not in seen and pid > 1 and pid not in keep:
         seen.add(pid)
         s = session_of(pid)
         if s is not None:
@@ -158,7 +159,7 @@ def leftovers(session: str, since: float, keep: set[int]) -> list[Proc]:
     for p in table.values():
         if p.pid in keep or p.pid == os.getpid():
             continue
-        who = owner(p.pid, table)
+        who = owner(p.pid, table, keep)
         if who == session or (who is None and watched(p) and p.started >= since
                                  and not under_older(p.pid, table, since, keep) and not beside(p.pid, table, keep)):
             out.append(p)

@@ -85,6 +85,24 @@ def test_only_hosts_with_children_listen_and_each_peer_names_its_ancestors():
                    for s in hs.steps.values()), "no fan-out server outside the staging"
 
 
+def test_the_relay_stall_is_passed_only_when_the_stack_sets_it():
+    """model.relayStallSeconds reaches every staging host as --stall; unset, the command is as before
+    (weights.py's own 120 s), so a deployed stack's steps do not change."""
+    cfg = load_file(ROOT / "stacks" / "Pulumi.prod-b300.yaml").config
+    p = topology.plan(cfg)
+
+    def creates(c) -> list[str]:
+        return [s.create for h in p.hosts if h.provisioned for s in hostplan.weights_steps(c, p, h)
+                if s.name == "weights-stage"]
+
+    assert creates(cfg) and not any("--stall" in c for c in creates(cfg))
+    short = cfg.model_copy(update={"model": cfg.model.model_copy(update={"relay_stall_seconds": 30})})
+    assert all(c.endswith("--stall 30") or "--stall 30 " in c for c in creates(short))
+    for bad in (0, 4, 3601, "x"):
+        with pytest.raises(ValueError, match="relay_stall_seconds|relayStallSeconds"):
+            type(cfg.model).model_validate({**cfg.model.model_dump(), "relay_stall_seconds": bad})
+
+
 # --- real processes on loopback --------------------------------------------------------------------
 
 

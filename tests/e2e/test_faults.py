@@ -274,6 +274,9 @@ def test_ssh_cut_during_weights_staging_then_up_converges(stack):
     rev2 = "0000000000000000000000000000000000000003"
     make_revision(rev2)
     stack.config_set("glm-infra:model.revision", rev2)
+    # What the seed waits out once its child went silent (weights.py --stall, 120 s by default): the
+    # test's own setting, so the wait is 30 s; the behaviour is the same.
+    stack.config_set("glm-infra:model.relayStallSeconds", "30")
     throttle_model_source(40)  # the seed downloads for ~27 s: time to cut a peer's connection
     try:
         with up_in_background(keep_output=True) as running:
