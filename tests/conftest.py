@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import atexit
 import copy
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,7 +19,26 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import proctree  # noqa: E402
 
-STACKS = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in (ROOT / "stacks").glob("Pulumi.*.yaml"))
+
+
+def _stacks_snapshot() -> Path:
+    """The committed stack files as they were when the suite started. The end-to-end tests change
+    stacks/Pulumi.sim.yaml with `pulumi config set` (and put it back at the end of each module) while,
+    with two workers, the fast tier reads the stacks beside them: the fast tier reads this copy. Made once
+    by the first process (the controller), found by its workers through the environment."""
+    known = os.environ.get("GLM_INFRA_TEST_STACKS")
+    if known and Path(known).is_dir():
+        return Path(known)
+    snapshot = Path(tempfile.mkdtemp(prefix="glm-infra-stacks-"))
+    for f in (ROOT / "stacks").glob("Pulumi.*.yaml"):
+        shutil.copy2(f, snapshot / f.name)
+    os.environ["GLM_INFRA_TEST_STACKS"] = str(snapshot)
+    atexit.register(shutil.rmtree, snapshot, True)
+    return snapshot
+
+
+STACKS_DIR = _stacks_snapshot()
+STACKS = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in STACKS_DIR.glob("Pulumi.*.yaml"))
 PROD_STACKS = [s for s in STACKS if s != "sim"]
 
 
@@ -38,7 +60,8 @@ def wait_port(port: int) -> None:
 
 
 def stack_file(name: str) -> Path:
-    return ROOT / "stacks" / f"Pulumi.{name}.yaml"
+    """A committed stack's file, as it was when the suite started (STACKS_DIR)."""
+    return STACKS_DIR / f"Pulumi.{name}.yaml"
 
 
 def stack_config(name: str) -> dict:
@@ -72,8 +95,13 @@ CLUSTER_MODULES = ("test_sim_cluster",)
 CLUSTER_GROUP = "simulated-cluster"
 
 
+def on_cluster_path(path: str) -> bool:
+    path = path.replace(os.sep, "/")
+    return "tests/e2e/" in path or Path(path).stem in CLUSTER_MODULES
+
+
 def on_cluster(item) -> bool:
-    return "/tests/e2e/" in str(item.path).replace(os.sep, "/") or item.path.stem in CLUSTER_MODULES
+    return on_cluster_path(str(item.path))
 
 
 def in_parallel(config) -> bool:
@@ -82,9 +110,9 @@ def in_parallel(config) -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """The tests that boot simulated hosts form one group, its end-to-end modules in E2E_ORDER.
-    In one process the group runs after everything fast has passed; with workers (--dist loadgroup)
-    it comes first, so one worker starts on it at once while the other takes the fast tier."""
+    """The tests that boot simulated hosts, its end-to-end modules in E2E_ORDER: in one process after
+    everything fast has passed; with workers first, so that one worker starts on them at once (they are
+    one unit of work: scheduler_scope) while the other takes the fast tier."""
     parallel = in_parallel(config)
 
     def key(item) -> tuple[int, int]:
@@ -95,9 +123,25 @@ def pytest_collection_modifyitems(config, items):
         return (0 if parallel else 1, order.index(stem) if stem in order else len(order))
 
     items.sort(key=key)
-    for item in items:
-        if on_cluster(item):
-            item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
+
+
+def scheduler_scope(nodeid: str) -> str:
+    """The unit of work a test is sent to a worker in: every test that boots simulated hosts in one
+    (one worker, collection order), every other test alone (spread over both workers)."""
+    return CLUSTER_GROUP if on_cluster_path(nodeid.split("::", 1)[0]) else nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    # pytest-xdist's own grouping (--dist loadgroup, xdist_group marks) rewrites item._nodeid, which
+    # pytest 9 no longer reads (Node.nodeid comes from _id): the scopes are given here instead.
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ClusterAsOneUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scheduler_scope(nodeid)
+
+    return ClusterAsOneUnit(config, log)
 
 
 _NICED = {"done": False}

@@ -113,7 +113,7 @@ def test_stack_names_resolve_in_the_project_around_the_current_directory(tmp_pat
     (tmp_path / "deep").mkdir()
     monkeypatch.chdir(tmp_path / "deep")
     assert st.resolve_stack_file("own").resolve() == (tmp_path / "stacks" / "Pulumi.own.yaml")
-    assert st.resolve_stack_file("prod-b300").resolve() == stack_file("prod-b300"), "then this source tree's"
+    assert st.resolve_stack_file("prod-b300").resolve() == ROOT / "stacks" / "Pulumi.prod-b300.yaml", "then this source tree's"
     assert st.resolve_stack_file("x.yaml") == Path("x.yaml") and st.resolve_stack_file("a/b") == Path("a/b")
     assert st.resolve_stack_file("nope") == tmp_path / "stacks" / "Pulumi.nope.yaml", "missing: named in the project"
     monkeypatch.chdir(ROOT)

@@ -1,5 +1,6 @@
-"""How the suite schedules itself (tests/conftest.py): what boots simulated hosts is one xdist group,
-first with workers (one worker starts on it at once) and last in one process (the fast tier first)."""
+"""How the suite schedules itself (tests/conftest.py): what boots simulated hosts is one unit of work
+for pytest-xdist, first with workers (one worker starts on it at once) and last in one process (the
+fast tier first)."""
 
 from __future__ import annotations
 
@@ -30,10 +31,6 @@ def ordered(**option) -> list[Item]:
     return items
 
 
-def groups(items: list[Item]) -> dict[str, list[str]]:
-    return {i.rel: [m.args[0] for m in i.marks if m.name == "xdist_group"] for i in items}
-
-
 def test_one_process_runs_the_fast_tier_first_then_the_cluster_in_order():
     items = ordered(numprocesses=None)
     assert [i.rel for i in items] == ["tests/test_render.py", "tests/test_hostcheck.py", "tests/test_sim_cluster.py",
@@ -41,14 +38,45 @@ def test_one_process_runs_the_fast_tier_first_then_the_cluster_in_order():
                                       "tests/e2e/test_faults.py", "tests/e2e/test_rolling.py"]
 
 
-def test_workers_get_the_cluster_first_as_one_group_and_the_fast_tier_loose():
+def test_workers_get_the_cluster_first_as_one_unit_and_the_fast_tier_loose():
     items = ordered(numprocesses=2)
     assert [i.rel for i in items][:5] == ["tests/test_sim_cluster.py", "tests/e2e/test_sim_e2e.py",
                                           "tests/e2e/test_operations.py", "tests/e2e/test_faults.py",
                                           "tests/e2e/test_rolling.py"]
-    g = groups(items)
-    assert {k for k, v in g.items() if v == ["simulated-cluster"]} == {f for f in FILES if "e2e" in f or "sim_cluster" in f}
-    assert g["tests/test_render.py"] == g["tests/test_hostcheck.py"] == [], "the fast tier spreads over both workers"
+    scopes = {f: conftest.scheduler_scope(f"{f}::test_x") for f in FILES}
+    assert {f for f, s in scopes.items() if s == "simulated-cluster"} == {f for f in FILES if "e2e" in f or "sim_cluster" in f}
+    assert scopes["tests/test_render.py"] == "tests/test_render.py::test_x", "the fast tier spreads over both workers"
+    assert conftest.scheduler_scope("tests/test_render.py::test_y[sim]") != conftest.scheduler_scope("tests/test_render.py::test_x")
+
+
+def test_the_scheduler_sends_the_cluster_to_one_worker_in_order(tmp_path):
+    """Through pytest-xdist itself: a copy of the suite's scheduling hooks, three 'cluster' tests that
+    record their worker, two fast ones."""
+    import subprocess
+    import sys
+
+    (tmp_path / "tests" / "e2e").mkdir(parents=True)
+    hooks = (ROOT / "tests" / "conftest.py").read_text()
+    (tmp_path / "tests" / "conftest.py").write_text(hooks)
+    (tmp_path / "tests" / "proctree.py").write_text((ROOT / "tests" / "proctree.py").read_text())
+    (tmp_path / "stacks").mkdir()
+    record = ("import os\n\ndef _seen(name):\n    with open(os.environ['ORDER_LOG'], 'a') as f:\n"
+              "        f.write(f\"{name} {os.environ['PYTEST_XDIST_WORKER']}\\n\")\n\n")
+    for module in ("test_sim_e2e", "test_operations"):
+        (tmp_path / "tests" / "e2e" / f"{module}.py").write_text(
+            record + "".join(f"def test_{module}_{n}():\n    _seen('{module}_{n}')\n\n" for n in (1, 2)))
+    (tmp_path / "tests" / "test_fast.py").write_text(
+        record + "".join(f"def test_fast_{n}():\n    _seen('fast_{n}')\n\n" for n in range(6)))
+    log = tmp_path / "order.log"
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "load",
+                        "--no-loadscope-reorder", "tests"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, "ORDER_LOG": str(log)})
+    assert p.returncode == 0, p.stdout + p.stderr
+    seen = [line.split() for line in log.read_text().splitlines()]
+    cluster = [(n, w) for n, w in seen if not n.startswith("fast")]
+    assert [n for n, _ in cluster] == ["test_sim_e2e_1", "test_sim_e2e_2", "test_operations_1", "test_operations_2"]
+    assert len({w for _, w in cluster}) == 1, f"one worker drives the cluster: {seen}"
+    assert {w for n, w in seen if n.startswith("fast")} - {w for _, w in cluster}, "the other worker takes the fast tier"
 
 
 def test_every_end_to_end_module_has_its_place():
