@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import atexit
 import copy
+import ctypes
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -20,25 +22,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import proctree  # noqa: E402
 
 
-
-def _stacks_snapshot() -> Path:
-    """The committed stack files as they were when the suite started. The end-to-end tests change
-    stacks/Pulumi.sim.yaml with `pulumi config set` (and put it back at the end of each module) while,
-    with two workers, the fast tier reads the stacks beside them: the fast tier reads this copy. Made once
-    by the first process (the controller), found by its workers through the environment."""
-    known = os.environ.get("GLM_INFRA_TEST_STACKS")
-    if known and Path(known).is_dir():
-        return Path(known)
-    snapshot = Path(tempfile.mkdtemp(prefix="glm-infra-stacks-"))
-    for f in (ROOT / "stacks").glob("Pulumi.*.yaml"):
-        shutil.copy2(f, snapshot / f.name)
-    os.environ["GLM_INFRA_TEST_STACKS"] = str(snapshot)
-    atexit.register(shutil.rmtree, snapshot, True)
-    return snapshot
-
-
-STACKS_DIR = _stacks_snapshot()
-STACKS = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in STACKS_DIR.glob("Pulumi.*.yaml"))
+STACKS = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in (ROOT / "stacks").glob("Pulumi.*.yaml"))
 PROD_STACKS = [s for s in STACKS if s != "sim"]
 
 
@@ -60,8 +44,7 @@ def wait_port(port: int) -> None:
 
 
 def stack_file(name: str) -> Path:
-    """A committed stack's file, as it was when the suite started (STACKS_DIR)."""
-    return STACKS_DIR / f"Pulumi.{name}.yaml"
+    return ROOT / "stacks" / f"Pulumi.{name}.yaml"
 
 
 def stack_config(name: str) -> dict:
@@ -144,15 +127,38 @@ def pytest_xdist_make_scheduler(config, log):
     return ClusterAsOneUnit(config, log)
 
 
-_NICED = {"done": False}
+def private_stacks() -> Path:
+    """From now on this process (its main thread) and what it starts see a copy of stacks/ in a mount
+    namespace of their own: the end-to-end tests change stacks/Pulumi.sim.yaml (`pulumi config set`, put
+    back at the end of each module) while, with two workers, the fast tier beside them reads the
+    committed stack files, by name too (`glm-infra plan sim`). Returns the copy."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS): the suite runs as root")
+    subprocess.run(["mount", "--make-rprivate", "/"], check=True)  # nothing mounted here reaches the machine
+    copy = Path(tempfile.mkdtemp(prefix="glm-infra-e2e-stacks-"))
+    shutil.copytree(ROOT / "stacks", copy, dirs_exist_ok=True)
+    subprocess.run(["mount", "--bind", str(copy), str(ROOT / "stacks")], check=True)
+    atexit.register(shutil.rmtree, copy, True)
+    return copy
 
 
+_WORKER = {"niced": False, "private": False}
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    """A worker on the fast tier yields the CPU to the one driving the simulated hosts, whose waits are
-    bounded in wall-clock time (the SLA gate, boot and health deadlines): the fast tier takes what is left."""
-    if hasattr(item.config, "workerinput") and not on_cluster(item) and not _NICED["done"]:
+    """With workers: the one driving the simulated hosts writes its stack files in private; one on the
+    fast tier yields the CPU to it (its waits are bounded in wall-clock time: the SLA gate, boot and
+    health deadlines), so the fast tier takes what is left."""
+    if not hasattr(item.config, "workerinput"):
+        return
+    if on_cluster(item) and not _WORKER["private"]:
+        private_stacks()
+        _WORKER["private"] = True
+    elif not on_cluster(item) and not _WORKER["niced"]:
         os.nice(10)
-        _NICED["done"] = True
+        _WORKER["niced"] = True
 
 
 _SESSION = {"id": "", "since": 0.0}

@@ -84,3 +84,23 @@ def test_every_end_to_end_module_has_its_place():
     modules = {p.stem for p in (ROOT / "tests" / "e2e").glob("test_*.py")}
     assert modules == set(conftest.E2E_ORDER)
     assert all(Path(ROOT / "tests" / f"{m}.py").exists() for m in conftest.CLUSTER_MODULES)
+
+
+def test_the_cluster_worker_writes_its_stack_files_in_private():
+    """What the worker driving the simulated hosts writes to stacks/ (pulumi config set) stays in its
+    own mount namespace: the committed file, which the fast tier reads beside it, does not change."""
+    import subprocess
+    import sys
+
+    sim = ROOT / "stacks" / "Pulumi.sim.yaml"
+    before = sim.read_bytes()
+    code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; import conftest; conftest.private_stacks(); "
+            "from pathlib import Path; p = Path(sys.argv[3]); p.write_text(p.read_text() + '# changed in private\\n'); "
+            "print(p.read_text().splitlines()[-1])")
+    p = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests"), str(ROOT), str(sim)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "# changed in private", "the worker sees its own change"
+    assert sim.read_bytes() == before, "the committed file is as it was"
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert str(ROOT / "stacks") not in mounts, "nothing was mounted in the machine's namespace"
