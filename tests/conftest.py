@@ -21,7 +21,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import proctree  # noqa: E402
 
-
 STACKS = sorted(p.name[len("Pulumi.") : -len(".yaml")] for p in (ROOT / "stacks").glob("Pulumi.*.yaml"))
 PROD_STACKS = [s for s in STACKS if s != "sim"]
 
@@ -76,6 +75,7 @@ E2E_ORDER = ("test_sim_e2e", "test_operations", "test_faults", "test_team_state"
 # What boots simulated hosts (one cluster on br-glmsim at a time): one worker runs all of it, in order.
 CLUSTER_MODULES = ("test_sim_cluster",)
 CLUSTER_GROUP = "simulated-cluster"
+CLUSTER_ORDER = (*CLUSTER_MODULES, *E2E_ORDER)
 
 
 def on_cluster_path(path: str) -> bool:
@@ -102,8 +102,7 @@ def pytest_collection_modifyitems(config, items):
         if not on_cluster(item):
             return (1 if parallel else 0, 0)
         stem = item.path.stem
-        order = (*CLUSTER_MODULES, *E2E_ORDER)
-        return (0 if parallel else 1, order.index(stem) if stem in order else len(order))
+        return (0 if parallel else 1, CLUSTER_ORDER.index(stem) if stem in CLUSTER_ORDER else len(CLUSTER_ORDER))
 
     items.sort(key=key)
 
@@ -153,10 +152,11 @@ def pytest_runtest_setup(item):
     health deadlines), so the fast tier takes what is left."""
     if not hasattr(item.config, "workerinput"):
         return
-    if on_cluster(item) and not _WORKER["private"]:
+    cluster = on_cluster(item)
+    if cluster and not _WORKER["private"]:
         private_stacks()
         _WORKER["private"] = True
-    elif not on_cluster(item) and not _WORKER["niced"]:
+    elif not cluster and not _WORKER["niced"]:
         os.nice(10)
         _WORKER["niced"] = True
 
