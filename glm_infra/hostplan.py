@@ -351,8 +351,8 @@ def step_text(index: int, host: str, step: Step) -> str:
     lines += ["# create:", step.create]
     if step.update is not None and step.update != step.create:
         lines += ["# update:", step.update]
-    if step.delete is not None:
-        lines += ["# delete:", step.delete]
+    if step.delete_command is not None:
+        lines += ["# delete:", step.delete_command]
     if step.check is not None:
         lines += ["# check:", step.check]
     return "\n".join(lines) + "\n"

@@ -107,9 +107,10 @@ class StepText:
     local: bool
 
     def inputs(self) -> dict[str, object]:
-        """What the engine compares: a change of any re-runs the step (check, timeout, retention and
-        its position do not)."""
-        return {"command": self.create, "update command": self.update, "delete command": self.delete,
+        """What the engine compares: a change of any re-runs the step (check, timeout, retention, its
+        position and its delete command do not: a deployed step keeps the delete it was created with,
+        see components/remote_step.run_step)."""
+        return {"command": self.create, "update command": self.update,
                 "stdin": self.stdin, "triggers": self.triggers, "where it runs": self.local}
 
     @property

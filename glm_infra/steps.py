@@ -67,8 +67,9 @@ class Step:
     """One named operation on one host.
 
     ``create`` runs on create; ``update`` (default: ``create`` again) on every input change; both
-    read ``stdin``. ``delete`` runs on destroy (it receives no stdin). ``triggers`` are values known
-    when planning whose change runs ``update``; components add the outputs of other steps.
+    read ``stdin``. ``delete`` runs on destroy; pulumi-command sends it ``stdin`` too, so what runs is
+    ``delete_command``, which reads it first. ``triggers`` are values known when planning whose change
+    runs ``update``; components add the outputs of other steps.
     """
 
     name: str
@@ -87,6 +88,21 @@ class Step:
     # A read-only command that succeeds only if what the step made is still in place (glm-infra
     # doctor runs it, beside a check of every file in ``files``).
     check: str | None = None
+
+    @property
+    def delete_command(self) -> str | None:
+        """``delete`` as it runs on the host: after reading all of ``stdin`` when the step has one.
+        pulumi-command writes a step's stdin to its delete as well, and a command that exits before
+        the whole of it is written (``rm -f``) fails the delete with "EOF" although it ran
+        (pulumi/pulumi-command#553): a race its SSH client loses under load. A local step has no
+        such race (Go's os/exec ignores a pipe the command closed)."""
+        if self.delete is None or self.stdin is None or self.local:
+            return self.delete
+        return f"{DRAIN_STDIN}{self.delete}"
+
+
+# Reads a step's stdin to its end (see Step.delete_command).
+DRAIN_STDIN = "cat >/dev/null; "
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ class Registered:
     custom_timeouts: dict = field(default_factory=dict)  # {"create": "5m", "update": "5m"} as sent
     outputs: dict = field(default_factory=dict)  # what the mocks answered (the engine marks secret the
     # outputs whose input was secret and those in additional_secret_outputs)
+    ignore_changes: list[str] = field(default_factory=list)
 
 
 class _Mocks(pulumi.runtime.Mocks):
@@ -86,7 +87,7 @@ class RecordingMonitor(pmocks.MockMonitor):
                 Registered(request.type, request.name, resp.urn, request.parent, list(request.dependencies), inputs,
                            secret, bool(request.retainOnDelete), raw, list(request.additionalSecretOutputs),
                            {k: v for k, v in MessageToDict(request.customTimeouts).items() if v},
-                           MessageToDict(resp.object))
+                           MessageToDict(resp.object), list(request.ignoreChanges))
             )
         return resp
 

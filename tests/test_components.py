@@ -212,7 +212,12 @@ def test_a_step_reaches_the_provider_as_planned():
     run, _ = run_callable(program)
     plain, secret, updating, waits = (run.get(n) for n in ("plain", "secret", "updating", "waits"))
     assert (plain.type, plain.inputs["create"], plain.inputs["update"], plain.inputs["delete"], plain.inputs["stdin"]) == (
-        "command:remote:Command", "echo create", "echo create", "echo delete", "the script")
+        "command:remote:Command", "echo create", "echo create", "cat >/dev/null; echo delete", "the script")
+    # A remote delete reads its stdin first (the provider writes it there too); one without stdin and a
+    # local one run as written. A deployed step keeps the delete it was created with.
+    assert secret.inputs["delete"] == "cat >/dev/null; rm f" and updating.inputs["delete"] == "echo d"
+    assert plain.ignore_changes == secret.ignore_changes == updating.ignore_changes == ["delete"]
+    assert waits.ignore_changes == []
     assert plain.inputs["logging"] == "stdoutAndStderr" and plain.inputs["addPreviousOutputInEnv"] is False
     assert "stdin" not in plain.secret_inputs and "stdin" not in plain.additional_secret_outputs
     assert plain.custom_timeouts == {"create": "5m", "update": "5m"} and secret.custom_timeouts == {}

@@ -73,8 +73,8 @@ def test_every_step_of_a_fleet_host_is_accepted_and_answered_as_the_program_need
             assert _last_json(r.stdout) == {} and r.stdout == "{}\n", name
         else:
             assert r.stdout == "", (name, r.stdout)
-        if step.delete is not None:
-            d = standin(step.delete)
+        if step.delete_command is not None:
+            d = standin(step.delete_command, step.stdin or "")
             assert (d.returncode, d.stdout) == (0, ""), name
     # What the wait step does with that answer: returns at once, contacting nothing.
     w = subprocess.run(["bash", "-s"], input=wait.stdin, capture_output=True, text=True, timeout=10,

@@ -95,3 +95,48 @@ def test_every_resource_sends_what_the_render_shows(stack, key_file, tmp_path, c
         assert not missing and not extra, (host, list(missing)[:2], list(extra)[:2])
     assert sum(sum(c.values()) for c in shown.values()) == len(
         [r for r in run.resources if r.type.startswith("command:") and r.name != "glm-trigger-key"])
+
+
+def _write_stdin(command: str, data: bytes) -> BaseException | None:
+    """Run ``command`` under bash as sshd would, writing ``data`` to its stdin the way the provider's
+    SSH client does (all of it, then close); what the write met, if anything."""
+    import subprocess
+
+    p = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    try:
+        p.stdin.write(data)
+        p.stdin.close()
+        return None
+    except BrokenPipeError as e:  # the command exited before reading it: the client's EOF
+        return e
+    finally:
+        p.wait(timeout=30)
+
+
+@pytest.mark.parametrize("name", STACKS)
+def test_every_remote_delete_with_stdin_reads_all_of_it_first(name):
+    """pulumi-command writes a step's stdin to its delete as well; a delete that exits before the whole
+    of it is written (``rm -f``) fails the destroy with "EOF" although it ran (pulumi-command#553, seen
+    here on the simulated hosts under load). Every remote delete that is sent stdin reads it to its end
+    before it does anything else, which ends the race; the others run as written."""
+    from glm_infra.steps import DRAIN_STDIN
+    from glm_infra.topology import plan
+
+    stack = load_file(stack_file(name)).config
+    plans = hostplan.plan_all(stack, plan(stack), stack_name=name)
+    sent = 0
+    for host, hp in plans.items():
+        for step in hp.steps.values():
+            if step.delete is None:
+                continue
+            if step.stdin is not None and not step.local:
+                assert step.delete_command == DRAIN_STDIN + step.delete, (host, step.name)
+                sent += 1
+            else:
+                assert step.delete_command == step.delete, (host, step.name)
+    assert sent > 0
+    # More than a pipe holds, as a script or a unit file may be: the drain takes it all and the
+    # delete still runs; without it the writer meets a closed pipe.
+    big = b"x" * (4 << 20)
+    assert _write_stdin(DRAIN_STDIN + "exit 0", big) is None
+    assert isinstance(_write_stdin("exit 0", big), BrokenPipeError)

@@ -108,12 +108,16 @@ def run_step(
     if step.local:
         return local.Command(name, create=create, update=update, delete=field("delete"), stdin=data,
                              environment=environment, add_previous_output_in_env=False, opts=opts)
+    # A step keeps the delete command it was created with: the provider runs a step's update (or
+    # create) when its delete alone changes, and on a deployed cluster that would re-run every step
+    # (host-drain's update drains its host). A delete fixed later reaches the steps created after it.
+    opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(ignore_changes=["delete"]))
     return remote.Command(
         name,
         connection=connection,
         create=create,
         update=update,
-        delete=field("delete"),
+        delete=field("delete_command"),
         stdin=data,
         add_previous_output_in_env=False,
         logging=remote.Logging.NONE if step.secret else remote.Logging.STDOUT_AND_STDERR,

@@ -1,7 +1,8 @@
 """Faults operators meet most, on the simulated cluster through the real engine, each ending in a
 converged cluster with no manual step (`glm-infra doctor` finds no drift, `preview` no change):
 a half-failed first `up` then `destroy` twice; a host unreachable during `up`; a vLLM instance
-killed; a host rebooted, healthy or not; the SSH connection cut in the middle of weights staging.
+killed; a host rebooted, healthy or not; the SSH connection cut in the middle of weights staging;
+a delete sent more stdin than it reads (the command provider's EOF).
 After the failed `up`, the whole `up` with its `preview`, and `destroy`, no secret value (the API
 key, the webhook URL, the SSH private key) is anywhere: state, pulumi's output, journals, units,
 process arguments, the rendered tree.
@@ -307,3 +308,45 @@ def test_destroy_leaves_clean_hosts_and_no_secret(stack, tmp_path):
         assert_clean(h)
     assert_no_secret_anywhere("destroy", tmp_path)
     print("\nrecovery figures: " + json.dumps(RECOVERY))
+
+
+STDIN_PROGRAM = '''\
+"""One file step with a large stdin on sim-1, deployed and destroyed through the real command provider."""
+import os
+
+import pulumi
+from pulumi_command import remote
+
+from glm_infra.components.remote_step import run_step
+from glm_infra.steps import file_step
+
+key = open(os.environ["GLM_TEST_SSH_KEY"]).read()
+conn = remote.ConnectionArgs(host="10.88.0.11", user="root", private_key=pulumi.Output.secret(key))
+parent = pulumi.ComponentResource("glm-test:index:Big", "big")
+run_step("big-file", file_step("big-file", "/var/tmp/glm-infra-big-stdin", "x" * (6 << 20)), conn, parent)
+'''
+
+
+def test_a_delete_sent_a_large_stdin_destroys_cleanly(toolchain, sim, tmp_path):
+    """pulumi-command writes a step's stdin to its delete as well: 6 MiB, more than sshd's channel
+    window and a pipe hold, so a delete that reads none of it (``rm -f``) exits before the client has
+    written it and the provider reports "EOF" although the delete ran (pulumi-command#553; under load
+    the race hit small stdins too). The delete glm-infra sends reads it first: destroy succeeds."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "Pulumi.yaml").write_text(
+        f"name: glm-stdin-delete\nruntime:\n  name: python\n  options:\n    virtualenv: {ROOT / 'venv'}\n")
+    (project / "__main__.py").write_text(STDIN_PROGRAM)
+    (tmp_path / "state").mkdir()
+    key = Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache/glm-infra")) / "sim/ssh/id_ed25519"
+    env = {"PULUMI_BACKEND_URL": f"file://{tmp_path / 'state'}", "GLM_TEST_SSH_KEY": str(key)}
+    sh(f"cd {project} && pulumi stack init t --secrets-provider passphrase", env=env)
+    try:
+        sh(f"cd {project} && pulumi up -s t --yes --skip-preview --non-interactive", env=env)
+        assert on_host("sim-1", "stat -c %s /var/tmp/glm-infra-big-stdin").strip() == str(6 << 20)
+        out = sh(f"cd {project} && pulumi destroy -s t --yes --skip-preview --non-interactive", env=env, check=False)
+        assert out.returncode == 0 and "EOF" not in out.stdout, out.stdout[-3000:]
+        assert on_host("sim-1", "ls /var/tmp/glm-infra-big-stdin 2>/dev/null || echo gone").strip() == "gone"
+    finally:
+        sh(f"cd {project} && pulumi destroy -s t --yes --skip-preview --non-interactive", env=env, check=False)
+        on_host("sim-1", "rm -f /var/tmp/glm-infra-big-stdin", check=False)
