@@ -23,6 +23,9 @@ from . import paths
 # restart) from "re-run because a trigger changed".
 TRIGGERS_TOKEN = "@glm-infra-triggers@"
 
+# Reads a step's stdin to its end (see Step.delete_command).
+DRAIN_STDIN = "cat >/dev/null; "
+
 
 def digest(*parts: str) -> str:
     """A short digest of public values (not of a secret: anyone can compute it from a guess)."""
@@ -99,10 +102,6 @@ class Step:
         if self.delete is None or self.stdin is None or self.local:
             return self.delete
         return f"{DRAIN_STDIN}{self.delete}"
-
-
-# Reads a step's stdin to its end (see Step.delete_command).
-DRAIN_STDIN = "cat >/dev/null; "
 
 
 @dataclass(frozen=True)

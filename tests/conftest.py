@@ -135,11 +135,11 @@ def private_stacks() -> Path:
     if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS): the suite runs as root")
     subprocess.run(["mount", "--make-rprivate", "/"], check=True)  # nothing mounted here reaches the machine
-    copy = Path(tempfile.mkdtemp(prefix="glm-infra-e2e-stacks-"))
-    shutil.copytree(ROOT / "stacks", copy, dirs_exist_ok=True)
-    subprocess.run(["mount", "--bind", str(copy), str(ROOT / "stacks")], check=True)
-    atexit.register(shutil.rmtree, copy, True)
-    return copy
+    private = Path(tempfile.mkdtemp(prefix="glm-infra-e2e-stacks-"))
+    shutil.copytree(ROOT / "stacks", private, dirs_exist_ok=True)
+    subprocess.run(["mount", "--bind", str(private), str(ROOT / "stacks")], check=True)
+    atexit.register(shutil.rmtree, private, True)
+    return private
 
 
 _WORKER = {"niced": False, "private": False}

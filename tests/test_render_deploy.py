@@ -4,6 +4,7 @@ every resource sends (the Pulumi program under mocks) equal the rendered tree, b
 from __future__ import annotations
 
 import re
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from glm_infra import hostplan, render
 from glm_infra.cli import main as cli
 from glm_infra import validate
 from glm_infra.stack import load_file
-from glm_infra.steps import TRIGGERS_TOKEN
+from glm_infra.steps import DRAIN_STDIN, TRIGGERS_TOKEN
+from glm_infra.topology import plan
 from pulumi_harness import run_program
 
 TRIGGERS = re.compile(r"^: glm-infra-triggers=([0-9a-f]{16}); ")
@@ -100,8 +102,6 @@ def test_every_resource_sends_what_the_render_shows(stack, key_file, tmp_path, c
 def _write_stdin(command: str, data: bytes) -> BaseException | None:
     """Run ``command`` under bash as sshd would, writing ``data`` to its stdin the way the provider's
     SSH client does (all of it, then close); what the write met, if anything."""
-    import subprocess
-
     p = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     try:
         p.stdin.write(data)
@@ -119,9 +119,6 @@ def test_every_remote_delete_with_stdin_reads_all_of_it_first(name):
     of it is written (``rm -f``) fails the destroy with "EOF" although it ran (pulumi-command#553, seen
     here on the simulated hosts under load). Every remote delete that is sent stdin reads it to its end
     before it does anything else, which ends the race; the others run as written."""
-    from glm_infra.steps import DRAIN_STDIN
-    from glm_infra.topology import plan
-
     stack = load_file(stack_file(name)).config
     plans = hostplan.plan_all(stack, plan(stack), stack_name=name)
     sent = 0

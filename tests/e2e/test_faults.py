@@ -338,8 +338,9 @@ def test_a_delete_sent_a_large_stdin_destroys_cleanly(toolchain, sim, tmp_path):
         f"name: glm-stdin-delete\nruntime:\n  name: python\n  options:\n    virtualenv: {ROOT / 'venv'}\n")
     (project / "__main__.py").write_text(STDIN_PROGRAM)
     (tmp_path / "state").mkdir()
-    key = Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache/glm-infra")) / "sim/ssh/id_ed25519"
-    env = {"PULUMI_BACKEND_URL": f"file://{tmp_path / 'state'}", "GLM_TEST_SSH_KEY": str(key)}
+    # The key the sim stack deploys with.
+    key = yaml.safe_load(SIM_STACK.read_text())["config"]["glm-infra:ssh"]["privateKeyPath"]
+    env = {"PULUMI_BACKEND_URL": f"file://{tmp_path / 'state'}", "GLM_TEST_SSH_KEY": os.path.expanduser(key)}
     sh(f"cd {project} && pulumi stack init t --secrets-provider passphrase", env=env)
     try:
         sh(f"cd {project} && pulumi up -s t --yes --skip-preview --non-interactive", env=env)
