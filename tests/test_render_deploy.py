@@ -137,3 +137,6 @@ def test_every_remote_delete_with_stdin_reads_all_of_it_first(name):
     big = b"x" * (4 << 20)
     assert _write_stdin(DRAIN_STDIN + "exit 0", big) is None
     assert isinstance(_write_stdin("exit 0", big), BrokenPipeError)
+    # An empty stdin (the provider then writes none and closes it at once): the drain returns, it
+    # does not wait (a hang would raise TimeoutExpired in _write_stdin).
+    assert _write_stdin(DRAIN_STDIN + "exit 0", b"") is None
