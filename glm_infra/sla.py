@@ -16,6 +16,7 @@ line; AIPerf reads it from its own environment.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -61,9 +62,17 @@ def client_env() -> Path:
     python = env / "bin" / "python"
     if (env / ".complete").is_file():
         return python
+    env.parent.mkdir(parents=True, exist_ok=True)
+    with open(env.parent / ".lock", "w") as held:  # two gates at once: the second waits, then uses it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if (env / ".complete").is_file():
+            return python
+        return _make_client_env(env, python, lock)
+
+
+def _make_client_env(env: Path, python: Path, lock: bytes) -> Path:
     say(f"SLA client: installing NVIDIA AIPerf into {env} (once; a few hundred MB)")
     shutil.rmtree(env, ignore_errors=True)
-    env.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
     uv = shutil.which("uv")
     cmd = ([uv, "pip", "install", "--quiet", "--python", str(python)] if uv else

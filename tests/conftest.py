@@ -71,11 +71,17 @@ def write_stack(tmp_path):
 # --- the whole suite: end-to-end tests last, and nothing it started outlives it -------------------
 
 
-E2E_ORDER = ("test_sim_e2e", "test_operations", "test_faults", "test_team_state", "test_examples", "test_rolling")  # each module leaves the hosts for the next
-# What boots simulated hosts (one cluster on br-glmsim at a time): one worker runs all of it, in order.
-CLUSTER_MODULES = ("test_sim_cluster",)
+# What boots simulated hosts runs in two lanes, each a unit of work on a worker of its own with a
+# cluster of its own (private_cluster): the modules of a lane in this order, each leaving its lane's
+# hosts as destroy leaves them for the next. The lanes are balanced by their measured time.
+CLUSTER_LANES = {
+    "a": ("test_sim_cluster", "test_sim_e2e", "test_team_state", "test_examples"),
+    "b": ("test_operations", "test_faults", "test_rolling"),
+}
+CLUSTER_MODULES = ("test_sim_cluster",)  # outside tests/e2e
 CLUSTER_GROUP = "simulated-cluster"
-CLUSTER_ORDER = (*CLUSTER_MODULES, *E2E_ORDER)
+CLUSTER_ORDER = tuple(m for lane in CLUSTER_LANES.values() for m in lane)  # in one process: lane after lane
+E2E_ORDER = tuple(m for m in CLUSTER_ORDER if m not in CLUSTER_MODULES)
 
 
 def on_cluster_path(path: str) -> bool:
@@ -87,15 +93,20 @@ def on_cluster(item) -> bool:
     return on_cluster_path(str(item.path))
 
 
+def lane_of(path: str) -> str:
+    stem = Path(path).stem
+    return next((lane for lane, modules in CLUSTER_LANES.items() if stem in modules), next(iter(CLUSTER_LANES)))
+
+
 def in_parallel(config) -> bool:
-    """Run by pytest-xdist workers (scripts/test's -n 2), not in one process."""
+    """Run by pytest-xdist workers (scripts/test's -n 3), not in one process."""
     return (getattr(config.option, "numprocesses", None) or 0) != 0 or hasattr(config, "workerinput")
 
 
 def pytest_collection_modifyitems(config, items):
-    """The tests that boot simulated hosts, its end-to-end modules in E2E_ORDER: in one process after
-    everything fast has passed; with workers first, so that one worker starts on them at once (they are
-    one unit of work: scheduler_scope) while the other takes the fast tier."""
+    """The tests that boot simulated hosts, in CLUSTER_ORDER: in one process after everything fast has
+    passed; with workers first, so that a worker starts on each lane at once (a lane is one unit of
+    work: scheduler_scope) while another takes the fast tier."""
     parallel = in_parallel(config)
 
     def key(item) -> tuple[int, int]:
@@ -108,9 +119,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 def scheduler_scope(nodeid: str) -> str:
-    """The unit of work a test is sent to a worker in: every test that boots simulated hosts in one
-    (one worker, collection order), every other test alone (spread over both workers)."""
-    return CLUSTER_GROUP if on_cluster_path(nodeid.split("::", 1)[0]) else nodeid
+    """The unit of work a test is sent to a worker in: each lane of the tests that boot simulated hosts
+    in one (one worker, collection order), every other test alone (spread over the workers)."""
+    path = nodeid.split("::", 1)[0]
+    return f"{CLUSTER_GROUP}-{lane_of(path)}" if on_cluster_path(path) else nodeid
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -119,44 +131,77 @@ def pytest_xdist_make_scheduler(config, log):
     # pytest 9 no longer reads (Node.nodeid comes from _id): the scopes are given here instead.
     from xdist.scheduler import LoadScopeScheduling
 
-    class ClusterAsOneUnit(LoadScopeScheduling):
+    class LanesAsUnits(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return scheduler_scope(nodeid)
 
-    return ClusterAsOneUnit(config, log)
+        def _reschedule(self, node) -> None:
+            # A worker still driving its lane's hosts takes nothing else: a fast test would nice it
+            # (pytest_runtest_setup) and the lane's wall-clock bounds (SLA gate, boot) with it.
+            pending = (n for scope, unit in self.assigned_work.get(node, {}).items()
+                       if scope.startswith(CLUSTER_GROUP) for n, done in unit.items() if not done)
+            if any(True for _ in pending):
+                return
+            super()._reschedule(node)
+
+    return LanesAsUnits(config, log)
 
 
 def private_stacks() -> Path:
     """From now on this process (its main thread) and what it starts see a copy of stacks/ in a mount
     namespace of their own: the end-to-end tests change stacks/Pulumi.sim.yaml (`pulumi config set`, put
-    back at the end of each module) while, with two workers, the fast tier beside them reads the
+    back at the end of each module) while, with workers, the fast tier beside them reads the
     committed stack files, by name too (`glm-infra plan sim`). Returns the copy."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS): the suite runs as root")
     subprocess.run(["mount", "--make-rprivate", "/"], check=True)  # nothing mounted here reaches the machine
-    private = Path(tempfile.mkdtemp(prefix="glm-infra-e2e-stacks-"))
+    private = _private_dir("stacks")
     shutil.copytree(ROOT / "stacks", private, dirs_exist_ok=True)
     subprocess.run(["mount", "--bind", str(private), str(ROOT / "stacks")], check=True)
-    atexit.register(shutil.rmtree, private, True)
     return private
 
 
-_WORKER = {"niced": False, "private": False}
+def private_cluster(lane: str) -> None:
+    """This worker's own simulated cluster, beside another worker's: from now on this process (its main
+    thread) and what it starts have a network namespace of their own (the sim stack's bridge and
+    addresses, loopback ports), the cluster's run folder (GLM_SIM_RUN), and, in the mount namespace of
+    private_stacks, their own file backend (.pulumi-state) and nspawn folder. The machine's cache
+    (image, stand-ins, toolchain) stays shared: scripts/sim builds it under a lock."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(0x40000000) != 0:  # CLONE_NEWNET
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET): the suite runs as root")
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    state = ROOT / ".pulumi-state"
+    state.mkdir(exist_ok=True)
+    subprocess.run(["mount", "--bind", str(_private_dir("pulumi-state")), str(state)], check=True)
+    Path("/run/systemd/nspawn").mkdir(parents=True, exist_ok=True)  # nspawn keeps a folder per host name here
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", "/run/systemd/nspawn"], check=True)
+    os.environ["GLM_SIM_RUN"] = f"/run/glm-infra-sim-lane-{lane}"
+
+
+def _private_dir(what: str) -> Path:
+    d = Path(tempfile.mkdtemp(prefix=f"glm-infra-e2e-{what}-"))
+    atexit.register(shutil.rmtree, d, True)
+    return d
+
+
+_WORKER = {"niced": False, "lane": ""}
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    """With workers: the one driving the simulated hosts writes its stack files in private; one on the
-    fast tier yields the CPU to it (its waits are bounded in wall-clock time: the SLA gate, boot and
-    health deadlines), so the fast tier takes what is left."""
+    """With workers: one driving a lane of simulated hosts does it in private (its stack files, its
+    cluster); one on the fast tier yields the CPU to the lanes (their waits are bounded in wall-clock
+    time: the SLA gate, boot and health deadlines), so the fast tier takes what is left."""
     if not hasattr(item.config, "workerinput"):
         return
-    cluster = on_cluster(item)
-    if cluster and not _WORKER["private"]:
-        private_stacks()
-        _WORKER["private"] = True
-    elif not cluster and not _WORKER["niced"]:
+    if on_cluster(item):
+        if not _WORKER["lane"]:
+            _WORKER["lane"] = lane_of(str(item.path))
+            private_stacks()
+            private_cluster(_WORKER["lane"])
+    elif not _WORKER["niced"]:
         os.nice(10)
         _WORKER["niced"] = True
 

@@ -1,6 +1,6 @@
-"""How the suite schedules itself (tests/conftest.py): what boots simulated hosts is one unit of work
-for pytest-xdist, first with workers (one worker starts on it at once) and last in one process (the
-fast tier first)."""
+"""How the suite schedules itself (tests/conftest.py): what boots simulated hosts is two lanes, each one
+unit of work for pytest-xdist with a cluster of its own, first with workers (a worker starts on each at
+once) and last in one process (the fast tier first)."""
 
 from __future__ import annotations
 
@@ -31,27 +31,30 @@ def ordered(**option) -> list[Item]:
     return items
 
 
-def test_one_process_runs_the_fast_tier_first_then_the_cluster_in_order():
+def test_one_process_runs_the_fast_tier_first_then_the_cluster_lane_after_lane():
     items = ordered(numprocesses=None)
     assert [i.rel for i in items] == ["tests/test_render.py", "tests/test_hostcheck.py", "tests/test_sim_cluster.py",
                                       "tests/e2e/test_sim_e2e.py", "tests/e2e/test_operations.py",
                                       "tests/e2e/test_faults.py", "tests/e2e/test_rolling.py"]
 
 
-def test_workers_get_the_cluster_first_as_one_unit_and_the_fast_tier_loose():
-    items = ordered(numprocesses=2)
+def test_workers_get_each_lane_first_as_one_unit_and_the_fast_tier_loose():
+    items = ordered(numprocesses=3)
     assert [i.rel for i in items][:5] == ["tests/test_sim_cluster.py", "tests/e2e/test_sim_e2e.py",
                                           "tests/e2e/test_operations.py", "tests/e2e/test_faults.py",
                                           "tests/e2e/test_rolling.py"]
     scopes = {f: conftest.scheduler_scope(f"{f}::test_x") for f in FILES}
-    assert {f for f, s in scopes.items() if s == "simulated-cluster"} == {f for f in FILES if "e2e" in f or "sim_cluster" in f}
-    assert scopes["tests/test_render.py"] == "tests/test_render.py::test_x", "the fast tier spreads over both workers"
+    assert {f for f, s in scopes.items() if s == "simulated-cluster-a"} == {
+        "tests/test_sim_cluster.py", "tests/e2e/test_sim_e2e.py"}
+    assert {f for f, s in scopes.items() if s == "simulated-cluster-b"} == {
+        "tests/e2e/test_operations.py", "tests/e2e/test_faults.py", "tests/e2e/test_rolling.py"}
+    assert scopes["tests/test_render.py"] == "tests/test_render.py::test_x", "the fast tier spreads over the workers"
     assert conftest.scheduler_scope("tests/test_render.py::test_y[sim]") != conftest.scheduler_scope("tests/test_render.py::test_x")
 
 
-def test_the_scheduler_sends_the_cluster_to_one_worker_in_order(tmp_path):
-    """Through pytest-xdist itself: a copy of the suite's scheduling hooks, three 'cluster' tests that
-    record their worker, two fast ones."""
+def test_the_scheduler_sends_each_lane_to_a_worker_of_its_own_in_order(tmp_path):
+    """Through pytest-xdist itself: a copy of the suite's scheduling hooks, two modules of each lane
+    whose tests record their worker, their network namespace and their run folder, and fast tests."""
     import subprocess
     import sys
 
@@ -61,28 +64,41 @@ def test_the_scheduler_sends_the_cluster_to_one_worker_in_order(tmp_path):
     (tmp_path / "tests" / "proctree.py").write_text((ROOT / "tests" / "proctree.py").read_text())
     (tmp_path / "stacks").mkdir()
     record = ("import os\n\ndef _seen(name):\n    with open(os.environ['ORDER_LOG'], 'a') as f:\n"
-              "        f.write(f\"{name} {os.environ['PYTEST_XDIST_WORKER']}\\n\")\n\n")
-    for module in ("test_sim_e2e", "test_operations"):
+              "        f.write(f\"{name} {os.environ['PYTEST_XDIST_WORKER']} {os.readlink('/proc/thread-self/ns/net')} "
+              "{os.environ.get('GLM_SIM_RUN', '-')}\\n\")\n\n")
+    for module in ("test_sim_e2e", "test_team_state", "test_operations", "test_faults"):
         (tmp_path / "tests" / "e2e" / f"{module}.py").write_text(
             record + "".join(f"def test_{module}_{n}():\n    _seen('{module}_{n}')\n\n" for n in (1, 2)))
     (tmp_path / "tests" / "test_fast.py").write_text(
         record + "".join(f"def test_fast_{n}():\n    _seen('fast_{n}')\n\n" for n in range(6)))
     log = tmp_path / "order.log"
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "load",
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3", "--dist", "load",
                         "--no-loadscope-reorder", "tests"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                        env={**__import__("os").environ, "ORDER_LOG": str(log)})
     assert p.returncode == 0, p.stdout + p.stderr
     seen = [line.split() for line in log.read_text().splitlines()]
-    cluster = [(n, w) for n, w in seen if not n.startswith("fast")]
-    assert [n for n, _ in cluster] == ["test_sim_e2e_1", "test_sim_e2e_2", "test_operations_1", "test_operations_2"]
-    assert len({w for _, w in cluster}) == 1, f"one worker drives the cluster: {seen}"
-    assert {w for n, w in seen if n.startswith("fast")} - {w for _, w in cluster}, "the other worker takes the fast tier"
+    machine_net = __import__("os").readlink("/proc/thread-self/ns/net")
+    lanes = {"a": ["test_sim_e2e_1", "test_sim_e2e_2", "test_team_state_1", "test_team_state_2"],
+             "b": ["test_operations_1", "test_operations_2", "test_faults_1", "test_faults_2"]}
+    where = {}
+    for lane, names in lanes.items():
+        rows = [r for r in seen if r[0] in names]
+        assert [r[0] for r in rows] == names, f"lane {lane} in order: {seen}"
+        assert len({tuple(r[1:]) for r in rows}) == 1, f"lane {lane} on one worker, one namespace: {seen}"
+        worker, net, run = rows[0][1:]
+        assert net != machine_net and run == f"/run/glm-infra-sim-lane-{lane}", rows[0]
+        where[lane] = (worker, net)
+    assert where["a"][0] != where["b"][0] and where["a"][1] != where["b"][1], "the lanes run side by side, apart"
+    fast = [r for r in seen if r[0].startswith("fast")]
+    assert len(fast) == 6 and all(r[2] == machine_net and r[3] == "-" for r in fast), "the fast tier stays on the machine"
 
 
 def test_every_end_to_end_module_has_its_place():
-    """A new module not in E2E_ORDER would run after the others, on hosts the last one left."""
+    """A new module in no lane would run after the others, on hosts the last one left."""
     modules = {p.stem for p in (ROOT / "tests" / "e2e").glob("test_*.py")}
     assert modules == set(conftest.E2E_ORDER)
+    lanes = [m for lane in conftest.CLUSTER_LANES.values() for m in lane]
+    assert len(lanes) == len(set(lanes)), "a module in two lanes"
     assert all(Path(ROOT / "tests" / f"{m}.py").exists() for m in conftest.CLUSTER_MODULES)
 
 
@@ -104,3 +120,27 @@ def test_the_cluster_worker_writes_its_stack_files_in_private():
     assert sim.read_bytes() == before, "the committed file is as it was"
     mounts = Path("/proc/self/mountinfo").read_text()
     assert str(ROOT / "stacks") not in mounts, "nothing was mounted in the machine's namespace"
+
+
+def test_a_lane_worker_has_its_own_network_state_and_run_folder():
+    """What a lane's worker makes (its cluster's bridge, the file backend's state, nspawn's folder) stays
+    in its namespaces: the machine, and the other lane, never see it."""
+    import subprocess
+    import sys
+
+    state_file = ROOT / ".pulumi-state" / "lane-probe"
+    code = ("import os, subprocess, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; import conftest; "
+            "conftest.private_stacks(); conftest.private_cluster('b'); "
+            "subprocess.run(['ip', 'link', 'add', 'br-laneprobe', 'type', 'bridge'], check=True); "
+            "open(sys.argv[3], 'w').write('x'); open('/run/systemd/nspawn/lane-probe', 'w').write('x'); "
+            "print(os.environ['GLM_SIM_RUN'], subprocess.run(['ip', '-o', 'link', 'show', 'lo'], capture_output=True, "
+            "text=True).stdout.count('<LOOPBACK,UP,'))")
+    p = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests"), str(ROOT), str(state_file)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["/run/glm-infra-sim-lane-b", "1"], "its run folder, and loopback up for its servers"
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+    assert "br-laneprobe" not in links, "the bridge was made in the lane's network namespace"
+    assert not state_file.exists() and not Path("/run/systemd/nspawn/lane-probe").exists()
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert str(ROOT / ".pulumi-state") not in mounts, "nothing was mounted in the machine's namespace"

@@ -19,7 +19,9 @@ targeted: addresses outside the bridge's private /24 are refused.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import fcntl
 import hashlib
 import ipaddress
 import os
@@ -166,6 +168,16 @@ def discard_partial_image(tmp: Path) -> None:
 # --- the machine's side: bridge, nspawn propagation dir, HTTP server -----------------------------
 
 
+@contextlib.contextmanager
+def machine_lock():
+    """Held while the cache (image, stand-ins, SSH key) and the machine's settings are made: what every
+    cluster on this machine shares. Clusters in network namespaces of their own boot side by side."""
+    SIM.mkdir(parents=True, exist_ok=True)
+    with open(SIM / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
 def build_standins(stack: str) -> None:
     """The stand-in apt repository, wheels and model checkpoint the hosts install from (rebuilt
     only when changed)."""
@@ -252,11 +264,13 @@ LAUNCHER = r"""#!/bin/bash
 dir=$1; shift
 # A cgroup of its own for each host: without a systemd on the machine, nspawn nests the host's
 # systemd under the launcher's cgroup, and hosts sharing one would share every unit's cgroup
-# (a unit stopped on one host would kill its namesake on another).
+# (a unit stopped on one host would kill its namesake on another). Named by run folder and host:
+# two clusters (each in a network namespace of its own) may both have a b300-1.
+cg_name="$(basename "$(dirname "$dir")")-$(basename "$dir")"
 for root in /sys/fs/cgroup/systemd /sys/fs/cgroup/unified /sys/fs/cgroup; do
   [ -e "$root/cgroup.procs" ] || continue
   [ "$root" = /sys/fs/cgroup ] && [ -d /sys/fs/cgroup/systemd ] && continue
-  mkdir -p "$root/glm-sim/$(basename "$dir")" && echo $$ > "$root/glm-sim/$(basename "$dir")/cgroup.procs"
+  mkdir -p "$root/glm-sim/$cg_name" && echo $$ > "$root/glm-sim/$cg_name/cgroup.procs"
 done
 trap 'touch "$dir/stop"; kill -TERM "$(cat "$dir/nspawn.pid")" 2>/dev/null' TERM INT
 while :; do
@@ -358,7 +372,7 @@ def stop(h: SimHost) -> None:
         if _alive(d / "launcher.pid"):
             os.killpg(int((d / "launcher.pid").read_text()), signal.SIGKILL)
         for root in ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
-            cg = Path(root) / "glm-sim" / h.name
+            cg = Path(root) / "glm-sim" / f"{RUN.name}-{h.name}"  # the launcher's name for it
             if cg.is_dir():  # empty now: remove the host's cgroups, deepest first
                 run(["find", str(cg), "-depth", "-type", "d", "-exec", "rmdir", "{}", ";"], check=False,
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -444,11 +458,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise SimError("the simulated cluster needs root (mounts, bridges, containers)")
     hosts, gateway = hosts_of(args.stack)
     RUN.mkdir(parents=True, exist_ok=True)
-    key = ssh_key()
-    image = rootfs()
-    build_standins(args.stack)
-    ensure_nspawn_tmpfs()
-    ensure_inotify()
+    with machine_lock():  # two clusters booting at once (the suite's two lanes) build the cache once
+        key = ssh_key()
+        image = rootfs()
+        build_standins(args.stack)
+        ensure_nspawn_tmpfs()
+        ensure_inotify()
     ensure_bridge(gateway)
     start_http(gateway)
     t0 = time.monotonic()

@@ -101,7 +101,9 @@ def index(args: argparse.Namespace) -> Path:
     page = ["<!DOCTYPE html>", "<html>", "  <head><title>glm-infra wheels</title></head>", "  <body>"]
     page += links + ["  </body>", "</html>"]
     target = out_dir / "index.html"
-    target.write_text("\n".join(page) + "\n")
+    partial = target.with_name(target.name + ".partial")
+    partial.write_text("\n".join(page) + "\n")
+    partial.replace(target)  # a host installing meanwhile reads the old page or the new, never half of one
     return target
 
 

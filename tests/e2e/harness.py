@@ -27,6 +27,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 PASSPHRASE = "glm-infra-sim"  # the sim stack's secrets provider passphrase (committed salt)
 SIM_STACK = ROOT / "stacks" / "Pulumi.sim.yaml"
+# What scripts/simlib/cluster.py uses: the machine's cache (image, stand-ins, model mirror) and this
+# cluster's run folder (server logs), which a lane of the suite sets for its own cluster.
+SIM_CACHE = Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache" / "glm-infra")) / "sim"
+
+
+def sim_run() -> Path:
+    return Path(os.environ.get("GLM_SIM_RUN", "/run/glm-infra-sim"))
 
 
 def sh(cmd: str, check: bool = True, timeout: int = 3600, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -121,7 +128,7 @@ def throttle_model_source(mbit: int | None) -> None:
 def make_revision(revision: str) -> None:
     """Another revision of the synthetic checkpoint the machine's model mirror serves."""
     subprocess.run([sys.executable, str(ROOT / "scripts/standins/make-checkpoint"),
-                    os.path.expanduser("~/.cache/glm-infra/sim/models/GLM-5.2-NVFP4"), "--revision", revision,
+                    str(SIM_CACHE / "models/GLM-5.2-NVFP4"), "--revision", revision,
                     "--shards", "8", "--shard-mb", "16"], check=True, capture_output=True)
 
 

@@ -22,15 +22,14 @@ from pathlib import Path
 import pytest
 
 import proctree
-from e2e.harness import (ROOT, assert_clean, make_revision, on_host, router_chat, sh, steady_load, throttle_model_source,
-                         up_in_background)
+from e2e.harness import (ROOT, SIM_CACHE, assert_clean, make_revision, on_host, router_chat, sh, sim_run, steady_load,
+                         throttle_model_source, up_in_background)
 
 HOSTS = ("sim-1", "sim-2", "sim-3")
 PREFILL_UNITS = {"sim-1": ["glm-vllm-prefill-0", "glm-vllm-prefill-1"], "sim-2": ["glm-vllm-prefill-2", "glm-vllm-prefill-3"]}
 DECODE = ("sim-3", "glm-vllm-decode-0")
 ROUTER_UNIT = ("sim-3", "glm-vllm-router")
 ROUTER = "https://10.88.0.13:8000"
-MODEL_LOG = "/run/glm-infra-sim/models.log"
 API_KEY: list[str] = []  # read from the stack's secret output once it is up
 CA: list[str] = []  # the CA of the front's generated certificate (stack output routerCaCertificate)
 
@@ -208,7 +207,7 @@ def test_a_certificate_the_stack_gives_is_served_and_stays_secret(stack, tmp_pat
 
 
 def test_weights_were_downloaded_once_and_match_everywhere(stack):
-    log = open(MODEL_LOG).read()
+    log = open(sim_run() / "models.log").read()
     shard_gets = re.findall(r'"GET /GLM-5.2-NVFP4/\w+/(model-\d+-of-\d+\.safetensors) HTTP', log)
     assert shard_gets and len(shard_gets) == len(set(shard_gets)), "each shard left the source once"
     sums = {h: on_host(h, "cd /mnt/model/glm/GLM-5.2-NVFP4/ && sha256sum model-*.safetensors") for h in HOSTS}
@@ -309,7 +308,7 @@ def test_a_vllm_upgrade_reinstalls_and_restarts_the_instances_not_the_router(sta
     reinstalls the runtime on every host and restarts every instance, one at a time per pool; the
     router (its own wheel, untouched) keeps running."""
     version = "0.33.1+glmsim"
-    wheels = Path(os.path.expanduser("~/.cache/glm-infra/sim/www/wheels"))
+    wheels = SIM_CACHE / "www" / "wheels"
     standins = ROOT / "scripts/standins"
     sim_binary = subprocess.run([str(standins / "build-llm-d-sim")], capture_output=True, text=True,
                                 check=True).stdout.strip().splitlines()[-1]
@@ -357,7 +356,7 @@ def test_broken_stand_in_fails_naming_host_and_check(stack):
 
 
 def test_corrupted_shard_is_repaired_from_the_seed(stack):
-    gets_before = len(open(MODEL_LOG).read().splitlines())
+    gets_before = len(open(sim_run() / "models.log").read().splitlines())
     on_host("sim-2", "f=/mnt/model/glm/GLM-5.2-NVFP4/model-00003-of-00008.safetensors; "
                      "printf 'XXXX' | dd of=$f bs=1 seek=4096 conv=notrunc status=none")
     stack.config_set("glm-infra:model.verify", "after-corruption")
@@ -365,7 +364,7 @@ def test_corrupted_shard_is_repaired_from_the_seed(stack):
     out = stack.up()
     assert "model-00003-of-00008.safetensors: does not match its sha256, copying it again" in out.stdout
     assert all_starts() == before, "re-verifying the weights restarts no service"
-    source_gets = [l for l in open(MODEL_LOG).read().splitlines()[gets_before:] if "safetensors" in l]
+    source_gets = [l for l in open(sim_run() / "models.log").read().splitlines()[gets_before:] if "safetensors" in l]
     assert source_gets == [], "the repair came from the seed, not the source"
     sums = {h: on_host(h, "sha256sum /mnt/model/glm/GLM-5.2-NVFP4/model-00003-of-00008.safetensors").split()[0] for h in HOSTS}
     assert len(set(sums.values())) == 1
@@ -415,7 +414,7 @@ def test_driver_change_reboots_only_when_the_module_changes(stack):
 def test_new_revision_interrupted_then_resumed_and_switched(stack):
     rev2 = "0000000000000000000000000000000000000002"
     make_revision(rev2)
-    log_start = len(open(MODEL_LOG).read().splitlines())
+    log_start = len(open(sim_run() / "models.log").read().splitlines())
     before = all_starts()
     stack.config_set("glm-infra:model.revision", rev2)
     throttle_model_source(40)  # ~27 s for the 134 MB checkpoint: time to interrupt it
@@ -440,7 +439,7 @@ def test_new_revision_interrupted_then_resumed_and_switched(stack):
     seed_line = next(l for l in out.stdout.splitlines() if "sim-1: weights: seed:" in l)
     kept = int(re.search(r"(\d+) already here and verified", seed_line).group(1))
     assert kept >= 3, f"finished shards are not fetched again: {seed_line}"
-    fetched = [l for l in open(MODEL_LOG).read().splitlines()[log_start:] if f"/{rev2}/model-" in l]
+    fetched = [l for l in open(sim_run() / "models.log").read().splitlines()[log_start:] if f"/{rev2}/model-" in l]
     names = [re.search(r"(model-\d+-of-\d+\.safetensors)", l).group(1) for l in fetched]
     complete = [n for n in set(names) if names.count(n) == 1]
     assert len(complete) >= 3 and all(names.count(n) <= 2 for n in names), "each shard crossed the uplink at most twice"
