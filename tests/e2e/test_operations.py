@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from e2e.harness import ROOT, on_host, sh
+from e2e.harness import ROOT, cluster_first, on_host, sh
 
 HOSTS = ("sim-1", "sim-2", "sim-3")
 PROMETHEUS = "http://10.88.0.13:9090"
@@ -108,9 +108,10 @@ def tokenizer(toolchain):
 
 def sla(out, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, GLM_INFRA_API_KEY=API_KEY[0])
-    return subprocess.run([str(ROOT / "venv/bin/glm-infra"), "sla", "sim", "--out", str(out), "--quiet",
-                           "--cacert", CA_FILE[0], *extra],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    with cluster_first():
+        return subprocess.run([str(ROOT / "venv/bin/glm-infra"), "sla", "sim", "--out", str(out), "--quiet",
+                               "--cacert", CA_FILE[0], *extra],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
 
 
 def doctor(*extra: str) -> subprocess.CompletedProcess:
