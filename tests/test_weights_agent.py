@@ -1314,6 +1314,7 @@ def test_a_peer_copies_what_its_parent_published_and_says_when_it_is_done(tmp_pa
     ({**progress_doc(), "published": ["config.json", "nope.json"]}, "it publishes 'nope.json', which it does not list"),
     ({**progress_doc(), "published": [["config.json"]]}, "it publishes ['config.json'], which it does not list"),
     ({**progress_doc(), "files": progress_doc()["files"] + [entry("/etc/x", b"1")]}, "unsafe file name '/etc/x'"),
+    ({**progress_doc(), "commit": "main"}, "'commit' 'main' is not a commit id"),
 ])
 def test_a_progress_document_is_checked_whole(doc, problem):
     with pytest.raises(w.StageError) as e:
@@ -1328,6 +1329,19 @@ def test_a_good_progress_document_comes_back_normalised():
     got = w.parent_doc(doc, "p")
     assert got["files"] == progress_doc()["files"] and got["published"] == ["config.json"]
     assert (got["revision"], got["complete"], got["received"]) == ("rev1", False, 7)
+
+
+def test_a_peer_records_the_commit_its_parent_staged_and_passes_it_on(tmp_path, capsys):
+    """The seed resolved the revision to a commit; every host's manifest and .glm-complete say which."""
+    p = parent(doc={**progress_doc(), "commit": HUB_COMMIT})
+    path = tmp_path / "c" / "model"
+    with running(p.server) as url:
+        assert peer(path, url) == 0
+    root = path.parent / "model.revisions" / "rev1"
+    assert json.loads((root / ".glm-manifest.json").read_text())["commit"] == HUB_COMMIT
+    assert json.loads((root / ".glm-progress.json").read_text())["commit"] == HUB_COMMIT, "its children get it"
+    assert (root / ".glm-complete").read_text().endswith(f", commit {HUB_COMMIT}\n")
+    assert f"c: weights: rev1 (commit {HUB_COMMIT}): 5 files" in capsys.readouterr().out
 
 
 def test_a_parent_that_lies_about_a_name_gets_nothing_written(tmp_path, capsys):
