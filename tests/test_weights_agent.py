@@ -50,6 +50,9 @@ CHECKPOINT = {
 }
 
 
+HUB_COMMIT = "c0ffee" + "0" * 34  # the commit a source resolves a revision to (the stand-in hub: every one)
+
+
 def write_checkpoint(d: Path, files: dict[str, bytes] = CHECKPOINT) -> list[dict]:
     for name, data in files.items():
         (d / name).parent.mkdir(parents=True, exist_ok=True)
@@ -936,6 +939,24 @@ def seed(url: str, path: Path, *more: str) -> int:
                str(path), "--margin-gb", "0", "--name", "s", *more)
 
 
+@pytest.mark.parametrize(("commit", "recorded"), [(HUB_COMMIT, HUB_COMMIT), ("main", None)])
+def test_a_mirror_manifest_naming_its_commit_is_recorded_and_a_bad_one_refused(mirror, tmp_path, capsys, commit, recorded):
+    """A mirror serves a revision as it was staged there; a manifest.json that names its commit passes
+    it on like the hub's, one that names something else as the commit is refused before any download."""
+    url, src = mirror
+    manifest = json.loads((src / "manifest.json").read_text())
+    (src / "manifest.json").write_text(json.dumps({**manifest, "commit": commit}))
+    path = tmp_path / "h" / "model"
+    assert seed(url, path) == (0 if recorded else 1)
+    out, err = capsys.readouterr()
+    if recorded:
+        staged = json.loads((path / ".glm-manifest.json").read_text())
+        assert staged["commit"] == recorded and f"s: weights: rev1 (commit {recorded}): 5 files" in out
+    else:
+        assert f"s: weights: refusing the manifest from {url}/rev1/manifest.json: 'commit' 'main' is not a commit id" in err
+        assert gets(err) == ["/rev1/manifest.json"], "nothing downloaded"
+
+
 def test_the_seed_stages_from_the_mirror_verifies_publishes_and_switches(mirror, tmp_path, capsys):
     url, src = mirror
     path = tmp_path / "h" / "model"
@@ -1069,8 +1090,6 @@ def listing(files: dict[str, bytes] = CHECKPOINT) -> list[dict]:
     return [{"path": n, "size": len(b), "blob": hashlib.sha1(b"blob %d\0" % len(b) + b).hexdigest(),
              "sha256": None if n in GIT_KEPT else sha(b)} for n, b in sorted(files.items())]
 
-
-HUB_COMMIT = "c0ffee" + "0" * 34  # the commit the stand-in hub resolves every revision to
 
 FAKE_HUB = """\"\"\"A stand-in for huggingface_hub's HfApi.model_info(repo_id, revision=..., files_metadata=True)
 (huggingface_hub/hf_api.py): a ModelInfo with the commit the revision resolves to (sha) whose siblings are RepoSibling(rfilename, size, blob_id, lfs), lfs a
