@@ -1,5 +1,6 @@
-"""KV-cache room per rank of each pool, from the checkpoint's facts (glm_infra/checkpoint.py) and the
-stack's topology. Pure arithmetic, no Pulumi:
+"""KV-cache room per rank of each pool, from the checkpoint's facts (glm_infra/checkpoint.py: its
+config.json and hf_quant_config.json, real where the library has them; the weight bytes from a facts
+snapshot) and the stack's topology; every fact keeps where it came from. Pure arithmetic, no Pulumi:
 
     room = GPU memory × gpuMemoryUtilization − resident weights of the rank − capacity.reserveGb
     tokens per rank = room ÷ KV bytes per token
@@ -90,8 +91,13 @@ class ModelFacts:
     indexer_layers: int  # layers (of the main model) that run the indexer and keep its key cache
     max_position_embeddings: int
     class_bytes: dict[str, int]
+    # Per fact, what it is and where it came from: "real: config.json#key", "stack: capacity.modelFacts",
+    # "synthetic: …", "assumed: …" (plan prints them).
     sources: dict[str, str] = field(default_factory=dict)
-    snapshot: str = "none"
+    snapshot: str = "none"  # the facts snapshot the weight bytes (and a config without a real one) came from
+    real: str = ""  # the checkpoint's own config files, when the library has them (checkpoint.RealConfig)
+    kv_cache_quant: str | None = None  # hf_quant_config.json's kv_cache_quant_algo (None: not known / none)
+    bf16_excluded: int = 0  # module globs hf_quant_config.json keeps out of the weight quantisation
 
     @property
     def routed_bytes(self) -> int:
@@ -116,8 +122,10 @@ def snapshot_path(stack: StackConfig, base: Path | None = None) -> Path:
 
 
 def model_facts(stack: StackConfig, base: Path | None = None) -> ModelFacts:
-    """The checkpoint's facts: its snapshot, with what the stack gives (capacity.modelFacts,
-    capacity.routedBytes, capacity.residentBytes) taking precedence."""
+    """The checkpoint's facts, each from the first of: the stack (capacity.modelFacts,
+    capacity.routedBytes, capacity.residentBytes); a snapshot read from the checkpoint itself; the
+    checkpoint's own config files shipped with the library (checkpoint.load_real_config, sha256
+    checked); a synthetic snapshot (labelled so)."""
     c = stack.capacity
     path = snapshot_path(stack, base)
     snap: dict[str, Any] | None = None
@@ -128,18 +136,31 @@ def model_facts(stack: StackConfig, base: Path | None = None) -> ModelFacts:
             raise CapacityError("capacity.facts", str(e)) from None
     elif c.facts:
         raise CapacityError("capacity.facts", f"{path}: no such file")
+    synthetic = snap is not None and checkpoint.is_synthetic(snap)
+    real: checkpoint.RealConfig | None = None
+    real_dir = checkpoint.real_config_dir(stack.model.repo)
+    if (snap is None or synthetic) and real_dir.is_dir():
+        try:
+            real = checkpoint.load_real_config(real_dir)
+        except checkpoint.CheckpointError as e:
+            raise CapacityError("capacity.facts", str(e)) from None
     snapshot = (f"{_short(path)}, read from {snap['source']} at revision {snap['revision']} "
                 f"(the stack pins {stack.model.revision})") if snap else "none"
-    cfg = snap["config"] if snap else {}
+    if real is not None:
+        cfg: dict[str, Any] = real.config
+        where = "real: config.json#{}"
+    else:
+        cfg = snap["config"] if snap else {}
+        where = f"synthetic: {_short(path)} config.{{}}" if synthetic else f"real: config.json#{{}} in {_short(path)}"
     given = dict(c.model_facts)
     sources: dict[str, str] = {}
 
     def fact(key: str, default: int | None = None) -> int:
         if key in given:
-            sources[key] = "capacity.modelFacts"
+            sources[key] = "stack: capacity.modelFacts"
             return int(given[key])
         if key in cfg and cfg[key] is not None:
-            sources[key] = "config.json"
+            sources[key] = where.format(key)
             return int(cfg[key])
         if default is not None:
             sources[key] = "default (not in config.json)"
@@ -152,29 +173,50 @@ def model_facts(stack: StackConfig, base: Path | None = None) -> ModelFacts:
     mtp = fact("num_nextn_predict_layers", 0)
     index_dim = fact("index_head_dim", 0)
     indexer_types = cfg.get("indexer_types") if "index_head_dim" not in given else None
-    indexer_layers = (sum(1 for t in indexer_types if t == "full") if isinstance(indexer_types, list)
-                      else layers) if index_dim else 0
+    if not index_dim:
+        indexer_layers = 0
+    elif isinstance(indexer_types, list):
+        # "shared" layers reuse the previous layer's top-k and keep no indexer key cache.
+        indexer_layers = sum(1 for t in indexer_types if t == "full")
+        sources["indexer_layers"] = f"{where.format('indexer_types')}: {indexer_layers} 'full' of {len(indexer_types)}"
+    else:
+        indexer_layers = layers
+        sources["indexer_layers"] = ("assumed: every layer (capacity.modelFacts gives index_head_dim)"
+                                     if "index_head_dim" in given else
+                                     "assumed: every layer (no indexer_types in config.json)")
     facts = dict(num_hidden_layers=layers, mtp_layers=mtp, kv_lora_rank=fact("kv_lora_rank"),
                  qk_rope_head_dim=fact("qk_rope_head_dim"), index_head_dim=index_dim, indexer_layers=indexer_layers,
                  max_position_embeddings=fact("max_position_embeddings"))
+    quant = ((real.quant or {}).get("quantization") if real is not None else None) or {}
+    kv_quant = quant.get("kv_cache_quant_algo") if isinstance(quant.get("kv_cache_quant_algo"), str) else None
+    sources["kv_cache_quant"] = ("real: hf_quant_config.json#quantization.kv_cache_quant_algo" if kv_quant else
+                                 "not known (no hf_quant_config.json): vLLM's auto assumed")
+    excluded = quant.get("exclude_modules")
+    bf16_excluded = len(excluded) if isinstance(excluded, list) else 0
+    weights_from = ("synthetic: the generated headers of the facts snapshot; the config files give no byte sizes"
+                    if synthetic else
+                    "safetensors headers") if snap is not None else ""
     if c.routed_bytes is not None and c.resident_bytes is not None:
         classes = {"routed": c.routed_bytes, "resident": c.resident_bytes}
-        sources["weights"] = "capacity.routedBytes, capacity.residentBytes"
+        sources["weights"] = "stack: capacity.routedBytes, capacity.residentBytes"
     elif snap is not None:
         classes = checkpoint.class_bytes(snap)
-        sources["weights"] = "safetensors headers"
+        sources["weights"] = weights_from
         if c.routed_bytes is not None:
             resident = sum(v for k, v in classes.items() if k != "routed")
             classes, sources["weights"] = {"routed": c.routed_bytes, "resident": resident}, \
-                "capacity.routedBytes; the rest from the safetensors headers"
+                f"stack: capacity.routedBytes; the rest {weights_from}"
         elif c.resident_bytes is not None:
             classes, sources["weights"] = {"routed": classes["routed"], "resident": c.resident_bytes}, \
-                "capacity.residentBytes; routed experts from the safetensors headers"
+                f"stack: capacity.residentBytes; routed experts {weights_from}"
     else:
         raise CapacityError("capacity.routedBytes", f"the checkpoint's weight bytes are not known: no facts "
                                                     f"snapshot {path} (glm-infra capacity fetch STACK writes it); "
                                                     "give capacity.routedBytes and capacity.residentBytes")
-    return ModelFacts(**facts, class_bytes=classes, sources=sources, snapshot=snapshot)
+    real_text = (f"{_short(real.folder)}/ ({', '.join(checkpoint.REAL_FILES[:2 if real.quant else 1])}), "
+                 f"from {real.origin}, sha256 checked (SOURCE.json)") if real else ""
+    return ModelFacts(**facts, class_bytes=classes, sources=sources, snapshot=snapshot, real=real_text,
+                      kv_cache_quant=kv_quant, bf16_excluded=bf16_excluded)
 
 
 def _short(path: Path) -> str:
@@ -248,6 +290,34 @@ class PoolCapacity:
 class Capacity:
     facts: ModelFacts
     pools: tuple[PoolCapacity, ...]
+    kv_note: str = ""  # the KV-cache layout counted, against the checkpoint's KV-cache quantisation
+
+
+def kv_family(dtype: str) -> str | None:
+    """The quantisation of a --kv-cache-dtype as hf_quant_config.json names it (None: unquantised)."""
+    if dtype in _FP8 or dtype == "fp8_ds_mla":
+        return "FP8"
+    return "NVFP4" if dtype == "nvfp4_ds_mla" else None
+
+
+def _kv_note(dtype: str, facts: ModelFacts, sparse: bool) -> str:
+    """What capacity counts for the KV cache and whether the checkpoint agrees. With ``auto`` vLLM
+    decides, and capacity's assumption (fp8_ds_mla for a DSA model) must match the checkpoint's KV-cache
+    quantisation: one it cannot map is refused (counting the wrong layout would misstate the room)."""
+    q = facts.kv_cache_quant
+    src = facts.sources.get("kv_cache_quant", "")
+    if dtype != "auto":
+        if q is None or kv_family(dtype) == q.upper():
+            return f"{dtype} (model.kvCacheDtype)" + (f"; the checkpoint's KV cache: {q} [{src}]" if q else "")
+        return f"{dtype} (model.kvCacheDtype), not the checkpoint's {q} KV-cache quantisation [{src}]"
+    counted = "fp8_ds_mla" if sparse else "bfloat16"
+    if q is None:
+        return f"auto, counted as {counted} (vLLM's default for {'a DSA' if sparse else 'this'} model) [{src}]"
+    if sparse and q.upper() == "FP8":
+        return f"auto, counted as fp8_ds_mla: agrees with the checkpoint's FP8 KV cache [{src}]"
+    raise CapacityError("model.kvCacheDtype", f"the checkpoint's KV cache is quantised {q} [{src}], and glm-infra "
+                                              f"cannot tell what vLLM's auto makes of that (it counts auto as "
+                                              f"{counted} here): set model.kvCacheDtype")
 
 
 def gpu_memory(stack: StackConfig, pool: PoolConfig, host_facts: dict[str, Any] | None = None) -> tuple[int, str]:
@@ -286,9 +356,10 @@ def compute(stack: StackConfig, host_facts: dict[str, Any] | None = None, base: 
     m = stack.model
     max_len = m.max_model_len or facts.max_position_embeddings
     max_src = "model.maxModelLen" if m.max_model_len else \
-        f"max_position_embeddings from {facts.sources['max_position_embeddings']}"
+        f"max_position_embeddings, {facts.sources['max_position_embeddings']}"
     dtype = m.kv_cache_dtype or "auto"
     mla = mla_bytes_per_token(dtype, facts.kv_lora_rank, facts.qk_rope_head_dim, sparse=facts.index_head_dim > 0)
+    kv_note = _kv_note(dtype, facts, sparse=facts.index_head_dim > 0)
     idx = indexer_bytes_per_token(facts.index_head_dim)
     pools = []
     for role, pool in stack.pools():
@@ -304,7 +375,7 @@ def compute(stack: StackConfig, host_facts: dict[str, Any] | None = None, base: 
             # The MTP layers are DSA layers too: each keeps an indexer key cache.
             indexer_layers=facts.indexer_layers + (mtp if idx else 0), indexer_bytes_per_layer=idx,
             max_model_len=max_len, max_model_len_source=max_src))
-    return Capacity(facts, tuple(pools))
+    return Capacity(facts, tuple(pools), kv_note)
 
 
 # --- what plan prints ------------------------------------------------------------------------------
@@ -314,18 +385,34 @@ def _gb(n: int) -> str:
     return f"{n / GB:.1f} GB"
 
 
+_FACT_LINES = (("num_hidden_layers", "layers"), ("num_nextn_predict_layers", "MTP layers"),
+               ("kv_lora_rank", "MLA latent"), ("qk_rope_head_dim", "MLA RoPE part"),
+               ("index_head_dim", "DSA indexer key"), ("indexer_layers", "layers keeping indexer keys"),
+               ("max_position_embeddings", "positions"))
+
+
 def format_report(stack: StackConfig, cap: Capacity) -> str:
     f = cap.facts
     cb = f.class_bytes
-    given = {k: v for k, v in f.sources.items() if k != "weights" and v != "config.json"}
-    out = ["KV-cache capacity per rank (glm_infra/capacity.py):",
-           f"  facts: {f.snapshot}",
-           f"  checkpoint: {_gb(f.total_bytes)}: routed experts {_gb(f.routed_bytes)}, on every rank "
-           f"{_gb(f.resident_bytes)} ({', '.join(f'{k} {_gb(v)}' for k, v in cb.items() if k != 'routed' and v)})  "
-           f"[{f.sources['weights']}]",
-           f"  model: {f.num_hidden_layers} layers + {f.mtp_layers} MTP, MLA latent {f.kv_lora_rank}+{f.qk_rope_head_dim}, "
-           f"DSA indexer key {f.index_head_dim or 'none'} on {f.indexer_layers} layers  [config.json"
-           + "".join(f"; {k} from {v}" for k, v in given.items()) + "]"]
+    out = ["KV-cache capacity per rank (glm_infra/capacity.py):"]
+    if f.real:
+        out.append(f"  config: {f.real}")
+    out += [f"  facts snapshot: {f.snapshot}",
+            f"  checkpoint: {_gb(f.total_bytes)}: routed experts {_gb(f.routed_bytes)}, on every rank "
+            f"{_gb(f.resident_bytes)} ({', '.join(f'{k} {_gb(v)}' for k, v in cb.items() if k != 'routed' and v)})",
+            f"    [{f.sources['weights']}]"]
+    if f.bf16_excluded and f.sources["weights"].startswith("synthetic"):
+        out.append(f"    hf_quant_config.json#quantization.exclude_modules keeps {f.bf16_excluded} module patterns in "
+                   "BF16, among them the dense MLP of layers 0-2, the shared experts and the MTP layer, which the "
+                   "synthetic headers store as NVFP4: the real checkpoint is larger than this")
+    out.append("  model facts:")
+    for key, what in _FACT_LINES:
+        if key in f.sources:
+            value = getattr(f, "mtp_layers" if key == "num_nextn_predict_layers" else key)
+            out.append(f"    {key} {value:,} ({what})  [{f.sources[key]}]")
+    if f.index_head_dim and f.mtp_layers:
+        out.append(f"    + {f.mtp_layers} MTP layer(s) keeping indexer keys of their own (with MTP on)  [assumed]")
+    out.append(f"    KV cache: {cap.kv_note}")
     for p in cap.pools:
         share = f"÷{p.ep_size} EP" if p.ep_size > 1 else "not divided"
         req = ", ".join(f"{n // 1024}K: {p.requests_per_instance(n)}" for n in REQUEST_SIZES)
@@ -370,5 +457,5 @@ def as_output(stack: StackConfig, host_facts: dict[str, Any] | None = None) -> d
     GPU memory where known (after ``up``), else as plan computes it."""
     cap = compute(stack, host_facts)
     f = cap.facts
-    return {"facts": f.snapshot, "checkpointBytes": {"routed": f.routed_bytes, "resident": f.resident_bytes},
+    return {"facts": f.snapshot, "config": f.real, "factSources": dict(f.sources), "checkpointBytes": {"routed": f.routed_bytes, "resident": f.resident_bytes},
             "pools": {p.role: p.as_dict() for p in cap.pools}}

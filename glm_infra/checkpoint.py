@@ -10,10 +10,16 @@ the tests pin it), and two ranged GETs per file are all this needs.
 
 The result is a *facts snapshot* (JSON): the config and, per file, the bytes of each tensor class.
 ``glm-infra capacity fetch STACK`` writes it; ``plan`` / ``validate`` read it offline.
+
+Beside the snapshots, ``checkpoints/<owner>--<name>/`` may hold the checkpoint's own ``config.json``
+and ``hf_quant_config.json`` as a published package ships them, with ``SOURCE.json`` (package, version,
+wheel and its sha256, the path in the wheel, each file's sha256, licence): ``load_real_config`` checks
+every sha256 before reading. They give the config facts when the snapshot is synthetic.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import struct
@@ -236,6 +242,76 @@ def load_snapshot(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("format") != SNAPSHOT_FORMAT or "config" not in data:
         raise CheckpointError(f"{path}: not a checkpoint facts snapshot (format {SNAPSHOT_FORMAT})")
     return data
+
+
+def is_synthetic(snapshot: dict[str, Any]) -> bool:
+    """A snapshot not read from the checkpoint (tests/glm5_checkpoint.py's generated headers)."""
+    return snapshot.get("revision") == "synthetic" or str(snapshot.get("source", "")).startswith("SYNTHETIC")
+
+
+# --- the checkpoint's own config files, copied from a published source ---------------------------------
+
+# config.json and hf_quant_config.json of a repository, byte for byte as a published package ships them,
+# in checkpoints/<owner>--<name>/ with SOURCE.json saying which package, version, file and licence and
+# each file's sha256 (checked before a byte is read: a file edited by hand is not the checkpoint's).
+REAL_FILES = ("config.json", "hf_quant_config.json")
+
+
+@dataclass(frozen=True)
+class RealConfig:
+    folder: Path
+    config: dict[str, Any]
+    quant: dict[str, Any] | None  # hf_quant_config.json, when the source has one
+    source: dict[str, Any]  # SOURCE.json
+
+    @property
+    def origin(self) -> str:
+        s = self.source
+        return f"{s['package']} {s['version']} ({s['wheel']}, sha256 {s['wheel_sha256'][:12]}…)"
+
+
+def real_config_dir(repo: str) -> Path:
+    return SNAPSHOT_DIR / repo.replace("/", "--")
+
+
+def load_real_config(folder: Path) -> RealConfig:
+    """The config files in ``folder``, each checked against the sha256 its SOURCE.json records."""
+    folder = Path(folder)
+    src_path = folder / "SOURCE.json"
+    try:
+        source = json.loads(src_path.read_text())
+        listed = source["files"]
+        for key in ("package", "version", "wheel", "wheel_sha256", "license"):
+            if not isinstance(source[key], str):
+                raise KeyError(key)
+    except OSError as e:
+        raise CheckpointError(f"{src_path}: {e.strerror}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{src_path}: not a provenance record (package, version, wheel, wheel_sha256, "
+                              f"license, files): {e}") from None
+    if not isinstance(listed, dict) or "config.json" not in listed:
+        raise CheckpointError(f"{src_path}: lists no config.json")
+    got: dict[str, dict[str, Any]] = {}
+    for name in REAL_FILES:
+        if name not in listed:
+            continue
+        path = folder / name
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise CheckpointError(f"{path}: {e.strerror}") from None
+        want = listed[name].get("sha256") if isinstance(listed[name], dict) else None
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != want:
+            raise CheckpointError(f"{path}: sha256 {digest} is not the {want} that {src_path.name} records for "
+                                  f"{listed[name].get('path_in_wheel', name) if isinstance(listed[name], dict) else name} "
+                                  f"of {source['package']} {source['version']}: the file is not the published one "
+                                  "(restore it, or record where the new one came from)")
+        try:
+            got[name] = json.loads(data)
+        except ValueError as e:
+            raise CheckpointError(f"{path}: not JSON ({e})") from None
+    return RealConfig(folder, got["config.json"], got.get("hf_quant_config.json"), source)
 
 
 def write_snapshot(path: Path, snapshot: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import hostplan, topology
+from . import hostplan, topology, validate
 from .stack import LoadedStack, StackError, load_file, resolve_stack_file
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
@@ -29,6 +29,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
             loaded = _load(name)
         except StackError as e:
             print(e, file=sys.stderr)
+            status = EXIT_INVALID
+            continue
+        if args.strict and (unpinned := validate.unpinned_revision(loaded.config)) is not None:
+            print(f"{loaded.source}: invalid stack under --strict (1 problem)\n  {loaded.source}: {unpinned.path}: "
+                  f"{unpinned.message}", file=sys.stderr)
             status = EXIT_INVALID
             continue
         p = topology.plan(loaded.config)
@@ -143,6 +148,8 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     v = sub.add_parser("validate", help="check stacks; exit 1 if any is invalid")
     v.add_argument("stacks", nargs="+", metavar="STACK", help="stack name (prod-b300) or path to a stack file")
+    v.add_argument("--strict", action="store_true", help="also refuse a model.revision that is not a commit SHA "
+                                                         "(a branch or tag deploys whatever it points to that day)")
     v.set_defaults(func=cmd_validate)
     p = sub.add_parser("plan", help="print hosts × instances × GPUs × ports")
     p.add_argument("stack", metavar="STACK")

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from .config import NAMESPACE, SECRET_PATHS, STACK_KEYS, StackConfig
 from . import pins
-from .validate import GPU_COMPUTE_CAPABILITY, Problem, capacity_warnings, check
+from .validate import GPU_COMPUTE_CAPABILITY, Problem, capacity_warnings, check, unpinned_revision
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
@@ -204,11 +204,8 @@ def _warnings(stack: StackConfig, serve: bool = True) -> list[str]:
     out = capacity_warnings(stack) if serve else []
     if stack.router is not None and stack.router.api_key is None:
         out.append(f"{NAMESPACE}:router.apiKey is not set: the router's public port accepts any client")
-    rev = stack.model.revision
-    if not (len(rev) == 40 and all(c in "0123456789abcdef" for c in rev)):
-        out.append(
-            f"{NAMESPACE}:model.revision: {rev!r} is not a commit SHA; pin a commit so every host serves the same bytes"
-        )
+    if (unpinned := unpinned_revision(stack)) is not None:
+        out.append(f"{unpinned.path}: {unpinned.message}")
     for key, version, known, what in (
         ("runtime.vllmVersion", stack.runtime.vllm_version, pins.VLLM_CHOICES, "the model's parsers, the all2all backend, "
          "the CUDA graph mode"),

@@ -12,9 +12,13 @@ from dataclasses import dataclass
 import difflib
 import posixpath
 import re
+from typing import TYPE_CHECKING
 
 from . import pins, ports
 from .config import SECRET_VALUE_RULES, SECRETS, StackConfig, snake
+
+if TYPE_CHECKING:
+    from .capacity import Capacity
 
 
 @dataclass(frozen=True)
@@ -355,9 +359,18 @@ def _capacity(stack: StackConfig) -> list[Problem]:
         cap = capacity.compute(stack)
     except capacity.CapacityError as e:
         return [Problem(e.key, e.message)]
-    out = []
+    out = _promises(stack, cap)
+    sla = stack.sla
+    longest = max(sla.contexts) + sla.output_tokens
     for p in cap.pools:
         if p.requests_per_rank(p.max_model_len) >= 1:
+            if p.tokens_per_rank < longest:
+                out.append(Problem(_key(p.role), f"a {p.role} rank (tp{p.tp} dp{p.dp}) has no KV-cache room for the "
+                                                 f"SLA's longest request, {max(sla.contexts):,} + {sla.output_tokens} = "
+                                                 f"{longest:,} tokens (sla.contexts, sla.outputTokens): its KV room of "
+                                                 f"{p.room / capacity.GB:.1f} GB holds {p.tokens_per_rank:,} tokens at "
+                                                 f"{p.kv_bytes_per_token} bytes/token. Promise less in sla.contexts, or "
+                                                 "give the rank more room (glm-infra plan shows the arithmetic)"))
             continue
         what = (f"the weights alone ({p.weights_per_rank / capacity.GB:.1f} GB per rank) and the reserve "
                 f"({p.reserve_bytes / capacity.GB:.1f} GB) exceed {p.gpu_bytes / capacity.GB:.1f} GB × {p.utilization:g}"
@@ -372,8 +385,32 @@ def _capacity(stack: StackConfig) -> list[Problem]:
     return out
 
 
+def _promises(stack: StackConfig, cap: Capacity) -> list[Problem]:
+    """What the stack promises against what the model has: model.maxModelLen within the model's
+    positions, and every SLA bucket (its input and sla.outputTokens: vLLM's OpenAI server refuses a
+    request whose prompt and max_tokens exceed --max-model-len) within the context the stack serves."""
+    out = []
+    m, sla, f = stack.model, stack.sla, cap.facts
+    positions = f.max_position_embeddings
+    if m.max_model_len is not None and m.max_model_len > positions:
+        out.append(Problem(_key("model", ".maxModelLen"), f"{m.max_model_len:,} tokens is more than the model's "
+                                                          f"{positions:,} positions (max_position_embeddings, "
+                                                          f"{f.sources['max_position_embeddings']}); vLLM refuses it"))
+    served = m.max_model_len or positions
+    where = "model.maxModelLen" if m.max_model_len else f"max_position_embeddings, {f.sources['max_position_embeddings']}"
+    over = [c for c in sla.contexts if c + sla.output_tokens > served]
+    if over:
+        out.append(Problem(_key("sla", ".contexts"), f"the SLA promises {', '.join(f'{c:,}' for c in over)} input tokens "
+                                                     f"+ {sla.output_tokens} output "
+                                                     f"(sla.outputTokens), more than the {served:,} tokens the stack "
+                                                     f"serves ({where}): vLLM refuses such a request. Drop those "
+                                                     "buckets, or raise model.maxModelLen where the KV room allows"))
+    return out
+
+
 def capacity_warnings(stack: StackConfig) -> list[str]:
-    """Pools whose rank holds fewer than capacity.warnBelow requests of the maximum context."""
+    """Pools whose rank holds fewer than capacity.warnBelow requests of the maximum context; an explicit
+    model.kvCacheDtype other than the checkpoint's KV-cache quantisation."""
     from . import capacity
 
     try:
@@ -381,6 +418,21 @@ def capacity_warnings(stack: StackConfig) -> list[str]:
     except capacity.CapacityError:
         return []  # refused by check() already
     n = stack.capacity.warn_below
-    return [f"glm-infra:{p.role}: a {p.role} rank holds {p.requests_per_rank(p.max_model_len)} request(s) of the maximum "
-            f"context ({p.max_model_len:,} tokens), fewer than capacity.warnBelow {n}"
-            for p in cap.pools if 1 <= p.requests_per_rank(p.max_model_len) < n]
+    out = [f"glm-infra:{p.role}: a {p.role} rank holds {p.requests_per_rank(p.max_model_len)} request(s) of the maximum "
+           f"context ({p.max_model_len:,} tokens), fewer than capacity.warnBelow {n}"
+           for p in cap.pools if 1 <= p.requests_per_rank(p.max_model_len) < n]
+    dtype, q = stack.model.kv_cache_dtype, cap.facts.kv_cache_quant
+    if dtype not in (None, "auto") and q is not None and capacity.kv_family(dtype) != q.upper():
+        out.append(f"glm-infra:model.kvCacheDtype: {dtype} is not the checkpoint's {q} KV-cache quantisation "
+                   f"({cap.facts.sources['kv_cache_quant']}); vLLM serves {dtype} as asked and capacity counts it")
+    return out
+
+
+def unpinned_revision(stack: StackConfig) -> Problem | None:
+    """A model.revision that is not a commit: a branch or tag deploys whatever it points to that day
+    (a warning; ``glm-infra validate --strict`` refuses it)."""
+    rev = stack.model.revision
+    if re.fullmatch(r"[0-9a-f]{40}", rev):
+        return None
+    return Problem(_key("model", ".revision"), f"{rev!r} is not a commit SHA; pin a commit so every host serves the "
+                                               "same bytes")

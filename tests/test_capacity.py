@@ -165,17 +165,20 @@ def _stack(write_stack, name: str, **model) -> object:
 def test_the_dp4_versus_dp2_trade_of_the_brief(write_stack):
     """BRIEF.md: TP1 DP2 EP prefill has 8 % more throughput per GPU, TP1 DP4 EP was kept 'so that the
     1M-token context has enough KV-cache room'. The arithmetic agrees: a DP2 rank holds half the routed
-    experts more (103 GB), which leaves it ~9 GB of KV room, not one 1M (nor one 256K) request."""
+    experts more (103 GB), which leaves it ~9 GB of KV room, not one 1M (nor one 256K) request.
+    KV bytes per token with GLM-5.2's real config: 78 layers + 1 MTP of fp8_ds_mla (656 bytes), the
+    indexer's keys (132 bytes) on the 21 'full' layers of indexer_types and the MTP layer."""
     dp4 = _pool(_stack(write_stack, "prod-b300"), "prefill")
     dp2 = _pool(load_file(ROOT / "stacks/Pulumi.b300-prefill-dp2.yaml").config, "prefill")
-    assert dp4.kv_bytes_per_token == dp2.kv_bytes_per_token == 79 * 656 + 79 * 132
+    assert dp4.kv_bytes_per_token == dp2.kv_bytes_per_token == 79 * 656 + 22 * 132 == 54728
     assert round(dp4.routed_per_rank / 1e9, 1) == 103.3 and round(dp2.routed_per_rank / 1e9, 1) == 206.6
     assert round(dp4.room / 1e9, 1) == 111.9 and round(dp2.room / 1e9, 1) == 8.6
-    assert dp4.tokens_per_rank == 1_798_024 and dp2.tokens_per_rank == 138_950
+    assert dp4.tokens_per_rank == dp4.room // 54728 == 2_045_216 and dp2.tokens_per_rank == 158_053
     assert dp4.requests_per_rank(ONE_M) == 1 and dp2.requests_per_rank(ONE_M) == 0
-    assert dp4.requests_per_instance(262144) == 24 and dp2.requests_per_instance(262144) == 0
-    assert dp2.requests_per_instance(131072) == 2  # what the DP2 stack promises instead (model.maxModelLen)
-    # Per GPU the DP4 layout holds 13× the tokens: 1.80M vs 0.14M per GPU.
+    assert dp4.requests_per_instance(262144) == 28 and dp2.requests_per_instance(262144) == 0
+    # What the DP2 stack promises instead: 128K of input + the SLA gate's 256 output tokens (model.maxModelLen).
+    assert dp2.max_model_len == 131072 + 256 and dp2.requests_per_instance(dp2.max_model_len) == 2
+    # Per GPU the DP4 layout holds ~13× the tokens: 2.05M vs 0.16M per GPU.
     assert dp4.tokens_per_rank // dp2.tokens_per_rank == 12
     # At the BRIEF's 1M context validate takes DP4 and refuses DP2, naming the pool and the numbers.
     load_file(write_stack({**stack_config("prod-b300"), "glm-infra:model": {
@@ -185,7 +188,7 @@ def test_the_dp4_versus_dp2_trade_of_the_brief(write_stack):
     with pytest.raises(StackError) as e:
         load_file(write_stack(cfg))
     assert ("glm-infra:prefill: a prefill rank (tp1 dp2) cannot hold one request of the maximum context, "
-            "1,048,576 tokens (model.maxModelLen): its KV room of 8.6 GB holds 138,950 tokens at 62252 "
+            "1,048,576 tokens (model.maxModelLen): its KV room of 8.6 GB holds 158,053 tokens at 54728 "
             "bytes/token") in str(e.value)
 
 
@@ -195,18 +198,19 @@ def test_a_decode_that_cannot_hold_one_max_request_is_refused_and_a_tight_one_wa
     with pytest.raises(StackError) as e:
         load_file(write_stack(cfg))
     msg = str(e.value)
-    assert "glm-infra:decode: a decode rank (tp1 dp2) cannot hold one request of the maximum context, 202,752" in msg
-    assert "its KV room of 2.9 GB holds 46,423 tokens at 62252 bytes/token" in msg
+    assert ("glm-infra:decode: a decode rank (tp1 dp2) cannot hold one request of the maximum context, 1,048,576 "
+            "tokens (max_position_embeddings, real: config.json#max_position_embeddings)") in msg
+    assert "its KV room of 2.9 GB holds 52,806 tokens at 54728 bytes/token" in msg
     cfg["glm-infra:decode"].update(dp=1, instancesPerHost=8)
     with pytest.raises(StackError) as e:
         load_file(write_stack(cfg))
     assert "the weights alone (446.9 GB per rank) and the reserve (16.0 GB) exceed 288.0 GB × 0.9" in str(e.value)
-    cfg = stack_config("prod-b300")
-    cfg["glm-infra:model"]["maxModelLen"] = 1_500_000
+    cfg = stack_config("prod-b300")  # the model's 1M context: prefill ranks hold 1 request, decode ranks 2
+    cfg["glm-infra:capacity"] = {"warnBelow": 3}
     loaded = load_file(write_stack(cfg))
     assert [w for w in loaded.warnings if "capacity.warnBelow" in w] == [
-        f"glm-infra:{r}: a {r} rank holds 1 request(s) of the maximum context (1,500,000 tokens), fewer than "
-        "capacity.warnBelow 2" for r in ("prefill", "decode")]
+        f"glm-infra:{r}: a {r} rank holds {n} request(s) of the maximum context (1,048,576 tokens), fewer than "
+        "capacity.warnBelow 3" for r, n in (("prefill", 1), ("decode", 2))]
     cfg["glm-infra:capacity"] = {"warnBelow": 1}
     assert not [w for w in load_file(write_stack(cfg)).warnings if "capacity.warnBelow" in w]
 
@@ -214,7 +218,13 @@ def test_a_decode_that_cannot_hold_one_max_request_is_refused_and_a_tight_one_wa
 def test_max_model_len_and_kv_cache_dtype_reach_both_pools_serve_lines(write_stack):
     cfg = stack_config("prod-b300")
     cfg["glm-infra:model"].update(maxModelLen=131072, kvCacheDtype="bfloat16")
-    stack = load_file(write_stack(cfg)).config
+    cfg["glm-infra:sla"] = {"contexts": [16384, 65536]}  # what a 128K stack can promise
+    loaded = load_file(write_stack(cfg))
+    stack = loaded.config
+    # The checkpoint's KV cache is FP8 (hf_quant_config.json): another dtype is served as asked, and said.
+    assert ("glm-infra:model.kvCacheDtype: bfloat16 is not the checkpoint's FP8 KV-cache quantisation (real: "
+            "hf_quant_config.json#quantization.kv_cache_quant_algo); vLLM serves bfloat16 as asked and capacity "
+            "counts it") in loaded.warnings
     for inst in topology.plan(stack).instances:
         a = render.vllm_args(stack, inst)
         assert a[a.index("--max-model-len") + 1] == "131072" and a[a.index("--kv-cache-dtype") + 1] == "bfloat16"
@@ -240,13 +250,16 @@ def test_preflight_memory_wins_over_the_gpu_table_and_the_stack_over_the_snapsho
     cfg = stack_config("prod-b300")
     cfg["glm-infra:capacity"] = {"gpuMemoryGb": 141, "modelFacts": {"max_position_embeddings": 65536},
                                  "routedBytes": 200 * 10**9, "reserveGb": 10}
+    cfg["glm-infra:sla"] = {"contexts": [16384, 65280]}  # 65,280 + 256 output tokens: the 65,536 positions
     stack = load_file(write_stack(cfg)).config
     p = _pool(stack, "decode")
     assert p.gpu_source == "capacity.gpuMemoryGb 141 GB" and p.max_model_len == 65536
     assert p.routed_per_rank == 25 * 10**9 and p.reserve_bytes == 10**10
     facts = capacity.model_facts(stack)
-    assert facts.sources["max_position_embeddings"] == "capacity.modelFacts"
-    assert facts.sources["weights"] == "capacity.routedBytes; the rest from the safetensors headers"
+    assert facts.sources["max_position_embeddings"] == "stack: capacity.modelFacts"
+    assert facts.sources["kv_lora_rank"] == "real: config.json#kv_lora_rank"
+    assert facts.sources["weights"] == ("stack: capacity.routedBytes; the rest synthetic: the generated headers of the "
+                                        "facts snapshot; the config files give no byte sizes")
 
 
 def test_a_model_without_facts_is_refused_naming_the_key_to_give(write_stack):
@@ -270,32 +283,131 @@ def test_a_model_without_facts_is_refused_naming_the_key_to_give(write_stack):
 def test_plan_prints_the_room_of_each_pool_with_the_source_of_each_fact(capsys):
     assert cli.main(["plan", "prod-b300"]) == 0
     out = capsys.readouterr().out
-    assert "facts: glm_infra/checkpoints/nvidia--GLM-5.2-NVFP4.json, read from SYNTHETIC" in out
+    lines = [line.strip() for line in out.splitlines()]
+    # The real config files, their origin; the weight bytes synthetic, and why.
+    assert ("config: glm_infra/checkpoints/nvidia--GLM-5.2-NVFP4/ (config.json, hf_quant_config.json), from "
+            "aiconfigurator-core 0.12.0 (aiconfigurator_core-0.12.0-cp311-abi3-manylinux_2_28_x86_64.whl, sha256 "
+            "aadc4aad0a00…), sha256 checked (SOURCE.json)") in lines
+    assert "facts snapshot: glm_infra/checkpoints/nvidia--GLM-5.2-NVFP4.json, read from SYNTHETIC" in out
+    assert ("[synthetic: the generated headers of the facts snapshot; the config files give no byte sizes]" in lines)
+    assert any(line.startswith("hf_quant_config.json#quantization.exclude_modules keeps 156 module patterns in BF16")
+               and line.endswith("the real checkpoint is larger than this") for line in lines)
+    # Each fact with where it came from.
+    for fact in ("num_hidden_layers 78 (layers)", "num_nextn_predict_layers 1 (MTP layers)",
+                 "kv_lora_rank 512 (MLA latent)", "qk_rope_head_dim 64 (MLA RoPE part)",
+                 "index_head_dim 128 (DSA indexer key)", "max_position_embeddings 1,048,576 (positions)"):
+        key = fact.split()[0]
+        assert f"{fact}  [real: config.json#{key}]" in lines, fact
+    assert "indexer_layers 21 (layers keeping indexer keys)  [real: config.json#indexer_types: 21 'full' of 78]" in lines
+    assert "+ 1 MTP layer(s) keeping indexer keys of their own (with MTP on)  [assumed]" in lines
+    assert ("KV cache: auto, counted as fp8_ds_mla: agrees with the checkpoint's FP8 KV cache [real: "
+            "hf_quant_config.json#quantization.kv_cache_quant_algo]") in lines
     assert "prefill (tp1 dp4 ep), per rank:" in out and "decode (tp1 dp8 ep), per rank:" in out
     assert "weights 85.4 GB = routed 51.6 GB (÷8 EP) + resident 33.7 GB (÷tp1)" in out
     assert "[B300 288 GB (GPU table)]" in out and "[capacity.reserveGb]" in out
-    assert "requests per instance (8 ranks): 16K: 1232, 256K: 72, max 202,752: 96" in out
+    assert "KV room 157.8 GB; KV 54728 bytes/token = 79 layers × 656 (MLA, auto) + 22 × 132 (indexer keys)" in lines
+    assert ("tokens per rank 2,883,550; requests per instance (8 ranks): 16K: 1400, 256K: 80, max 1,048,576: 16  "
+            "[max: max_position_embeddings, real: config.json#max_position_embeddings]") in lines
 
 
 def test_compare_prints_the_readme_table(capsys):
     assert cli.main(["capacity", "compare", "prod-b300", "b300-prefill-dp2"]) == 0
     out = capsys.readouterr().out
-    assert ("| prod-b300 | prefill tp1 dp4 | 4 | 137.0 GB | 111.9 GB | 1,798,024 | 28,768,384 (16 ranks) | 436 | 24 | "
-            "32 of 202,752 | 8.00 |") in out
-    assert ("| b300-prefill-dp2 | prefill tp1 dp2 | 2 | 240.3 GB | 8.6 GB | 138,950 | 2,223,200 (16 ranks) | 16 | 0 | "
-            "2 of 131,072 | 1.00 |") in out
+    assert ("| prod-b300 | prefill tp1 dp4 | 4 | 137.0 GB | 111.9 GB | 2,045,216 | 32,723,456 (16 ranks) | 496 | 28 | "
+            "4 of 1,048,576 | 1.00 |") in out
+    assert ("| b300-prefill-dp2 | prefill tp1 dp2 | 2 | 240.3 GB | 8.6 GB | 158,053 | 2,528,848 (16 ranks) | 18 | 0 | "
+            "2 of 131,328 | 1.00 |") in out
 
 
 def test_a_snapshot_named_by_the_stack_and_shared_indexer_layers(glm5, tmp_path, write_stack):
-    """capacity.facts names a snapshot of one's own; layers whose indexer is 'shared' (GLM-5's
-    indexer_types: they reuse the previous layer's top-k) keep no indexer key cache."""
+    """capacity.facts names a snapshot of one's own, read from a checkpoint: its config.json wins over
+    the one shipped with the library; layers whose indexer is 'shared' (indexer_types: they reuse the
+    previous layer's top-k) keep no indexer key cache."""
     snap = checkpoint.read_snapshot(checkpoint.LocalSource(glm5), REPO, COMMIT)
     snap["config"]["indexer_types"] = ["full", "shared"] * 39
     checkpoint.write_snapshot(tmp_path / "mine.json", snap)
     cfg = stack_config("prod-b300")
     cfg["glm-infra:capacity"] = {"facts": str(tmp_path / "mine.json")}
+    # This checkpoint's 202,752 positions (GLM-5's) hold no 256K bucket of the SLA.
+    with pytest.raises(StackError) as e:
+        load_file(write_stack(cfg))
+    assert ("glm-infra:sla.contexts: the SLA promises 262,144 input tokens + 256 output (sla.outputTokens), more than "
+            "the 202,752 tokens the stack serves (max_position_embeddings, real: config.json#max_position_embeddings "
+            f"in {tmp_path / 'mine.json'})") in str(e.value)
+    cfg["glm-infra:sla"] = {"contexts": [16384, 131072]}
     p = _pool(load_file(write_stack(cfg)).config, "decode")
     assert p.indexer_layers == 39 + 1 and p.kv_bytes_per_token == 79 * 656 + 40 * 132
     cfg["glm-infra:capacity"] = {"facts": str(tmp_path / "missing.json")}
     with pytest.raises(StackError, match=r"glm-infra:capacity.facts: .*missing.json: no such file"):
         load_file(write_stack(cfg))
+
+
+# --- GLM-5.2's own config files (aiconfigurator-core 0.12.0) -----------------------------------------
+
+REAL = ROOT / "glm_infra" / "checkpoints" / "nvidia--GLM-5.2-NVFP4"
+
+
+def test_the_real_config_files_are_the_published_ones_and_give_the_facts():
+    """The sha256 of each file as research found it in the wheel (RECORD agrees), not as SOURCE.json says."""
+    assert hashlib.sha256((REAL / "config.json").read_bytes()).hexdigest() == \
+        "d3783a603e5aa9cb58eff7a5d8ac9c42d83156b229efe185c72e9e2dc8444923"
+    assert hashlib.sha256((REAL / "hf_quant_config.json").read_bytes()).hexdigest() == \
+        "212394aabaa6a4e7823668e7a03d6295422aa2ca2cbdbfbfc519eab602ad20e6"
+    source = json.loads((REAL / "SOURCE.json").read_text())
+    assert (source["package"], source["version"], source["license"]) == ("aiconfigurator-core", "0.12.0", "Apache-2.0")
+    assert "no LICENSE file" in source["license_evidence"]
+    assert (REAL.parent / "LICENSES" / "Apache-2.0.txt").read_text().lstrip().startswith("Apache License")
+    real = checkpoint.load_real_config(REAL)
+    assert real.config["max_position_embeddings"] == ONE_M
+    assert real.config["indexer_types"].count("full") == 21 and len(real.config["indexer_types"]) == 78
+    assert real.quant["quantization"]["kv_cache_quant_algo"] == "FP8"
+    facts = capacity.model_facts(load_file(ROOT / "stacks/Pulumi.prod-b300.yaml").config)
+    assert (facts.max_position_embeddings, facts.indexer_layers, facts.kv_cache_quant) == (ONE_M, 21, "FP8")
+
+
+def _copy_real(tmp_path: Path, monkeypatch) -> Path:
+    """The library's checkpoints folder copied, and the library pointed at the copy."""
+    folder = tmp_path / "checkpoints"
+    shutil.copytree(REAL.parent, folder)
+    monkeypatch.setattr(checkpoint, "SNAPSHOT_DIR", folder)
+    return folder / REAL.name
+
+
+def test_a_changed_config_file_is_refused_naming_it(tmp_path, monkeypatch, write_stack):
+    copy = _copy_real(tmp_path, monkeypatch)
+    config = copy / "config.json"
+    config.write_text(config.read_text().replace('"max_position_embeddings": 1048576', '"max_position_embeddings": 2097152'))
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.load_real_config(copy)
+    assert str(e.value).startswith(f"{config}: sha256 ")
+    assert ("is not the d3783a603e5aa9cb58eff7a5d8ac9c42d83156b229efe185c72e9e2dc8444923 that SOURCE.json records for "
+            "aiconfigurator_core/model_configs/nvidia--GLM-5.2-NVFP4_config.json of aiconfigurator-core 0.12.0") in str(e.value)
+    # validate (and so plan, preview, up) refuses the stack rather than plan with an unknown file.
+    with pytest.raises(StackError) as e:
+        load_file(write_stack(stack_config("prod-b300")))
+    assert f"glm-infra:capacity.facts: {config}: sha256 " in str(e.value)
+    (copy / "hf_quant_config.json").unlink()
+    config.write_bytes((REAL / "config.json").read_bytes())
+    with pytest.raises(checkpoint.CheckpointError, match=r"hf_quant_config.json: No such file"):
+        checkpoint.load_real_config(copy)
+
+
+def test_a_kv_cache_quantisation_capacity_cannot_map_to_auto_is_refused(tmp_path, monkeypatch, write_stack):
+    """auto is counted as fp8_ds_mla for a DSA model: right for this checkpoint's FP8 KV cache; for
+    another quantisation glm-infra cannot tell what vLLM picks, so it asks for model.kvCacheDtype."""
+    copy = _copy_real(tmp_path, monkeypatch)
+    quant = copy / "hf_quant_config.json"
+    quant.write_text(quant.read_text().replace('"kv_cache_quant_algo": "FP8"', '"kv_cache_quant_algo": "NVFP4"'))
+    source = json.loads((copy / "SOURCE.json").read_text())  # recorded as if it were published so
+    source["files"]["hf_quant_config.json"]["sha256"] = hashlib.sha256(quant.read_bytes()).hexdigest()
+    (copy / "SOURCE.json").write_text(json.dumps(source))
+    cfg = stack_config("prod-b300")
+    with pytest.raises(StackError) as e:
+        load_file(write_stack(cfg))
+    assert ("glm-infra:model.kvCacheDtype: the checkpoint's KV cache is quantised NVFP4 [real: "
+            "hf_quant_config.json#quantization.kv_cache_quant_algo], and glm-infra cannot tell what vLLM's auto makes "
+            "of that (it counts auto as fp8_ds_mla here): set model.kvCacheDtype") in str(e.value)
+    cfg["glm-infra:model"]["kvCacheDtype"] = "nvfp4_ds_mla"
+    loaded = load_file(write_stack(cfg))
+    assert _pool(loaded.config, "decode").mla_bytes_per_layer == 352
+    assert not [w for w in loaded.warnings if "kvCacheDtype" in w], "the dtype the checkpoint has: no warning"

@@ -77,9 +77,10 @@ def test_a_bad_stack_creates_no_resource_through_the_engine(engine, project):
 
 def test_a_decode_without_kv_room_for_one_max_request_is_refused_before_any_resource(engine, project):
     """The capacity rule (glm_infra/capacity.py) stops `preview` and `up` like any other bad key: a
-    decode of DP2 ranks keeps 2.9 GB of KV room per rank, short of one 202,752-token request."""
+    decode of DP2 ranks keeps 2.9 GB of KV room per rank, short of one 1,048,576-token request."""
     cfg = yaml.safe_load(stack_file("prod-b300").read_text())
     cfg["config"]["glm-infra:decode"].update(dp=2, instancesPerHost=4)
     out = refused_before_any_resource(project, "tight", cfg)
-    assert ("glm-infra:decode: a decode rank (tp1 dp2) cannot hold one request of the maximum context, 202,752 "
-            "tokens (max_position_embeddings from config.json): its KV room of 2.9 GB holds 46,423 tokens") in out
+    assert ("glm-infra:decode: a decode rank (tp1 dp2) cannot hold one request of the maximum context, 1,048,576 "
+            "tokens (max_position_embeddings, real: config.json#max_position_embeddings): its KV room of 2.9 GB holds "
+            "52,806 tokens") in out

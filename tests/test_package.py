@@ -18,18 +18,26 @@ def test_the_wheel_imports_from_its_own_files(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("glm_infra-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     for required in ("glm_infra/py.typed", "glm_infra/host/hostcheck.py", "glm_infra/host/weights.py",
-                     "glm_infra/templates/vllm.service.j2", "glm_infra/args.py"):
+                     "glm_infra/templates/vllm.service.j2", "glm_infra/args.py",
+                     # GLM-5.2's own config files, their provenance and licence (capacity planning)
+                     "glm_infra/checkpoints/nvidia--GLM-5.2-NVFP4/config.json",
+                     "glm_infra/checkpoints/nvidia--GLM-5.2-NVFP4/hf_quant_config.json",
+                     "glm_infra/checkpoints/nvidia--GLM-5.2-NVFP4/SOURCE.json",
+                     "glm_infra/checkpoints/LICENSES/Apache-2.0.txt"):
         assert required in names, required
     assert not any(n.startswith(("tests/", "stacks/", "scripts/")) for n in names)
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
                     str(wheel)], check=True, capture_output=True)
     probe = ("import glm_infra; from glm_infra import Cluster, Hosts, ClusterArgs; "
-             "from glm_infra import render; print(glm_infra.__file__); print(render.hostcheck_source().splitlines()[0])")
+             "from glm_infra import render; print(glm_infra.__file__); print(render.hostcheck_source().splitlines()[0]); "
+             "from glm_infra import checkpoint as c; "
+             "print(c.load_real_config(c.real_config_dir('nvidia/GLM-5.2-NVFP4')).config['max_position_embeddings'])")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(target)},
                          capture_output=True, text=True, check=True).stdout.splitlines()
     assert out[0].startswith(str(target)), "imported from the installed wheel, not the checkout"
     assert out[1] == "#!/usr/bin/env python3"
+    assert out[2] == "1048576", "the installed copy reads the real config, its sha256 checked"
 
 
 def test_the_library_takes_ranges_and_the_program_pins():

@@ -367,8 +367,12 @@ def test_the_capacity_output_has_each_pools_kv_room(key_file):
     pools = stack_outputs["capacity"]["pools"]
     assert set(pools) == {"prefill", "decode"}
     decode = pools["decode"]
-    assert decode["kvBytesPerToken"] == 62252 and decode["tokensPerRank"] == 2535034
-    assert decode["requestsPerInstance"] == {"16384": 1232, "262144": 72, "max": 96}
+    assert decode["kvBytesPerToken"] == 54728 and decode["tokensPerRank"] == 2883550
+    assert decode["requestsPerInstance"] == {"16384": 1400, "262144": 80, "max": 16}
+    # Where each fact came from: GLM-5.2's own config, the weight bytes synthetic.
+    sources = stack_outputs["capacity"]["factSources"]
+    assert sources["max_position_embeddings"] == "real: config.json#max_position_embeddings"
+    assert sources["weights"].startswith("synthetic: ")
     # The mocks' hosts report no facts: the GPU table's memory, as plan shows it.
     assert decode["gpuMemorySource"] == "B300 288 GB (GPU table)"
 

@@ -13,6 +13,7 @@ import yaml
 
 from conftest import ROOT, stack_config, stack_file
 from glm_infra import stack as st
+from glm_infra.cli import main
 from glm_infra.stack import StackError, load_file
 from glm_infra.validate import Problem
 
@@ -97,13 +98,31 @@ def test_unknown_top_keys_get_a_suggestion_or_the_list():
     assert st._closest("zzz", st.STACK_KEYS) == " (known keys: " + ", ".join(st.STACK_KEYS) + ")"
 
 
+PREFILL_HOLDS_ONE = ("glm-infra:prefill: a prefill rank holds 1 request(s) of the maximum context (1,048,576 tokens), "
+                     "fewer than capacity.warnBelow 2")  # a DP4 prefill rank at GLM-5.2's 1M positions
+
+
 def test_warnings_name_the_key():
     loaded = load_file(stack_file("prod-b300"))
     assert loaded.warnings == (
+        PREFILL_HOLDS_ONE,
         "glm-infra:router.apiKey is not set: the router's public port accepts any client",
         "glm-infra:model.revision: 'main' is not a commit SHA; pin a commit so every host serves the same bytes",
     )
-    assert load_file(stack_file("sim")).warnings == ()
+    assert load_file(stack_file("sim")).warnings == (PREFILL_HOLDS_ONE,)
+
+
+def test_validate_warns_of_a_branch_and_refuses_it_under_strict(capsys):
+    """A stack pinning model.revision to a branch deploys whatever the branch points to that day."""
+    assert main(["validate", "prod-b300"]) == 0
+    assert "warning: glm-infra:model.revision: 'main' is not a commit SHA" in capsys.readouterr().err
+    assert main(["validate", "--strict", "prod-b300", "sim"]) == 1
+    out = capsys.readouterr()
+    source = "stacks/Pulumi.prod-b300.yaml"
+    assert out.err.startswith(f"{source}: invalid stack under --strict (1 problem)\n  {source}: glm-infra:model.revision: "
+                              "'main' is not a commit SHA; pin a commit so every host serves the same bytes\n")
+    assert "stacks/Pulumi.sim.yaml: ok" in out.out and "prod-b300.yaml: ok" not in out.out
+    assert main(["validate", "--strict", "sim"]) == 0  # pinned to a commit
 
 
 def test_stack_names_resolve_in_the_project_around_the_current_directory(tmp_path, monkeypatch):
@@ -222,13 +241,12 @@ def test_an_unknown_gpu_or_version_is_said_to_go_unchecked():
 
 @pytest.mark.parametrize("warn_below,warned", [(2, True), (1, False)])
 def test_a_pool_holding_fewer_max_requests_than_warn_below_is_warned(write_stack, warn_below, warned):
-    """At a 1.5M context each prod-b300 rank holds exactly one request: below warnBelow 2, not below 1."""
+    """At GLM-5.2's 1M context a prod-b300 prefill rank holds exactly one request (a decode rank two):
+    below warnBelow 2, not below 1."""
     cfg = stack_config("prod-b300")
-    cfg["glm-infra:model"]["maxModelLen"] = 1_500_000
     cfg["glm-infra:capacity"] = {"warnBelow": warn_below}
     got = [w for w in load_file(write_stack(cfg)).warnings if "capacity.warnBelow" in w]
-    assert got == ([f"glm-infra:{r}: a {r} rank holds 1 request(s) of the maximum context (1,500,000 tokens), fewer "
-                    "than capacity.warnBelow 2" for r in ("prefill", "decode")] if warned else [])
+    assert got == ([PREFILL_HOLDS_ONE] if warned else [])
 
 
 def test_a_yml_file_is_a_path_and_a_name_is_looked_up_in_the_nearest_project_only(tmp_path, monkeypatch):
@@ -253,7 +271,7 @@ def test_hosts_without_pools_get_no_capacity_warnings():
     """The KV room is the pools' (Hosts serves nothing); the same hosts as a Cluster are warned."""
     cfg = stack_config("prod-b300")
     raw = {"hosts": cfg["glm-infra:hosts"], "ssh": cfg["glm-infra:ssh"],
-           "model": {**cfg["glm-infra:model"], "revision": "0" * 40, "maxModelLen": 1_500_000}}
+           "model": {**cfg["glm-infra:model"], "revision": "0" * 40}}
     assert not [w for w in st.load_dict(raw, "Hosts 'h'", serve=False).warnings if "capacity.warnBelow" in w]
     assert [w for w in st.load_dict(raw, "Cluster 'c'").warnings if "capacity.warnBelow" in w]
 

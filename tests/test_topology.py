@@ -143,6 +143,7 @@ def test_a_colocated_pool_behind_the_router_round_robin(write_stack):
         "glm-infra:capacity": {"modelFacts": {"num_hidden_layers": 4, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
                                               "max_position_embeddings": 32768},
                                "routedBytes": 8 * 10**9, "residentBytes": 2 * 10**9},
+        "glm-infra:sla": {"contexts": [16384]},  # within its 32,768 positions
         "glm-infra:colocated": {"hosts": ["a", "b"], "ep": False},
         "glm-infra:router": {"host": "b"},
     })).config

@@ -134,7 +134,14 @@ BAD = [
     ("nvfp4-on-nvidia-h200", [("glm-infra:hosts[1].gpuModel", "NVIDIA H200 SXM")], "glm-infra:hosts[1].gpuModel", "b300-2's NVIDIA H200 SXM (compute capability 9) cannot run"),
     # The KV-cache room (capacity.py), as validate words it.
     ("gpu-memory-unknown", [("glm-infra:hosts[0].gpuModel", "Z9000")], "glm-infra:capacity.gpuMemoryGb", "hosts[0].gpuModel 'Z9000' is not in glm-infra's GPU memory table"),
-    ("decode-rank-below-one-request", [("glm-infra:decode.dp", 2), ("glm-infra:decode.instancesPerHost", 4)], "glm-infra:decode", "a decode rank (tp1 dp2) cannot hold one request of the maximum context, 202,752 tokens"),
+    ("decode-rank-below-one-request", [("glm-infra:decode.dp", 2), ("glm-infra:decode.instancesPerHost", 4)], "glm-infra:decode", "a decode rank (tp1 dp2) cannot hold one request of the maximum context, 1,048,576 tokens"),
+    # The stack's promises against GLM-5.2's real config (1,048,576 positions) and the KV room.
+    ("sla-bucket-over-max-model-len", [("glm-infra:model.maxModelLen", 131072)], "glm-infra:sla.contexts",
+     "the SLA promises 131,072, 262,144 input tokens + 256 output (sla.outputTokens), more than the 131,072 tokens the stack serves (model.maxModelLen)"),
+    ("max-model-len-over-positions", [("glm-infra:model.maxModelLen", 2_000_000)], "glm-infra:model.maxModelLen",
+     "2,000,000 tokens is more than the model's 1,048,576 positions (max_position_embeddings, real: config.json#max_position_embeddings)"),
+    ("no-kv-room-for-the-longest-bucket", [("glm-infra:prefill.dp", 2), ("glm-infra:prefill.instancesPerHost", 4), ("glm-infra:model.maxModelLen", 131328)],
+     "glm-infra:prefill", "a prefill rank (tp1 dp2) has no KV-cache room for the SLA's longest request, 262,144 + 256 = 262,400 tokens"),
     ("decode-weights-exceed-the-gpu", [("glm-infra:decode.dp", 1), ("glm-infra:decode.instancesPerHost", 8)], "glm-infra:decode", "the weights alone (446.9 GB per rank) and the reserve (16.0 GB) exceed 288.0 GB × 0.9"),
 ]
 

@@ -428,6 +428,23 @@ def test_huggingface_source_downloads_verifies_and_publishes(hub, tmp_path):
     assert progress["complete"] and len(progress["published"]) == 9, "every file is served to the peers"
 
 
+def test_a_branch_is_staged_from_the_commit_it_resolves_to_and_that_commit_is_recorded(hub, tmp_path):
+    """A stack pinning a branch ("main") deploys what the branch points to that day: the staging reads
+    the commit the hub resolves it to (ModelInfo.sha), downloads every file from that commit, and
+    records it in the revision's manifest and .glm-complete, and the step's log says it."""
+    _, log, token = hub
+    path = tmp_path / "seed" / "model"
+    r = hf_stage(path, token, revision="main")
+    assert r.returncode == 0, r.stderr
+    assert os.readlink(path) == "model.revisions/main"
+    staged = json.loads((path / ".glm-manifest.json").read_text())
+    assert staged["revision"] == "main" and staged["commit"] == COMMIT
+    assert (path / ".glm-complete").read_text().endswith(f", commit {COMMIT}\n")
+    assert f"main (commit {COMMIT}): 9 files" in r.stdout
+    downloads = hub_downloads(log)
+    assert len(downloads) == 9 and all(f"/resolve/{COMMIT}/" in d for d in downloads), downloads
+
+
 def test_the_hf_token_reaches_the_hub_client_only_through_its_environment(hub, tmp_path):
     _, _, token = hub
     python, seen = recording_hf_venv(tmp_path)

@@ -50,6 +50,9 @@ CHECKPOINT = {
 }
 
 
+HUB_COMMIT = "c0ffee" + "0" * 34  # the commit a source resolves a revision to (the stand-in hub: every one)
+
+
 def write_checkpoint(d: Path, files: dict[str, bytes] = CHECKPOINT) -> list[dict]:
     for name, data in files.items():
         (d / name).parent.mkdir(parents=True, exist_ok=True)
@@ -936,6 +939,24 @@ def seed(url: str, path: Path, *more: str) -> int:
                str(path), "--margin-gb", "0", "--name", "s", *more)
 
 
+@pytest.mark.parametrize(("commit", "recorded"), [(HUB_COMMIT, HUB_COMMIT), ("main", None)])
+def test_a_mirror_manifest_naming_its_commit_is_recorded_and_a_bad_one_refused(mirror, tmp_path, capsys, commit, recorded):
+    """A mirror serves a revision as it was staged there; a manifest.json that names its commit passes
+    it on like the hub's, one that names something else as the commit is refused before any download."""
+    url, src = mirror
+    manifest = json.loads((src / "manifest.json").read_text())
+    (src / "manifest.json").write_text(json.dumps({**manifest, "commit": commit}))
+    path = tmp_path / "h" / "model"
+    assert seed(url, path) == (0 if recorded else 1)
+    out, err = capsys.readouterr()
+    if recorded:
+        staged = json.loads((path / ".glm-manifest.json").read_text())
+        assert staged["commit"] == recorded and f"s: weights: rev1 (commit {recorded}): 5 files" in out
+    else:
+        assert f"s: weights: refusing the manifest from {url}/rev1/manifest.json: 'commit' 'main' is not a commit id" in err
+        assert gets(err) == ["/rev1/manifest.json"], "nothing downloaded"
+
+
 def test_the_seed_stages_from_the_mirror_verifies_publishes_and_switches(mirror, tmp_path, capsys):
     url, src = mirror
     path = tmp_path / "h" / "model"
@@ -1071,12 +1092,13 @@ def listing(files: dict[str, bytes] = CHECKPOINT) -> list[dict]:
 
 
 FAKE_HUB = """\"\"\"A stand-in for huggingface_hub's HfApi.model_info(repo_id, revision=..., files_metadata=True)
-(huggingface_hub/hf_api.py): a ModelInfo whose siblings are RepoSibling(rfilename, size, blob_id, lfs), lfs a
+(huggingface_hub/hf_api.py): a ModelInfo with the commit the revision resolves to (sha) whose siblings are RepoSibling(rfilename, size, blob_id, lfs), lfs a
 BlobLfsInfo(size, sha256, pointer_size) for an LFS file and None for a file kept in git. What it lists comes
 from the JSON file $FAKE_HUB_SPEC; "raw" prints that text instead (a client gone wrong), "stderr"/"rc" fail
 the call as the real client does when the hub refuses (its traceback, exit 1).\"\"\"
 import json, os, sys
 from types import SimpleNamespace
+HUB_COMMIT = "c0ffee" + "0" * 34
 
 
 class HfApi:
@@ -1089,7 +1111,7 @@ class HfApi:
             sys.stdout.write(spec["raw"])
             sys.exit(0)
         assert files_metadata, "sizes and digests come with files_metadata=True only"
-        return SimpleNamespace(siblings=[
+        return SimpleNamespace(sha=spec.get("sha", HUB_COMMIT), siblings=[
             SimpleNamespace(rfilename=f["path"], size=f["size"], blob_id=f["blob"],
                             lfs=SimpleNamespace(sha256=f["sha256"], size=f["size"], pointer_size=134) if f["sha256"] else None)
             for f in spec["listing"]])
@@ -1161,13 +1183,18 @@ def test_the_seed_downloads_from_the_hub_git_kept_files_first_and_hashes_them(tm
     calls = (bin_dir / "calls").read_text().splitlines()
     assert calls[0].startswith("python hf_tok_1 -c ") and calls[0].endswith(" org/m rev1")
     assert calls[1:] == [
-        f"hf hf_tok_1 download org/m config.json model.safetensors.index.json sub/tokenizer.json --revision rev1 "
-        f"--local-dir {path.parent}/model.revisions/rev1",  # the git-kept files at once, before the batches
-        f"hf hf_tok_1 download org/m model-00001-of-00002.safetensors --revision rev1 --local-dir {path.parent}/model.revisions/rev1",
-        f"hf hf_tok_1 download org/m model-00002-of-00002.safetensors --revision rev1 --local-dir {path.parent}/model.revisions/rev1",
+        # the git-kept files at once, before the batches; each from the commit rev1 resolved to
+        f"hf hf_tok_1 download org/m config.json model.safetensors.index.json sub/tokenizer.json --revision {HUB_COMMIT} "
+        f"--local-dir {path.parent}/model.revisions/rev1",
+        f"hf hf_tok_1 download org/m model-00001-of-00002.safetensors --revision {HUB_COMMIT} --local-dir {path.parent}/model.revisions/rev1",
+        f"hf hf_tok_1 download org/m model-00002-of-00002.safetensors --revision {HUB_COMMIT} --local-dir {path.parent}/model.revisions/rev1",
     ], calls
     root = path.parent / "model.revisions" / "rev1"
-    assert json.loads((root / ".glm-manifest.json").read_text())["files"] == write_checkpoint(tmp_path / "x")
+    staged = json.loads((root / ".glm-manifest.json").read_text())
+    assert staged["files"] == write_checkpoint(tmp_path / "x")
+    assert staged["revision"] == "rev1" and staged["commit"] == HUB_COMMIT, "the commit the revision resolved to"
+    assert (root / ".glm-complete").read_text().endswith(f", commit {HUB_COMMIT}\n")
+    assert f"s: weights: rev1 (commit {HUB_COMMIT}): 5 files" in out
     assert "s: weights: 1/2 files downloaded from org/m" in out and "s: weights: 2/2 files downloaded from org/m" in out
     assert "s: weights: seed: 5 files from the huggingface source, 0 already here and verified" in out
     progress = json.loads((root / ".glm-progress.json").read_text())
@@ -1210,9 +1237,10 @@ def test_the_seed_from_the_hub_again_keeps_what_matches(tmp_path, token, capsys,
     ("", 2, "", "cannot list org/m@rev1: (no output)"),
     ("not json", 0, "", "cannot list org/m@rev1: the hub client printed no list of files"),
     ("{}", 0, "", "cannot list org/m@rev1: the hub client printed no list of files"),
+    ('{"commit": "main", "files": []}', 0, "", "cannot list org/m@rev1: the hub named no commit it resolves to (got 'main')"),
     ([{"path": "a.safetensors", "size": None, "blob": "0" * 40, "sha256": "0" * 64}], 0, "",
      "refusing the manifest from org/m@rev1: a.safetensors: size None is not a byte count"),
-    ('["a"]', 0, "", "refusing the manifest from org/m@rev1: an entry is not an object: 'a'"),
+    (f'{{"commit": "{HUB_COMMIT}", "files": ["a"]}}', 0, "", "refusing the manifest from org/m@rev1: an entry is not an object: 'a'"),
     ([{"path": "../a", "size": 1, "blob": "0" * 40, "sha256": None}], 0, "", "unsafe file name '../a'"),
     ([{"path": "a", "size": 1, "blob": None, "sha256": None}], 0, "", "a: neither a sha256 nor a git blob id"),
 ])
@@ -1305,6 +1333,7 @@ def test_a_peer_copies_what_its_parent_published_and_says_when_it_is_done(tmp_pa
     ({**progress_doc(), "published": ["config.json", "nope.json"]}, "it publishes 'nope.json', which it does not list"),
     ({**progress_doc(), "published": [["config.json"]]}, "it publishes ['config.json'], which it does not list"),
     ({**progress_doc(), "files": progress_doc()["files"] + [entry("/etc/x", b"1")]}, "unsafe file name '/etc/x'"),
+    ({**progress_doc(), "commit": "main"}, "'commit' 'main' is not a commit id"),
 ])
 def test_a_progress_document_is_checked_whole(doc, problem):
     with pytest.raises(w.StageError) as e:
@@ -1319,6 +1348,19 @@ def test_a_good_progress_document_comes_back_normalised():
     got = w.parent_doc(doc, "p")
     assert got["files"] == progress_doc()["files"] and got["published"] == ["config.json"]
     assert (got["revision"], got["complete"], got["received"]) == ("rev1", False, 7)
+
+
+def test_a_peer_records_the_commit_its_parent_staged_and_passes_it_on(tmp_path, capsys):
+    """The seed resolved the revision to a commit; every host's manifest and .glm-complete say which."""
+    p = parent(doc={**progress_doc(), "commit": HUB_COMMIT})
+    path = tmp_path / "c" / "model"
+    with running(p.server) as url:
+        assert peer(path, url) == 0
+    root = path.parent / "model.revisions" / "rev1"
+    assert json.loads((root / ".glm-manifest.json").read_text())["commit"] == HUB_COMMIT
+    assert json.loads((root / ".glm-progress.json").read_text())["commit"] == HUB_COMMIT, "its children get it"
+    assert (root / ".glm-complete").read_text().endswith(f", commit {HUB_COMMIT}\n")
+    assert f"c: weights: rev1 (commit {HUB_COMMIT}): 5 files" in capsys.readouterr().out
 
 
 def test_a_parent_that_lies_about_a_name_gets_nothing_written(tmp_path, capsys):

@@ -6,7 +6,9 @@ the hosts (stdlib only).
 Layout under the model path P (what vLLM serves):
     P                          symlink → P.revisions/<revision>
     P.revisions/<revision>/    the checkpoint; ``.glm-manifest.json`` lists every file with size
-                               and sha256; ``.glm-complete`` exists once every file is verified
+                               and sha256, and the commit the revision resolved to where the source
+                               says (the hub: always; a branch such as "main" moves, the commit does
+                               not); ``.glm-complete`` exists once every file is verified
     P.revisions/.lock          held while a staging runs
     P.revisions/<revision>/.glm-hashes.json   digests by size, mtime, inode: what a staging again reads
 
@@ -77,6 +79,7 @@ PROGRESS = ".glm-progress.json"
 COMPLETE = ".glm-complete"
 DONE = ".glm-done"  # a host that copied from this one GETs it once it has every file
 CHUNK = 4 << 20
+COMMIT_ID = re.compile(r"[0-9a-f]{40}")  # a git commit id, as the hub's ModelInfo.sha gives it
 HASHES = ".glm-hashes.json"  # digests of the files here, by size, mtime, inode: a staging again reads what changed
 MAX_JSON = 64 << 20  # a manifest or progress document from another host larger than this is refused
 REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")  # the stack's own rule (config.py): a folder name
@@ -461,6 +464,7 @@ class Relay:
     def __init__(self, revision: str, name: str) -> None:
         self.lock = threading.Lock()
         self.revision, self.name = revision, name
+        self.commit: str | None = None  # what the revision resolved to at the source, where known
         self.files: list[dict] = []
         self.published: list[str] = []
         self.complete = False
@@ -491,8 +495,8 @@ class Relay:
             write_json(self.progress_path, doc)
 
     def snapshot(self) -> dict:
-        return {"revision": self.revision, "files": self.files, "published": list(self.published),
-                "complete": self.complete, "received": self.received}
+        return {"revision": self.revision, **({"commit": self.commit} if self.commit else {}), "files": self.files,
+                "published": list(self.published), "complete": self.complete, "received": self.received}
 
     def got(self, n: int) -> None:
         with self.lock:
@@ -664,20 +668,28 @@ def source_manifest(args: argparse.Namespace, root: str) -> dict:
         finally:
             os.remove(tmp)
         files = manifest_files(m.get("files") if isinstance(m, dict) else None, url)
+        # A mirror serves a revision as it was staged there; its manifest may name the commit.
+        commit = m.get("commit")
+        if commit is not None and not (isinstance(commit, str) and COMMIT_ID.fullmatch(commit)):
+            raise StageError(f"refusing the manifest from {url}: 'commit' {commit!r} is not a commit id")
+        commit = commit or (args.revision if COMMIT_ID.fullmatch(args.revision) else None)
     else:  # huggingface: the hub knows every file's size and LFS sha256 (or git blob id)
         url = f"{args.repo}@{args.revision}"
-        files = manifest_files(hf_manifest(args), url, blobs=True)
+        listed, commit = hf_manifest(args)
+        files = manifest_files(listed, url, blobs=True)
     for e in files:
         inside(root, e["path"], url)
-    return {"revision": args.revision, "files": files}
+    return {"revision": args.revision, **({"commit": commit} if commit else {}), "files": files}
 
 
-def hf_manifest(args: argparse.Namespace) -> list:
+def hf_manifest(args: argparse.Namespace) -> tuple[list, str]:
+    """The hub's files of REPO@REVISION and the commit the revision resolves to (ModelInfo.sha): the
+    files are downloaded from that commit, so a branch that moves meanwhile changes nothing staged."""
     code = (
         "import json,sys;from huggingface_hub import HfApi;"
         "i=HfApi().model_info(sys.argv[1],revision=sys.argv[2],files_metadata=True);"
-        "print(json.dumps([{'path':s.rfilename,'size':s.size,'blob':s.blob_id,"
-        "'sha256':(s.lfs.sha256 if s.lfs else None)} for s in i.siblings]))"
+        "print(json.dumps({'commit':i.sha,'files':[{'path':s.rfilename,'size':s.size,'blob':s.blob_id,"
+        "'sha256':(s.lfs.sha256 if s.lfs else None)} for s in i.siblings]}))"
     )
     out = subprocess.run([args.hf_python, "-c", code, args.repo, args.revision], capture_output=True, text=True,
                          env=hf_env(args))
@@ -689,14 +701,19 @@ def hf_manifest(args: argparse.Namespace) -> list:
         said = "" if raised and lines[-1] == raised[-1] else lines[-1]
         raise StageError(f"cannot list {args.repo}@{args.revision}: {' '.join(filter(None, [error, said]))}")
     try:
-        listed = json.loads(out.stdout)
+        doc = json.loads(out.stdout)
     except ValueError:
-        listed = None
+        doc = None
+    listed = doc.get("files") if isinstance(doc, dict) else None
     if not isinstance(listed, list):
         raise StageError(f"cannot list {args.repo}@{args.revision}: the hub client printed no list of files")
+    commit = doc.get("commit")
+    if not (isinstance(commit, str) and COMMIT_ID.fullmatch(commit)):
+        raise StageError(f"cannot list {args.repo}@{args.revision}: the hub named no commit it resolves to "
+                         f"(got {commit!r})")
     # Every file the hub lists, in the manifest's form: one without a size or a digest fails the check.
     return [{"path": f.get("path"), "size": f.get("size"), "sha256": f.get("sha256"), "git_blob": f.get("blob")}
-            if isinstance(f, dict) else f for f in listed]
+            if isinstance(f, dict) else f for f in listed], commit
 
 
 def env_value(path: str, var: str) -> str | None:
@@ -744,7 +761,7 @@ def hf_download(args: argparse.Namespace, root: str, entries: list[dict]) -> Non
             with contextlib.suppress(FileNotFoundError):
                 os.remove(stale)
     hf = os.path.join(os.path.dirname(args.hf_python), "hf")
-    p = subprocess.Popen([hf, "download", args.repo, *[e["path"] for e in entries], "--revision", args.revision,
+    p = subprocess.Popen([hf, "download", args.repo, *[e["path"] for e in entries], "--revision", args.commit,
                           "--local-dir", root], env=hf_env(args), stdout=subprocess.DEVNULL)
     seen = _tree_bytes(root)
     while True:  # what the hub client wrote so far: the hosts copying from here see progress
@@ -772,6 +789,7 @@ def stage_seed(args: argparse.Namespace, root: str) -> None:
     relay: Relay = args.relay
     hashes: Hashes = args.hashes
     manifest = source_manifest(args, root)
+    args.commit = relay.commit = manifest.get("commit")
     need_disk(args, root, manifest)
     if args.source == "huggingface":
         # The small git-kept files first (config, tokenizer): then every file has a sha256 the peers
@@ -859,6 +877,9 @@ def parent_doc(doc: object, origin: str) -> dict:
             raise StageError(f"refusing the manifest from {origin}: {key!r} is missing or not a {kind.__name__}")
     if type(doc.get("received")) is not int or doc["received"] < 0:
         raise StageError(f"refusing the manifest from {origin}: 'received' is missing or not a byte count")
+    commit = doc.get("commit")  # absent from a relay host of an older glm-infra
+    if commit is not None and not (isinstance(commit, str) and COMMIT_ID.fullmatch(commit)):
+        raise StageError(f"refusing the manifest from {origin}: 'commit' {commit!r} is not a commit id")
     files = manifest_files(doc["files"], origin)
     names = {e["path"] for e in files}
     for n in doc["published"]:
@@ -907,7 +928,7 @@ def stage_peer(args: argparse.Namespace, root: str) -> None:
     started = time.monotonic()
     told = 0.0  # when it last said it is waiting: at once, then every minute
 
-    def adopt(new: list[dict], origin: str) -> None:
+    def adopt(new: list[dict], origin: str, commit: str | None = None) -> None:
         """Stage the manifest ``new`` from now on (every destination checked before anything is
         written); a file verified against an entry it changes or drops is verified again."""
         nonlocal files
@@ -919,7 +940,9 @@ def stage_peer(args: argparse.Namespace, root: str) -> None:
         have.difference_update(stale)
         kept.difference_update(stale)
         files = by_path
-        write_json(os.path.join(root, MANIFEST), {"revision": args.revision, "files": new})
+        relay.commit = commit or relay.commit
+        write_json(os.path.join(root, MANIFEST), {"revision": args.revision,
+                                                  **({"commit": relay.commit} if relay.commit else {}), "files": new})
         relay.adopt(new)
         if stale:
             log(f"{origin}: its manifest differs for {len(stale)} files verified here before "
@@ -984,8 +1007,8 @@ def stage_peer(args: argparse.Namespace, root: str) -> None:
         answered = True
         if progress["files"]:
             known = True
-            if {e["path"]: e for e in progress["files"]} != files:
-                adopt(progress["files"], base)
+            if {e["path"]: e for e in progress["files"]} != files or progress.get("commit") != relay.commit:
+                adopt(progress["files"], base, progress.get("commit"))
         sig = (len(progress["published"]), progress["received"], progress["complete"])
         if sig != last_sig:
             last_sig, since = sig, time.monotonic()
@@ -1143,11 +1166,14 @@ def cmd_stage(args: argparse.Namespace) -> int:
             bad = check_files(root, manifest, full=True, hashes=hashes)
             if bad:
                 raise StageError(f"after staging, missing or corrupt: {', '.join(bad[:5])}")
+            commit = manifest.get("commit")
             with open(complete, "w") as f:
-                f.write(f"{len(manifest['files'])} files, {sum(e['size'] for e in manifest['files'])} bytes\n")
+                f.write(f"{len(manifest['files'])} files, {sum(e['size'] for e in manifest['files'])} bytes"
+                        + (f", commit {commit}" if commit else "") + "\n")
             switch(args.path, args.revision)
             total = sum(e["size"] for e in manifest["files"])
-            log(f"{args.revision}: {len(manifest['files'])} files, {total / 1e9:.2f} GB verified at {args.path}")
+            log(f"{args.revision}{f' (commit {commit})' if commit and commit != args.revision else ''}: "
+                f"{len(manifest['files'])} files, {total / 1e9:.2f} GB verified at {args.path}")
             if server is not None:
                 left = wait_for_children(relay, children, args.stall)
                 log(f"relay on {args.serve} stopped: every host copying from here is done or left")
