@@ -10,6 +10,9 @@ ensure_venv() {
   fi
   echo "== virtualenv: installing pinned dependencies into venv/"
   [ -x venv/bin/python ] || python3 -m venv venv
-  venv/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt
+  # uv installs the pins (about 5 s from its cache, 40 s with pip); its cache is the project's.
+  venv/bin/python -m pip install -q --disable-pip-version-check -c constraints.txt uv
+  UV_CACHE_DIR="${GLM_INFRA_CACHE:-$HOME/.cache/glm-infra}/uv" venv/bin/uv pip install -q --python venv/bin/python \
+    -r requirements.txt
   echo "$want" > "$stamp"
 }
