@@ -6,6 +6,7 @@ repository and wheels to the hosts from the bridge address. Only these hosts and
 targeted: addresses outside the bridge's private /24 are refused.
 
     sim up [--stack sim]      build or reuse the image, boot every host, wait for SSH
+    sim prepare [--stack sim] build what up and the SLA gate take from the network, boot nothing
     sim down [--stack sim]    stop every host and remove what ``up`` created
     sim status [--stack sim]  one line per host
     sim inventory [--stack sim]  the running hosts as JSON {name: address}
@@ -475,6 +476,21 @@ def cmd_up(args: argparse.Namespace) -> int:
     return cmd_status(args)
 
 
+def cmd_prepare(args: argparse.Namespace) -> int:
+    """Make now what the stack's clusters take from the network: the SSH key, the host image
+    (debootstrap), the stand-in repository, wheels and checkpoint, and the SLA client with the sim
+    stack's tokenizer. ``up`` makes what is missing too; the test suite runs this before its lanes
+    leave the machine's network for namespaces of their own."""
+    if os.geteuid() != 0:
+        raise SimError("the simulated cluster needs root (mounts, bridges, containers)")
+    hosts_of(args.stack)
+    with machine_lock():
+        ssh_key()
+        rootfs()
+        build_standins(args.stack)
+    return cmd_tokenizer(args)
+
+
 def cmd_down(args: argparse.Namespace) -> int:
     hosts, gateway = hosts_of(args.stack)
     for h in hosts:
@@ -544,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stack", default="sim", help="stack name or file whose hosts to simulate (default: sim)")
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("up").set_defaults(func=cmd_up)
+    sub.add_parser("prepare", help="make the image, stand-ins and SLA client now (what needs the network)").set_defaults(
+        func=cmd_prepare)
     sub.add_parser("down").set_defaults(func=cmd_down)
     sub.add_parser("status").set_defaults(func=cmd_status)
     sub.add_parser("inventory").set_defaults(func=cmd_inventory)
