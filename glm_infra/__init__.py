@@ -1,6 +1,6 @@
 """glm-infra: GLM-5.2-NVFP4 on vLLM with P/D disaggregation on NVIDIA B300 servers, as Pulumi components.
 
-    from glm_infra import Cluster
+    from . import Cluster
     cluster = Cluster("glm", {"hosts": [...], "ssh": {...}, "model": {...}})
 
 ``Cluster`` is the whole deployment; ``Hosts`` provisions servers without serving; both monitor what
@@ -12,12 +12,43 @@ the steps of the per-host plan (``glm_infra.hostplan``). ``ClusterArgs`` and its
 """
 
 from .args import (
-    ClusterArgs, ColocatedInput, DecodeInput, DriversInput, HostInput, HostsArgs, ModelInput, MonitoringInput, NixlInput,
-    PrefillInput, PreflightInput, RdmaInput, RouterInput, RuntimeInput, SlaInput, SshInput,
+    ClusterArgs,
+    ColocatedInput,
+    DecodeInput,
+    DriversInput,
+    HostInput,
+    HostsArgs,
+    ModelInput,
+    MonitoringInput,
+    NixlInput,
+    PrefillInput,
+    PreflightInput,
+    RdmaInput,
+    RouterInput,
+    RuntimeInput,
+    SlaInput,
+    SshInput,
 )
 from .components import (
-    Cluster, Drivers, DriversArgs, Host, HostArgs, Hosts, HostStep, HostStepArgs, InvalidArgsError, ModelWeights,
-    ModelWeightsArgs, MonitoredHost, Monitoring, MonitoringArgs, Router, RouterArgs, VllmService, VllmServiceArgs, WeightsHost,
+    Cluster,
+    Drivers,
+    DriversArgs,
+    Host,
+    HostArgs,
+    Hosts,
+    HostStep,
+    HostStepArgs,
+    InvalidArgsError,
+    ModelWeights,
+    ModelWeightsArgs,
+    MonitoredHost,
+    Monitoring,
+    MonitoringArgs,
+    Router,
+    RouterArgs,
+    VllmService,
+    VllmServiceArgs,
+    WeightsHost,
 )
 
 __version__ = "0.2.0"

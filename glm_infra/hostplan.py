@@ -25,11 +25,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import firewall, monitoring, paths, pins, render, topology
-from .config import StackConfig
-from .host import hostcheck
+from . import render
+from .agent import hostcheck
+from .plan import topology
+from .plan.topology import HostPlan, Instance, Plan, rolling, seed_host
+from .roles import firewall, monitoring
+from .spec import paths, pins
+from .spec.config import StackConfig
 from .steps import TRIGGERS_TOKEN, RenderedFile, ScriptStep, Step, command, digest, file_step, seconds
-from .topology import HostPlan, Instance, Plan, rolling, seed_host
 
 HOST_FILES = ("vllm-secrets", "hf-secrets")
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import pulumi
 
-from . import topology
-from .config import SECRETS, StackConfig, snake
+from .plan import topology
+from .plan.validate import Problem, secret_value_problem
+from .spec.config import SECRETS, StackConfig, snake
 from .stack import LoadedStack, StackError, load_dict
-from .validate import Problem, secret_value_problem
 
 # Stand-ins while a value is unknown: TEST-NET-2 addresses, which no real host has.
 _PLACEHOLDER_NET = "198.51.100."

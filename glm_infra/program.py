@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import pulumi
 
-from . import capacity
 from .args import ClusterArgs
-from .config import SECRET_PATHS, StackConfig, snake
+from .plan import capacity
+from .spec.config import SECRET_PATHS, StackConfig, snake
 from .stack import StackError, load_pulumi_config
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def cluster_args(stack: StackConfig) -> ClusterArgs:
 
 
 def capacity_output(cluster: Cluster) -> pulumi.Output[dict[str, Any]]:
-    """The stack output ``capacity`` (glm_infra/capacity.py): each pool's KV room per rank, from the
+    """The stack output ``capacity`` (glm_infra/plan/capacity.py): each pool's KV room per rank, from the
     hosts' preflight GPU memory once their facts are read (the GPU table before)."""
     stack = cluster.stack
     return cluster.facts.apply(lambda facts: capacity.as_output(stack, facts))

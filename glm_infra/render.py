@@ -15,18 +15,26 @@ from pathlib import Path
 
 import jinja2
 
-from . import paths
-from .config import API_KEY_MAX, SECRETS, StackConfig, dump_json, snake
-from .paths import (  # noqa: F401  (re-exported: where things land, for callers of render)
-    FRONT_CONF, FRONT_KEYS, HF_SECRETS, HOSTCHECK, ROUTER_SECRETS, SECRETS_DIR, UCX_ENV, UNIT_DIR, VLLM_SECRETS,
+from .agent import hostcheck
+from .plan.topology import KV_ROLE, Instance, Plan, pool_of
+from .spec import paths
+from .spec.config import API_KEY_MAX, SECRETS, StackConfig, dump_json, snake
+from .spec.paths import (  # noqa: F401  (re-exported: where things land, for callers of render)
+    FRONT_CONF,
+    FRONT_KEYS,
+    HF_SECRETS,
+    HOSTCHECK,
+    ROUTER_SECRETS,
+    SECRETS_DIR,
+    UCX_ENV,
+    UNIT_DIR,
+    VLLM_SECRETS,
     WEIGHTS,
 )
-from .host import hostcheck
 from .steps import RenderedFile, ScriptStep, Step, digest
-from .topology import KV_ROLE, Instance, Plan, pool_of
 
 TEMPLATES = Path(__file__).parent / "templates"
-HOST_PROGRAMS = Path(__file__).resolve().parent / "host"
+HOST_PROGRAMS = Path(__file__).resolve().parent / "agent"
 # How long a (re)started instance may take to answer /health: loading ~465 GB and compiling graphs.
 SERVICE_START_TIMEOUT_S = 3600
 ROUTER_START_TIMEOUT_S = 300

@@ -15,9 +15,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from .config import NAMESPACE, SECRET_PATHS, STACK_KEYS, StackConfig
-from . import pins
-from .validate import GPU_COMPUTE_CAPABILITY, Problem, capacity_warnings, check, unpinned_revision
+from .plan.validate import GPU_COMPUTE_CAPABILITY, Problem, capacity_warnings, check, unpinned_revision
+from .spec import pins
+from .spec.config import NAMESPACE, SECRET_PATHS, STACK_KEYS, StackConfig
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
@@ -213,7 +213,7 @@ def _warnings(stack: StackConfig, serve: bool = True) -> list[str]:
     ):
         if pins.release(version) not in known:
             out.append(f"{NAMESPACE}:{key}: glm-infra knows the choices of {', '.join(known)} only; {what} are not "
-                       f"checked against {version} (glm_infra/pins.py)")
+                       f"checked against {version} (glm_infra/spec/pins.py)")
     for i, h in enumerate(stack.hosts):
         model = h.gpu_model.removeprefix("NVIDIA ").split()[0].upper()
         if stack.model.weight_format is not None and model not in GPU_COMPUTE_CAPABILITY:

@@ -15,8 +15,7 @@ import hmac
 import shlex
 from dataclasses import dataclass, field
 
-from . import paths
-
+from .spec import paths
 
 # Stands in a step's commands for the digest of its triggers (filled in by the component), so a host
 # script can tell "re-run with the same triggers" (a new SSH key, a new dial timeout: nothing to

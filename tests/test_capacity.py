@@ -11,12 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import glm5_checkpoint
+import pytest
 from conftest import ROOT, free_port, stack_config, wait_port
-from glm_infra import capacity, checkpoint, cli, render, topology
+
+from glm_infra import render
+from glm_infra.plan import capacity, topology
+from glm_infra.spec import checkpoint
 from glm_infra.stack import StackError, load_file
+from glm_infra.tools import cli
 
 REPO = "nvidia/GLM-5.2-NVFP4"
 COMMIT = "5a1e9b7d2c4a6e8f0b1d3c5e7a9b2d4f6a8c3f0c"
@@ -115,7 +118,7 @@ def test_a_mirror_that_ignores_bounded_ranges_is_read_only_up_to_each_header(glm
     (tmp_path / "mirror").mkdir()
     shutil.copytree(glm5, tmp_path / "mirror" / COMMIT)
     port = free_port()
-    p = subprocess.Popen([sys.executable, str(ROOT / "glm_infra/host/weights.py"), "serve", "--dir",
+    p = subprocess.Popen([sys.executable, str(ROOT / "glm_infra/agent/weights.py"), "serve", "--dir",
                           str(tmp_path / "mirror"), "--bind", f"127.0.0.1:{port}", "--all"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -285,10 +288,10 @@ def test_plan_prints_the_room_of_each_pool_with_the_source_of_each_fact(capsys):
     out = capsys.readouterr().out
     lines = [line.strip() for line in out.splitlines()]
     # The real config files, their origin; the weight bytes synthetic, and why.
-    assert ("config: glm_infra/checkpoints/nvidia--GLM-5.2-NVFP4/ (config.json, hf_quant_config.json), from "
+    assert ("config: glm_infra/spec/checkpoints/nvidia--GLM-5.2-NVFP4/ (config.json, hf_quant_config.json), from "
             "aiconfigurator-core 0.12.0 (aiconfigurator_core-0.12.0-cp311-abi3-manylinux_2_28_x86_64.whl, sha256 "
             "aadc4aad0a00…), sha256 checked (SOURCE.json)") in lines
-    assert "facts snapshot: glm_infra/checkpoints/nvidia--GLM-5.2-NVFP4.json, read from SYNTHETIC" in out
+    assert "facts snapshot: glm_infra/spec/checkpoints/nvidia--GLM-5.2-NVFP4.json, read from SYNTHETIC" in out
     assert ("[synthetic: the generated headers of the facts snapshot; the config files give no byte sizes]" in lines)
     assert any(line.startswith("hf_quant_config.json#quantization.exclude_modules keeps 156 module patterns in BF16")
                and line.endswith("the real checkpoint is larger than this") for line in lines)
@@ -344,7 +347,7 @@ def test_a_snapshot_named_by_the_stack_and_shared_indexer_layers(glm5, tmp_path,
 
 # --- GLM-5.2's own config files (aiconfigurator-core 0.12.0) -----------------------------------------
 
-REAL = ROOT / "glm_infra" / "checkpoints" / "nvidia--GLM-5.2-NVFP4"
+REAL = ROOT / "glm_infra" / "spec" / "checkpoints" / "nvidia--GLM-5.2-NVFP4"
 
 
 def test_the_real_config_files_are_the_published_ones_and_give_the_facts():

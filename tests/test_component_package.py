@@ -21,13 +21,14 @@ from pathlib import Path
 import pulumi
 import pytest
 import yaml
-
-import glm_infra
 from conftest import ROOT, stack_file
 from e2e.harness import sh
-from glm_infra import Cluster, Hosts, args as glm_args
-from glm_infra.config import SECRETS
 from pulumi_harness import run_callable, run_program
+
+import glm_infra
+from glm_infra import Cluster, Hosts
+from glm_infra import args as glm_args
+from glm_infra.spec.config import SECRETS
 
 PROVIDER = ROOT / "provider"
 EXAMPLE = ROOT / "examples" / "typescript-cluster"

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pulumi
 import pulumi_command.local as local
 import pytest
+from pulumi_harness import run_callable
 
 from glm_infra import Cluster, Hosts, InvalidArgsError
-from pulumi_harness import run_callable
 
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-real-key\n-----END OPENSSH PRIVATE KEY-----\n"
 MODEL = {"repo": "nvidia/GLM-5.2-NVFP4", "revision": "0" * 40, "path": "/mnt/model/glm/GLM-5.2-NVFP4"}
@@ -149,9 +149,9 @@ def test_a_secret_that_would_break_its_file_is_refused_without_its_value(key, pa
 
 def test_a_long_api_key_fits_nginx_map_of_keys():
     from glm_infra import render
-    from glm_infra.config import API_KEY_MAX
+    from glm_infra.plan.topology import plan
+    from glm_infra.spec.config import API_KEY_MAX
     from glm_infra.stack import load_dict
-    from glm_infra.topology import plan
     cfg = load_dict({"hosts": hosts("10.0.0.11", "10.0.0.12", "10.0.0.13"), "ssh": {"private_key": KEY},
                      "model": MODEL, "router": {"host": "b300-3", "api_key": "k" * 16}}, "test").config
     conf = render.router_front_conf(cfg, plan(cfg))
@@ -259,10 +259,10 @@ def test_a_secret_trigger_is_keyed_with_the_stack_key_or_kept_secret():
     import hmac
 
     from pulumi_command import remote
+    from pulumi_harness import _Mocks
 
     from glm_infra.components.remote_step import run_step, trigger_key
     from glm_infra.steps import Step
-    from pulumi_harness import _Mocks
 
     def program():
         parent = pulumi.ComponentResource("test:index:Parent", "p")

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import ROOT, stack_file
 
 PASSPHRASE = "glm-infra-test"
@@ -76,7 +75,7 @@ def test_a_bad_stack_creates_no_resource_through_the_engine(engine, project):
 
 
 def test_a_decode_without_kv_room_for_one_max_request_is_refused_before_any_resource(engine, project):
-    """The capacity rule (glm_infra/capacity.py) stops `preview` and `up` like any other bad key: a
+    """The capacity rule (glm_infra/plan/capacity.py) stops `preview` and `up` like any other bad key: a
     decode of DP2 ranks keeps 2.9 GB of KV room per rank, short of one 1,048,576-token request."""
     cfg = yaml.safe_load(stack_file("prod-b300").read_text())
     cfg["config"]["glm-infra:decode"].update(dp=2, instancesPerHost=4)

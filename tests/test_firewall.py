@@ -1,5 +1,5 @@
 """The firewall, against expectations written out by hand from the stack files and the defaults their
-Field descriptions give (never from glm_infra.ports, which the rules come from): the table the real
+Field descriptions give (never from glm_infra.plan.ports, which the rules come from): the table the real
 nft makes of each committed stack's ruleset lets exactly the ports listed here in, from exactly the
 sources listed here, and drops the rest. In network namespaces of the test's own: a stack host reaches
 glm-infra's ports, an outsider is refused there, SSH opens to the admin networks and the stack's hosts,
@@ -18,15 +18,16 @@ import subprocess
 import uuid
 
 import pytest
-
 from conftest import STACKS, stack_config, stack_file
-from glm_infra import firewall, hostplan, render
-from glm_infra.stack import StackError, load_dict, load_file
-from glm_infra.topology import plan
 from stubs import StubPath, shellcheck
 
+from glm_infra import hostplan, render
+from glm_infra.plan.topology import plan
+from glm_infra.roles import firewall
+from glm_infra.stack import StackError, load_dict, load_file
+
 # --- what each committed stack opens, by hand --------------------------------------------------------
-# Defaults (glm_infra/config.py): prefill HTTP 8100, DP RPC 29550, NIXL side channel 5600; decode 8200,
+# Defaults (glm_infra/spec/config.py): prefill HTTP 8100, DP RPC 29550, NIXL side channel 5600; decode 8200,
 # 29650, 5700; colocated 8100, 29550; each further instance on a host +1 (HTTP, DP RPC), its NIXL base
 # after the previous instance's DP ranks (one side-channel port per DP rank: base+rank); the router 8000
 # public (nginx), 8001 internal, 29000 metrics; the weights relay 8090 on a host with relay children

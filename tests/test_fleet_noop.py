@@ -8,13 +8,13 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT
+from stubs import shellcheck
+
 from glm_infra import hostplan, render
 from glm_infra.components.host import _last_json
+from glm_infra.plan.topology import plan
 from glm_infra.stack import load_dict
-from glm_infra.topology import plan
-from stubs import shellcheck
 
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))

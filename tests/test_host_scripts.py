@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import STACKS, stack_file
-from glm_infra import hostplan, render
-from glm_infra.stack import load_file
-from glm_infra.topology import plan
 from stubs import Result, StubPath, shellcheck
+
+from glm_infra import hostplan, render
+from glm_infra.plan.topology import plan
+from glm_infra.stack import load_file
 
 PROD = load_file(stack_file("prod-b300")).config
 HOST = "b300-1"
@@ -70,7 +70,7 @@ def _needs_root():
 
 # --- drivers.sh ----------------------------------------------------------------------------------
 
-# NVIDIA's names and version schemes for branch 580 (glm_infra/packages.py cites each): the branch's
+# NVIDIA's names and version schemes for branch 580 (glm_infra/spec/packages.py cites each): the branch's
 # pinning package is versioned by branch, the exact version has a pinning package of its own.
 REPO_VERSIONS = {
     "nvidia-driver-pinning-580": "580-5", "nvidia-driver-pinning-580.159.04": "580.159.04-1",

@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from glm_infra.host import hostcheck as hc
 from standins.test_hardware import HW_LIB, TOOLS, Sim
 from stubs import Result, StubPath
+
+from glm_infra.agent import hostcheck as hc
 
 FIX = Path(__file__).parent / "fixtures"
 H200 = FIX / "h200x2-nvidia-smi"
@@ -601,10 +601,10 @@ def test_the_command_line_refuses_what_a_check_cannot_do_without(argv, message, 
 
 def test_the_scripts_command_lines_parse_as_meant(monkeypatch):
     """What the rendered health gate and RDMA step run reaches the checks with the stack's values."""
+    from conftest import stack_file
+
     from glm_infra import render
     from glm_infra.stack import load_file
-
-    from conftest import stack_file
 
     seen = []
     monkeypatch.setattr(hc, "health", lambda args: seen.append(vars(args)) or 0)
@@ -739,11 +739,11 @@ def test_preflight_needs_each_of_its_arguments(missing, capsys):
 
 def test_the_command_lines_the_steps_run(monkeypatch, capsys, tmp_path):
     """What hostplan's preflight and facts steps run reaches hostcheck with the stack's values."""
-    from glm_infra import hostplan
-    from glm_infra.stack import load_file
-    from glm_infra.topology import plan as make_plan
-
     from conftest import stack_file
+
+    from glm_infra import hostplan
+    from glm_infra.plan.topology import plan as make_plan
+    from glm_infra.stack import load_file
 
     cfg = load_file(stack_file("prod-b300")).config
     steps = hostplan.host_steps(cfg, make_plan(cfg), make_plan(cfg).host("b300-1"), stack_name="prod-b300").steps
@@ -1062,9 +1062,9 @@ def test_a_look_of_the_gate_outlasts_hostcheck_with_every_tool_at_its_limit(monk
 
 def prod_b300(dcgm_level: int = 0, fabric: bool = True):
     """prod-b300's stack with another diagnostic level or without the fabric manager."""
-    from glm_infra.stack import load_file
-
     from conftest import stack_file
+
+    from glm_infra.stack import load_file
 
     cfg = load_file(stack_file("prod-b300")).config
     drivers = cfg.drivers.model_copy(update={"dcgm_diag_level": dcgm_level, "fabric_manager": fabric})
@@ -1217,8 +1217,8 @@ def test_the_gate_step_outlasts_the_wait_a_last_look_and_the_diagnostic(level, f
     """From the rendered script's own numbers: the wait for the fabric, a pause, one more look at its
     limit (and timeout's grace to KILL), then dcgmi diag at its limit: all within the step's timeout."""
     from glm_infra import hostplan
+    from glm_infra.plan.topology import plan
     from glm_infra.steps import seconds
-    from glm_infra.topology import plan
 
     cfg = prod_b300(level, fabric)
     step = hostplan.health_gate_step(cfg, plan(cfg).host("b300-1"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pulumi
 import pytest
-
 from conftest import stack_file
+
 from glm_infra import inputs
 from glm_infra.stack import StackError, load_file
 
@@ -73,8 +73,8 @@ def test_load_validates_with_the_stack_messages():
 def test_the_programs_args_hold_each_secret_as_a_secret_and_drop_the_unreadable():
     """program.cluster_args: a secret with its plaintext (a Pulumi run) becomes a secret Output; one
     read offline (ciphertext only) is left out; unset settings are left out."""
-    from glm_infra.config import SecretValue
     from glm_infra.program import cluster_args
+    from glm_infra.spec.config import SecretValue
 
     cfg = load_file(stack_file("sim")).config
     assert "api_key" not in cluster_args(cfg)["router"], "encrypted in the file, no plaintext offline"

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import ROOT, STACKS, stack_config, stack_file
-from glm_infra import hostplan, monitoring, paths
-from glm_infra.stack import load_dict, load_file
-from glm_infra.topology import plan
 from stubs import StubPath
+
+from glm_infra import hostplan
+from glm_infra.plan.topology import plan
+from glm_infra.roles import monitoring
+from glm_infra.spec import paths
+from glm_infra.stack import load_dict, load_file
 
 PROMTOOL_TESTS = ROOT / "tests" / "promtool"
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tomllib
 import zipfile
 
+import tomllib
 from conftest import ROOT
 
 
@@ -17,13 +17,13 @@ def test_the_wheel_imports_from_its_own_files(tmp_path):
                     "--wheel-dir", str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True)
     (wheel,) = (tmp_path / "dist").glob("glm_infra-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for required in ("glm_infra/py.typed", "glm_infra/host/hostcheck.py", "glm_infra/host/weights.py",
+    for required in ("glm_infra/py.typed", "glm_infra/agent/hostcheck.py", "glm_infra/agent/weights.py",
                      "glm_infra/templates/vllm.service.j2", "glm_infra/args.py",
                      # GLM-5.2's own config files, their provenance and licence (capacity planning)
-                     "glm_infra/checkpoints/nvidia--GLM-5.2-NVFP4/config.json",
-                     "glm_infra/checkpoints/nvidia--GLM-5.2-NVFP4/hf_quant_config.json",
-                     "glm_infra/checkpoints/nvidia--GLM-5.2-NVFP4/SOURCE.json",
-                     "glm_infra/checkpoints/LICENSES/Apache-2.0.txt"):
+                     "glm_infra/spec/checkpoints/nvidia--GLM-5.2-NVFP4/config.json",
+                     "glm_infra/spec/checkpoints/nvidia--GLM-5.2-NVFP4/hf_quant_config.json",
+                     "glm_infra/spec/checkpoints/nvidia--GLM-5.2-NVFP4/SOURCE.json",
+                     "glm_infra/spec/checkpoints/LICENSES/Apache-2.0.txt"):
         assert required in names, required
     assert not any(n.startswith(("tests/", "stacks/", "scripts/")) for n in names)
     target = tmp_path / "site"
@@ -31,7 +31,7 @@ def test_the_wheel_imports_from_its_own_files(tmp_path):
                     str(wheel)], check=True, capture_output=True)
     probe = ("import glm_infra; from glm_infra import Cluster, Hosts, ClusterArgs; "
              "from glm_infra import render; print(glm_infra.__file__); print(render.hostcheck_source().splitlines()[0]); "
-             "from glm_infra import checkpoint as c; "
+             "from glm_infra.spec import checkpoint as c; "
              "print(c.load_real_config(c.real_config_dir('nvidia/GLM-5.2-NVFP4')).config['max_position_embeddings'])")
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(target)},
                          capture_output=True, text=True, check=True).stdout.splitlines()

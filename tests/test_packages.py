@@ -1,4 +1,4 @@
-"""The registry of external names (glm_infra/packages.py): NVIDIA's per-branch naming rule, a source for
+"""The registry of external names (glm_infra/spec/packages.py): NVIDIA's per-branch naming rule, a source for
 every name, and the rendered host steps of every committed stack naming only what the registry lists."""
 
 from __future__ import annotations
@@ -6,12 +6,13 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from conftest import ROOT, STACKS, stack_file
-from glm_infra import hostplan, packages
-from glm_infra.config import DriversConfig
+
+from glm_infra import hostplan
+from glm_infra.plan.topology import plan
+from glm_infra.spec import packages
+from glm_infra.spec.config import DriversConfig
 from glm_infra.stack import StackError, load_file
-from glm_infra.topology import plan
 
 # --- the naming rule per branch ------------------------------------------------------------------
 
@@ -86,7 +87,7 @@ def test_every_package_repository_unit_module_and_rule_cites_a_source():
 
 
 def test_the_docs_page_is_the_registry():
-    """docs/PACKAGES.md (regenerate: python3 glm_infra/packages.py markdown > docs/PACKAGES.md)."""
+    """docs/PACKAGES.md (regenerate: python3 glm_infra/spec/packages.py markdown > docs/PACKAGES.md)."""
     assert (ROOT / "docs" / "PACKAGES.md").read_text() == packages.markdown()
 
 
@@ -119,7 +120,7 @@ def test_rendered_steps_name_only_cited_packages_and_units(stack):
     for where, text in rendered(stack).items():
         names = {m.rstrip(".") for m in NAME.findall(text) if not m.endswith("-")} - VENDOR_WORDS  # not a prefix in a pattern
         assert not names & virtual, f"{where} installs a virtual package: {sorted(names & virtual)}"
-        assert names <= allowed, f"{where} names what glm_infra/packages.py does not list: {sorted(names - allowed)}"
+        assert names <= allowed, f"{where} names what glm_infra/spec/packages.py does not list: {sorted(names - allowed)}"
         units = set(UNIT.findall(text))
         assert units <= set(packages.UNITS), f"{where} names units no package ships: {sorted(units - set(packages.UNITS))}"
 

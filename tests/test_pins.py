@@ -1,4 +1,4 @@
-"""glm_infra/pins.py: every closed set of choices is what the pinned release's own command line takes.
+"""glm_infra/spec/pins.py: every closed set of choices is what the pinned release's own command line takes.
 
 The sets are rebuilt here from the released packages, never from pins.py: vLLM's wheel (read as a zip
 of source files and parsed with ``ast``; vLLM is never installed nor imported) and vllm-router's
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from glm_infra import pins
+from glm_infra.spec import pins
 
 CACHE = Path(os.environ.get("GLM_INFRA_WHEEL_CACHE", Path.home() / ".cache" / "glm-infra" / "wheels"))
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import re
 
-import pytest
 import pulumi
+import pytest
 import yaml
-
 from conftest import PROD_STACKS, stack_file
-from glm_infra.config import SECRET_PATHS
-from glm_infra.stack import load_file
-from glm_infra.topology import plan
 from pulumi_harness import leaks, run_program, secret_fields
+
+from glm_infra.plan.topology import plan
+from glm_infra.spec.config import SECRET_PATHS
+from glm_infra.stack import load_file
 
 CMD = "command:remote:Command"
 
@@ -495,7 +495,7 @@ def _rendered_secret_files(path, secrets: dict[str, str]) -> dict[str, str]:
     """The secret files the hosts get (vLLM's and the router's env files, the hub token file, the
     front's keys and certificate, the webhook URL), rendered with the real values."""
     from glm_infra import hostplan, render
-    from glm_infra.topology import plan as make_plan
+    from glm_infra.plan.topology import plan as make_plan
 
     stack = load_file(path).config
     values = {name: secrets[key] for name, key in render.configured_secrets(stack).items()}

@@ -8,12 +8,12 @@ import shlex
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, STACKS, stack_file
+
 from glm_infra import hostplan, render
-from glm_infra.cli import main
+from glm_infra.plan.topology import plan
 from glm_infra.stack import load_file
-from glm_infra.topology import plan
+from glm_infra.tools.cli import main
 
 GOLDEN = Path(__file__).parent / "golden" / "brief-recipe.txt"
 ALIASES = {

@@ -9,15 +9,15 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from conftest import STACKS, stack_file
+from pulumi_harness import run_program
+
 from glm_infra import hostplan, render
-from glm_infra.cli import main as cli
-from glm_infra import validate
+from glm_infra.plan import validate
+from glm_infra.plan.topology import plan
 from glm_infra.stack import load_file
 from glm_infra.steps import DRAIN_STDIN, TRIGGERS_TOKEN
-from glm_infra.topology import plan
-from pulumi_harness import run_program
+from glm_infra.tools.cli import main as cli
 
 TRIGGERS = re.compile(r"^: glm-infra-triggers=([0-9a-f]{16}); ")
 

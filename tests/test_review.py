@@ -10,13 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import proctree
 import pytest
 import yaml
-
-import proctree
 from conftest import ROOT, stack_config
-from glm_infra import hostplan, review, topology
-from glm_infra.config import StackConfig
+
+from glm_infra import hostplan
+from glm_infra.plan import topology
+from glm_infra.spec.config import StackConfig
+from glm_infra.tools import review
 
 PYTHON = str(ROOT / "venv/bin/python") if (ROOT / "venv/bin/python").exists() else sys.executable
 
@@ -313,7 +315,7 @@ def test_pr_review_refuses_a_stack_that_does_not_validate(repo, tmp_path):
 
 def diff_cli(r: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return run([PYTHON, "-c", "import sys; sys.path.insert(0, '.'); from glm_infra.cli import main; sys.exit(main())",
+    return run([PYTHON, "-c", "import sys; sys.path.insert(0, '.'); from glm_infra.tools.cli import main; sys.exit(main())",
                 "diff", *args], cwd=r, env=env, timeout=300)
 
 

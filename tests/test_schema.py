@@ -13,12 +13,12 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-
 from conftest import ROOT, STACKS, stack_file
-from glm_infra import schema as sch
-from glm_infra.cli import main
-from glm_infra.config import NAMESPACE, SECRET_PATHS, STACK_KEYS, SecretValue, StackConfig, snake
+
+from glm_infra.spec.config import NAMESPACE, SECRET_PATHS, STACK_KEYS, SecretValue, StackConfig, snake
 from glm_infra.stack import StackError, load_file
+from glm_infra.tools import schema as sch
+from glm_infra.tools.cli import main
 
 SCHEMA = ROOT / sch.SCHEMA_FILE
 ns = NAMESPACE + ":"

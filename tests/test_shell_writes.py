@@ -14,12 +14,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from glm_infra import render
-from glm_infra.steps import RenderedFile
 from shellscan import masked_writes
 from stubs import StubPath, shellcheck
 from test_host_scripts import BOOT, HOST, PROD, in_root, isolated
+
+from glm_infra import render
+from glm_infra.steps import RenderedFile
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "glm_infra" / "templates"
@@ -281,7 +281,7 @@ def test_package_service_removal_that_fails_says_so(pkg_stubs, tmp_path):
 
 
 def test_router_front_removal_that_fails_says_so(tmp_path):
-    from glm_infra.topology import plan
+    from glm_infra.plan.topology import plan
 
     s = StubPath(tmp_path / "stubs")
     s.add("apt-get", 'echo "E: Could not get lock /var/lib/dpkg/lock-frontend"; exit 100')
@@ -375,7 +375,7 @@ def test_package_service_installs_restarts_on_change_and_gates_on_its_checks(tmp
 
 
 def test_router_front_installs_nginx_loads_the_configuration_and_waits(tmp_path):
-    from glm_infra.topology import plan
+    from glm_infra.plan.topology import plan
 
     s = StubPath(tmp_path / "stubs")
     nginx = f'#!/bin/bash\necho "nginx $*" >> "$STUB_LOG"\n[ ! -e "$STATE/bad" ] || {{ echo "nginx: [emerg] unknown directive"; exit 1; }}\n'

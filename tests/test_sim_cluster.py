@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import ROOT, stack_file
-from glm_infra import hostplan, paths
-from glm_infra.config import StackConfig
+
+from glm_infra import hostplan
+from glm_infra.plan.topology import plan as plan_of
+from glm_infra.spec import paths
+from glm_infra.spec.config import StackConfig
 from glm_infra.steps import Step
-from glm_infra.topology import plan as plan_of
 
 SIM = ROOT / "scripts" / "sim"
 KEY = Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache/glm-infra")) / "sim/ssh/id_ed25519"

@@ -11,13 +11,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, stack_file
-from glm_infra import doctor, sla
-from glm_infra.cli import main as cli
+from stubs import shellcheck
+
 from glm_infra.stack import load_file
 from glm_infra.steps import RenderedFile, Step
-from stubs import shellcheck
+from glm_infra.tools import doctor, sla
+from glm_infra.tools.cli import main as cli
 
 AIPERF_RESULT = ROOT / "tests" / "fixtures" / "aiperf" / "profile_export_aiperf.json"
 
@@ -125,7 +125,7 @@ def run_program(steps: dict[str, Step], tmp_path: Path) -> doctor.HostResult:
 def test_the_host_program_is_shellcheck_clean(tmp_path):
     cfg = load_file(stack_file("prod-b300")).config
     from glm_infra import hostplan
-    from glm_infra.topology import plan
+    from glm_infra.plan.topology import plan
 
     for host, hs in hostplan.plan_all(cfg, plan(cfg), stack_name="prod-b300").items():
         r = shellcheck(doctor.host_program(hs.steps, quick=True), tmp_path)
@@ -170,3 +170,4 @@ def test_an_unreachable_host_is_named(capsys, tmp_path, write_stack):
     assert cli(["doctor", str(path)]) == doctor.EXIT_UNREACHABLE
     out = capsys.readouterr().out
     assert "lone: cannot reach lone over SSH:" in out and "port 1" in out
+

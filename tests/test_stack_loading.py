@@ -10,12 +10,12 @@ from pathlib import Path
 import pulumi
 import pytest
 import yaml
-
 from conftest import ROOT, stack_config, stack_file
+
 from glm_infra import stack as st
-from glm_infra.cli import main
+from glm_infra.plan.validate import Problem
 from glm_infra.stack import StackError, load_file
-from glm_infra.validate import Problem
+from glm_infra.tools.cli import main
 
 
 def problems(path: Path) -> list[str]:

@@ -6,12 +6,20 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import STACKS, stack_file
-from glm_infra.cli import main
+
+from glm_infra.plan.topology import (
+    format_table,
+    plan,
+    pool_of,
+    roll_predecessors,
+    rolling,
+    rolling_notes,
+    seed_host,
+    weights_relay,
+)
 from glm_infra.stack import load_file
-from glm_infra.topology import (format_table, plan, pool_of, roll_predecessors, rolling, rolling_notes, seed_host,
-                                weights_relay)
+from glm_infra.tools.cli import main
 
 
 def _plan(name):

@@ -9,11 +9,11 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, STACKS
-from glm_infra.config import SECRET_PATHS
-from glm_infra.cli import main
+
+from glm_infra.spec.config import SECRET_PATHS
 from glm_infra.stack import StackError, load_file
+from glm_infra.tools.cli import main
 
 
 def _set(cfg: dict, path: str, value) -> dict:
@@ -81,7 +81,7 @@ BAD = [
     ("fanout-collision", [("glm-infra:model.fanoutPort", 8100)], "glm-infra:model.fanoutPort", "weights relay"),
     ("kv-host-without-nics", [("glm-infra:hosts[2].computeNics", [])], "glm-infra:hosts[2].computeNics", "KV cache over RDMA"),
     ("unknown-seed-of-nothing", [("glm-infra:model.seedHost", "nope")], "glm-infra:model.seedHost", "'nope' runs no vLLM instance"),
-    # Closed sets, against the choices of the pinned versions (glm_infra/pins.py).
+    # Closed sets, against the choices of the pinned versions (glm_infra/spec/pins.py).
     ("unknown-tool-parser", [("glm-infra:model.toolCallParser", "glm48")], "glm-infra:model.toolCallParser", "'glm48' is not a tool call parser of vLLM 0.33.0 (did you mean 'glm47'?"),
     ("unknown-reasoning-parser", [("glm-infra:model.reasoningParser", "glm5")], "glm-infra:model.reasoningParser", "is not a reasoning parser of vLLM 0.33.0"),
     ("unknown-all2all", [("glm-infra:decode.all2allBackend", "flashinfer_nvlink_three_sided")], "glm-infra:decode.all2allBackend", "is not a all2all backend of vLLM 0.33.0 (did you mean 'flashinfer_nvlink_two_sided'?"),
@@ -263,9 +263,9 @@ def test_committed_stacks_validate(stack):
 
 def test_validate_exit_codes_via_console_script(write_stack, prod_config):
     bad = write_stack({**prod_config, "glm-infra:prefill": {"hosts": ["b300-1"], "tp": "x"}})
-    ok = subprocess.run([sys.executable, "-m", "glm_infra.cli", "validate", "prod-b300"], cwd=ROOT, capture_output=True, text=True)
+    ok = subprocess.run([sys.executable, "-m", "glm_infra.tools.cli", "validate", "prod-b300"], cwd=ROOT, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
-    res = subprocess.run([sys.executable, "-m", "glm_infra.cli", "validate", str(bad)], cwd=ROOT, capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-m", "glm_infra.tools.cli", "validate", str(bad)], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 1
     assert "glm-infra:prefill.tp" in res.stderr and "Traceback" not in res.stderr
 
@@ -356,7 +356,7 @@ def test_hosts_without_pools_do_not_reserve_the_pools_ports():
 ])
 def test_a_secret_value_that_breaks_its_file_is_named_never_shown(name, value, problem):
     """What the program checks once a secret's value is known (inputs.py): the key and the rule."""
-    from glm_infra.validate import secret_value_problem
+    from glm_infra.plan.validate import secret_value_problem
 
     got = secret_value_problem(name, value)
     assert (got and f"{got.path}: {got.message}") == problem

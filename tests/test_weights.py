@@ -11,10 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, free_port, wait_port
 
-WEIGHTS = ROOT / "glm_infra" / "host" / "weights.py"
+WEIGHTS = ROOT / "glm_infra" / "agent" / "weights.py"
 MAKE = ROOT / "scripts" / "standins" / "make-checkpoint"
 
 

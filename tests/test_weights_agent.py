@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from glm_infra.host import weights as w
+from glm_infra.agent import weights as w
 
 # --- helpers ---------------------------------------------------------------------------------------
 

@@ -16,13 +16,14 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, free_port, wait_port
-from glm_infra import hostplan, ports, topology
-from glm_infra.stack import load_file
-from glm_infra.topology import RELAY_DEGREE, relay_tree, weights_relay
 
-WEIGHTS = ROOT / "glm_infra" / "host" / "weights.py"
+from glm_infra import hostplan
+from glm_infra.plan import ports, topology
+from glm_infra.plan.topology import RELAY_DEGREE, relay_tree, weights_relay
+from glm_infra.stack import load_file
+
+WEIGHTS = ROOT / "glm_infra" / "agent" / "weights.py"
 MAKE = ROOT / "scripts" / "standins" / "make-checkpoint"
 SLOW = ROOT / "tests" / "slow_source.py"
 SHARDS = [f"model-0000{i}-of-00006.safetensors" for i in range(1, 7)]

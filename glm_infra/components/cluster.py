@@ -15,13 +15,16 @@ from typing import Any
 import pulumi
 import pulumi_command.remote as remote
 
-from .. import hostplan, inputs, paths, render, topology
-from ..args import ClusterArgs, HostsArgs
-from ..config import SERVING_KEYS
-from ..hostplan import HostSteps
-from ..stack import StackError
-from ..steps import Step, digest
-from ..validate import Problem
+from glm_infra import hostplan, inputs, render
+from glm_infra.args import ClusterArgs, HostsArgs
+from glm_infra.hostplan import HostSteps
+from glm_infra.plan import topology
+from glm_infra.plan.validate import Problem
+from glm_infra.spec import paths
+from glm_infra.spec.config import SERVING_KEYS
+from glm_infra.stack import StackError
+from glm_infra.steps import Step, digest
+
 from .drivers import Drivers, DriversArgs
 from .host import Host, HostArgs
 from .host_step import HostStep, HostStepArgs

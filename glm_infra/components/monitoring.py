@@ -1,6 +1,6 @@
 """The monitoring of a deployment: the node exporter on every host, NVIDIA's DCGM exporter where the
 driver step installed DCGM, Prometheus and Alertmanager on the monitoring host. The steps (and every
-file they write) come from the per-host plan (``glm_infra.monitoring.host_steps``)."""
+file they write) come from the per-host plan (``glm_infra.roles.monitoring.host_steps``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_command.remote as remote
 
-from ..steps import Step, digest
+from glm_infra.steps import Step, digest
+
 from .remote_step import inherited, run_step
 
 STEP_KEYS = ("node-exporter", "dcgm-exporter", "prometheus", "alertmanager-webhook", "alertmanager")

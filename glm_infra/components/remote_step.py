@@ -10,7 +10,7 @@ import pulumi
 import pulumi_command.local as local
 import pulumi_command.remote as remote
 
-from ..steps import TRIGGERS_TOKEN, Step, digest, keyed_digest
+from glm_infra.steps import TRIGGERS_TOKEN, Step, digest, keyed_digest
 
 # The stack's trigger key: 32 random bytes as hex, made once (the command never changes, so it never
 # runs again) and kept in the state as a secret. Changing this text makes a new key: every step with a

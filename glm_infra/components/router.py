@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_command.remote as remote
 
-from ..steps import Step
+from glm_infra.steps import Step
+
 from .remote_step import inherited, run_step
 
 
@@ -50,7 +51,7 @@ class Router(pulumi.ComponentResource):
                             live=live.get(key), stdin=secret.get(key), **kw)
 
         def digest_of(key: str) -> list[pulumi.Input[str]]:
-            from ..steps import digest
+            from glm_infra.steps import digest
 
             return [pulumi.Output.from_input(secret[key]).apply(digest)] if key in secret else []
 

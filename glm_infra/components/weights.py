@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_command.remote as remote
 
-from ..steps import Step
+from glm_infra.steps import Step
+
 from .remote_step import run_step
 
 

@@ -24,15 +24,16 @@ import time
 from pathlib import Path
 
 import yaml
-
 from benchlib import ROOT, median, sim, sim_config
 
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
-from glm_infra import hostplan, topology  # noqa: E402
+from simlib import cluster as simcluster  # noqa: E402
+
+from glm_infra import hostplan
+from glm_infra.plan import topology  # noqa: E402
 from glm_infra.render import weights_source  # noqa: E402
 from glm_infra.stack import load_dict  # noqa: E402
-from simlib import cluster as simcluster  # noqa: E402
 
 REVISION = "bench0000000000000000000000000000000000"
 PATH = "/mnt/model/bench/GLM-5.2-NVFP4"

@@ -238,7 +238,7 @@ def start_http(gateway: ipaddress.IPv4Interface) -> None:
     servers = {
         "http": [sys.executable, "-m", "http.server", "--bind", str(gateway.ip), str(HTTP_PORT),
                  "--directory", str(SIM / "www")],
-        "models": [sys.executable, str(REPO / "glm_infra/host/weights.py"), "serve", "--all", "--dir", str(SIM / "models"),
+        "models": [sys.executable, str(REPO / "glm_infra/agent/weights.py"), "serve", "--all", "--dir", str(SIM / "models"),
                    "--bind", f"{gateway.ip}:{MODEL_PORT}"],
     }
     for name, argv in servers.items():
@@ -536,7 +536,7 @@ def cmd_tokenizer(args: argparse.Namespace) -> int:
     """The tokenizer the sim stack's SLA gate builds prompts with (sla.tokenizer), made with the SLA
     client's own environment (glm-infra sla makes it once)."""
     sys.path.insert(0, str(REPO))
-    from glm_infra.sla import client_env
+    from glm_infra.tools.sla import client_env
 
     python = client_env()
     run([str(python), str(REPO / "scripts/standins/make-tokenizer"), str(SIM / "tokenizer")])

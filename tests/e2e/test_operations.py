@@ -214,7 +214,7 @@ def test_the_sla_gate_fails_for_the_right_bucket_and_metric(stack, tokenizer, tm
 
 
 def test_every_dashboard_query_returns_series(stack):
-    from glm_infra import monitoring
+    from glm_infra.roles import monitoring
 
     for title, q in monitoring.dashboard_queries("sim", "1m"):
         assert query(q), f"{title}: {q} returns no series"
@@ -298,7 +298,7 @@ def probe_from(ns: str | None, targets: list[str], host: str | None = None) -> d
 
 
 # What glm-infra opens on each simulated host, written out by hand from stacks/Pulumi.sim.yaml and the
-# defaults of glm_infra/config.py (not from glm_infra.ports, which the firewall's rules come from):
+# defaults of glm_infra/spec/config.py (not from glm_infra.plan.ports, which the firewall's rules come from):
 # prefill TP1 DP4 twice on sim-1 and sim-2 (HTTP 8100, 8101; DP RPC 29550, 29551; NIXL side channels
 # 5600-5603 and 5604-5607, one per DP rank), decode TP1 DP8 on sim-3 (8200; 29650; 5700-5707), the
 # router on sim-3 (8000 public, 8001 internal, 29000 metrics) with Prometheus 9090 and Alertmanager

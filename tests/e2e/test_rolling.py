@@ -43,7 +43,7 @@ def booted_at(host: str) -> float:
 
 def plan_text() -> str:
     p = sh(f"{ROOT}/venv/bin/python -c 'import sys; sys.argv = [\"glm-infra\", \"plan\", \"sim\"]; "
-           "from glm_infra.cli import main; sys.exit(main())'")
+           "from glm_infra.tools.cli import main; sys.exit(main())'")
     return p.stdout
 
 

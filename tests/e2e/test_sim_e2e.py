@@ -19,11 +19,22 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import proctree
 import pytest
 
-import proctree
-from e2e.harness import (ROOT, SIM_CACHE, assert_clean, make_revision, on_host, router_chat, sh, sim_run, steady_load,
-                         throttle_model_source, up_in_background)
+from e2e.harness import (
+    ROOT,
+    SIM_CACHE,
+    assert_clean,
+    make_revision,
+    on_host,
+    router_chat,
+    sh,
+    sim_run,
+    steady_load,
+    throttle_model_source,
+    up_in_background,
+)
 
 HOSTS = ("sim-1", "sim-2", "sim-3")
 PREFILL_UNITS = {"sim-1": ["glm-vllm-prefill-0", "glm-vllm-prefill-1"], "sim-2": ["glm-vllm-prefill-2", "glm-vllm-prefill-3"]}
@@ -323,7 +334,7 @@ def test_a_vllm_upgrade_reinstalls_and_restarts_the_instances_not_the_router(sta
     before = all_starts(router=True)
     stack.config_set("glm-infra:runtime.vllmVersion", version)
     out = stack.up()
-    # A version whose flag choices glm_infra/pins.py does not list is deployed, with a warning.
+    # A version whose flag choices glm_infra/spec/pins.py does not list is deployed, with a warning.
     assert f"not checked against {version}" in out.stdout + out.stderr
     after = all_starts(router=True)
     for h in HOSTS:

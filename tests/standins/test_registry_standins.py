@@ -1,4 +1,4 @@
-"""The stand-in packages against the registry of real names (glm_infra/packages.py): each is built with
+"""The stand-in packages against the registry of real names (glm_infra/spec/packages.py): each is built with
 the real name, version scheme, virtual packages and repository, and ships the units the real package
 ships and no other; the fabric manager's unit starts NVLSM through its start wrapper, as the real one."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from glm_infra import packages
+from glm_infra.spec import packages
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDINS = ROOT / "scripts" / "standins"

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, STACKS, stack_file
+
+from glm_infra.plan.topology import plan
 from glm_infra.render import vllm_args
 from glm_infra.stack import load_file
-from glm_infra.topology import plan
 
 BUILD_WHEELS = ROOT / "scripts" / "standins" / "build-wheels"
 ROUTER = ROOT / "venv" / "bin" / "vllm-router"

@@ -3,7 +3,7 @@ packages (name, version scheme, the virtual packages they provide, the repositor
 the repositories and their signing keys, the systemd units the packages ship, the binaries and
 configuration paths that matter. The driver step, the RDMA step, the health gate and the monitoring
 take their names from here; the stand-in packages of the simulated cluster are built from here
-(``python3 glm_infra/packages.py standins``); a test fails when a rendered script names something
+(``python3 glm_infra/spec/packages.py standins``); a test fails when a rendered script names something
 this module does not list.
 
 A source is a URL or ``owner/repo@commit:path[#lines]`` on GitHub. Names that depend on the driver
@@ -226,7 +226,7 @@ def rule(branch: str) -> BranchRule:
     raise UnknownBranch(
         f"no package naming rule for driver branch {branch} (known: {', '.join(BRANCHES)}): NVIDIA renames "
         "packages between branches, so check the driver installation guide and add the branch to "
-        "glm_infra/packages.py")
+        "glm_infra/spec/packages.py")
 
 
 BRANCH_PIN = Package(
@@ -448,7 +448,7 @@ def markdown() -> str:
     lines = [
         "# External names: packages, repositories, units",
         "",
-        "Generated from `glm_infra/packages.py` (`python3 glm_infra/packages.py markdown > docs/PACKAGES.md`);",
+        "Generated from `glm_infra/spec/packages.py` (`python3 glm_infra/spec/packages.py markdown > docs/PACKAGES.md`);",
         "edit that file, not this one. Every name a host script relies on is listed there once, with where",
         "NVIDIA (or Ubuntu) documents it; the driver, RDMA, health-gate and monitoring steps take their names",
         "from it, the simulated cluster's stand-in packages are built from it, and a test fails when a rendered",

@@ -9,9 +9,11 @@ Alertmanager: the stack's hosts and ``monitoring.allowedCidrs``).
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
-from .config import StackConfig
+from glm_infra.spec.config import StackConfig
+
 from .topology import allocate, weights_relay
 
 PEERS, ROUTER, OPERATORS = "peers", "router", "operators"
@@ -61,3 +63,22 @@ def listeners(stack: StackConfig, serve: bool = True) -> list[Listener]:
         out.append(Listener(mon, m.alertmanager_port, "alertmanager", _key("monitoring", ".alertmanagerPort"),
                             OPERATORS))
     return out
+
+
+def network(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    """``value`` as a network (an address as its /32 or /128); None for a DNS name."""
+    try:
+        return ipaddress.ip_network(value)  # an address, or a network as config's Cidr writes it
+    except ValueError:
+        return None
+
+
+def firewall_problems(stack: StackConfig) -> list[tuple[str, str]]:
+    """(key path, message) for every host address the firewall cannot use: a DNS name."""
+    if not stack.firewall.enabled:
+        return []
+    return [(f"glm-infra:hosts[{i}].address",
+             f"{h.address!r} is a DNS name; with the firewall on (glm-infra:firewall.enabled) a host's address must "
+             "be an IP address: nft resolves names when it loads the table, at boot before the network is up, so "
+             "the table would not load")
+            for i, h in enumerate(stack.hosts) if network(h.address) is None]

@@ -19,13 +19,14 @@ from typing import Any
 
 import yaml
 
-from . import paths, render
-from .config import StackConfig
-from .render import render_template
-from .steps import RenderedFile, Step, file_step
-from .topology import HostPlan, Plan
+from glm_infra import render
+from glm_infra.plan.topology import HostPlan, Plan
+from glm_infra.render import render_template
+from glm_infra.spec import paths
+from glm_infra.spec.config import StackConfig
+from glm_infra.steps import RenderedFile, Step, file_step
 
-DASHBOARD = Path(__file__).parent / "dashboards" / "glm-infra.json"
+DASHBOARD = Path(__file__).resolve().parents[1] / "dashboards" / "glm-infra.json"
 
 # The units the packages ship.
 PROMETHEUS_UNIT = "prometheus.service"

@@ -340,7 +340,11 @@ sys.path.insert(0, str(root))
 sys.meta_path[:] = [f for f in sys.meta_path if not str(getattr(f, "__module__", "")).startswith("__editable__")]
 try:
     import glm_infra
-    from glm_infra import hostplan, topology
+    from glm_infra import hostplan
+    try:
+        from glm_infra.plan import topology
+    except ImportError:  # a revision from before the layer packages (glm_infra/topology.py)
+        from glm_infra import topology
     from glm_infra.stack import StackError, load_file
     hostplan.write_tree, hostplan.plan_all
 except (ImportError, AttributeError) as e:
@@ -716,7 +720,7 @@ def project_dir() -> Path:
     for d in (cwd, *cwd.parents):
         if (d / "Pulumi.yaml").is_file() and (d / "stacks").is_dir():
             return d
-    return Path(__file__).resolve().parent.parent
+    return Path(__file__).resolve().parents[2]
 
 
 def add_parser(sub) -> None:
@@ -774,7 +778,7 @@ def preview(stack: str, repo: Path) -> dict | str:
 def ssh_key_paths(repo: Path) -> list[str]:
     """The SSH key files the stacks in ``repo``'s stacks/ name (``ssh.privateKeyPath``, expanded):
     the program reads the key when it runs, a preview too."""
-    from .stack import StackError, load_file
+    from glm_infra.stack import StackError, load_file
 
     out = set()
     for name in stacks_in(repo):
@@ -810,7 +814,7 @@ def pr_main(argv: Sequence[str] | None = None) -> int:
         ap.error("--base REF is needed")
     outputs = [args.summary, args.markdown]
     names = stacks_in(repo)
-    v = subprocess.run([sys.executable, "-m", "glm_infra.cli", "validate", *names], cwd=repo, capture_output=True,
+    v = subprocess.run([sys.executable, "-m", "glm_infra.tools.cli", "validate", *names], cwd=repo, capture_output=True,
                        text=True, env={**os.environ, "PYTHONPATH": str(repo)})
     sys.stderr.write(v.stdout + v.stderr)
     if v.returncode != 0:

@@ -33,8 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import paths, render, topology
-from .config import StackConfig
+from glm_infra import render
+from glm_infra.plan import topology
+from glm_infra.spec import paths
+from glm_infra.spec.config import StackConfig
 
 HERE = Path(__file__).resolve().parent
 CLIENT_REQUIREMENTS = HERE / "sla-client.txt"

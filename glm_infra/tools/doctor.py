@@ -18,9 +18,10 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
-from . import hostplan, topology
-from .config import StackConfig
-from .steps import Step
+from glm_infra import hostplan
+from glm_infra.plan import topology
+from glm_infra.spec.config import StackConfig
+from glm_infra.steps import Step
 
 EXIT_OK, EXIT_DRIFT, EXIT_UNREACHABLE = 0, 1, 2
 BEGIN, END = "@@glm-doctor-begin", "@@glm-doctor-end"

@@ -1,4 +1,4 @@
-"""KV-cache room per rank of each pool, from the checkpoint's facts (glm_infra/checkpoint.py: its
+"""KV-cache room per rank of each pool, from the checkpoint's facts (glm_infra/spec/checkpoint.py: its
 config.json and hf_quant_config.json, real where the library has them; the weight bytes from a facts
 snapshot) and the stack's topology; every fact keeps where it came from. Pure arithmetic, no Pulumi:
 
@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import checkpoint
-from .config import PoolConfig, StackConfig
+from glm_infra.spec import checkpoint
+from glm_infra.spec.checkpoint import FACT_KEYS
+from glm_infra.spec.config import PoolConfig, StackConfig
 
 GB = 10**9
 MIB = 2**20
@@ -76,9 +77,6 @@ def indexer_bytes_per_token(index_head_dim: int) -> int:
 
 # --- the model's facts -------------------------------------------------------------------------------
 
-# config.json keys capacity reads (a stack gives any of them in capacity.modelFacts).
-FACT_KEYS = ("num_hidden_layers", "num_nextn_predict_layers", "kv_lora_rank", "qk_rope_head_dim",
-             "index_head_dim", "max_position_embeddings")
 
 
 @dataclass(frozen=True)
@@ -221,7 +219,7 @@ def model_facts(stack: StackConfig, base: Path | None = None) -> ModelFacts:
 
 def _short(path: Path) -> str:
     try:
-        return str(path.resolve().relative_to(Path(__file__).resolve().parent.parent))
+        return str(path.resolve().relative_to(Path(__file__).resolve().parents[2]))
     except ValueError:
         return str(path)
 
@@ -394,7 +392,7 @@ _FACT_LINES = (("num_hidden_layers", "layers"), ("num_nextn_predict_layers", "MT
 def format_report(stack: StackConfig, cap: Capacity) -> str:
     f = cap.facts
     cb = f.class_bytes
-    out = ["KV-cache capacity per rank (glm_infra/capacity.py):"]
+    out = ["KV-cache capacity per rank (glm_infra/plan/capacity.py):"]
     if f.real:
         out.append(f"  config: {f.real}")
     out += [f"  facts snapshot: {f.snapshot}",

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .config import PoolConfig, StackConfig
-from .paths import url_host
+from glm_infra.spec.config import PoolConfig, StackConfig
+from glm_infra.spec.paths import url_host
 
 ROLES = ("prefill", "decode", "colocated")
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}

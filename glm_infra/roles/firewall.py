@@ -15,7 +15,7 @@ its policy: a table flushed by hand (its rules gone, its chain kept) must not cu
 included; the step's check finds the flush. Other tables are not touched, but a packet this chain
 drops is dropped whatever they say. Addresses are IP addresses and networks only:
 nft would resolve a DNS name when it loads the table, at boot before the network is up, and the
-table would not load (``problems`` refuses a host named by DNS while the firewall is on).
+table would not load (``plan.ports.firewall_problems`` refuses a host named by DNS while the firewall is on).
 
 A systemd unit loads it before the network comes up, on every boot (after the distribution's
 nftables.service, whose ``flush ruleset`` would otherwise remove it); the vLLM and router units
@@ -28,12 +28,12 @@ table. Pure: the per-host plan takes ``step``.
 
 from __future__ import annotations
 
-import ipaddress
-
-from . import paths, ports, render
-from .config import StackConfig
-from .steps import RenderedFile, Step
-from .topology import HostPlan, Plan
+from glm_infra import render
+from glm_infra.plan import ports
+from glm_infra.plan.topology import HostPlan, Plan
+from glm_infra.spec import paths
+from glm_infra.spec.config import StackConfig
+from glm_infra.steps import RenderedFile, Step
 
 TABLE = "inet glm_infra"
 UNIT = "glm-infra-firewall.service"
@@ -42,31 +42,12 @@ LIVE = paths.script("firewall-live")  # compares the live table with the ruleset
 SSH = "ssh"
 
 
-def _network(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
-    """``value`` as a network (an address as its /32 or /128); None for a DNS name."""
-    try:
-        return ipaddress.ip_network(value)  # an address, or a network as config's Cidr writes it
-    except ValueError:
-        return None
-
-
-def problems(stack: StackConfig) -> list[tuple[str, str]]:
-    """(key path, message) for every host address the firewall cannot use: a DNS name."""
-    if not stack.firewall.enabled:
-        return []
-    return [(f"glm-infra:hosts[{i}].address",
-             f"{h.address!r} is a DNS name; with the firewall on (glm-infra:firewall.enabled) a host's address must "
-             "be an IP address: nft resolves names when it loads the table, at boot before the network is up, so "
-             "the table would not load")
-            for i, h in enumerate(stack.hosts) if _network(h.address) is None]
-
-
 def _split(addresses: list[str]) -> tuple[list[str], list[str]]:
     """The IPv4 and IPv6 networks of ``addresses``, each once and none inside another (nft refuses an
     interval set whose elements overlap: a host inside a listed CIDR)."""
     nets = set()
     for a in addresses:
-        net = _network(a)
+        net = ports.network(a)
         if net is None:
             raise ValueError(f"{a!r} is not an IP address or network: the firewall cannot use a DNS name")
         nets.add(net)

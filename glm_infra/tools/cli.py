@@ -8,8 +8,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import hostplan, topology, validate
-from .stack import LoadedStack, StackError, load_file, resolve_stack_file
+from glm_infra import hostplan
+from glm_infra.plan import topology, validate
+from glm_infra.stack import LoadedStack, StackError, load_file, resolve_stack_file
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
@@ -47,7 +48,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from . import capacity
+    from glm_infra.plan import capacity
 
     loaded = _load(args.stack)
     print(f"# {loaded.source}")
@@ -60,7 +61,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_capacity(args: argparse.Namespace) -> int:
     import os
 
-    from . import capacity, checkpoint
+    from glm_infra.plan import capacity
+    from glm_infra.spec import checkpoint
 
     if args.action == "compare":
         rows = [(loaded.name, loaded.config) for loaded in map(_load, args.stacks)]
@@ -159,7 +161,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("action", choices=("fetch", "compare"))
     c.add_argument("stacks", nargs="+", metavar="STACK")
     c.add_argument("--out", metavar="FILE", help="fetch: where to write (default: capacity.facts, else "
-                                                 "glm_infra/checkpoints/<owner>--<name>.json)")
+                                                 "glm_infra/spec/checkpoints/<owner>--<name>.json)")
     c.add_argument("--from", dest="source_dir", metavar="DIR", help="fetch: read staged files in DIR instead")
     c.add_argument("--pool", default="prefill", help="compare: the pool (default prefill)")
     c.set_defaults(func=cmd_capacity)
@@ -176,9 +178,8 @@ def parser() -> argparse.ArgumentParser:
                                       "output)")
     s.add_argument("--model", action="store_true", help="only the glm-infra keys' model (StackConfig), unprefixed")
     s.set_defaults(func=cmd_schema)
-    from .sla import add_parser as add_sla
-
     from .doctor import add_parser as add_doctor
+    from .sla import add_parser as add_sla
 
     add_sla(sub)
     sub.choices["sla"].set_defaults(func=cmd_sla)

@@ -254,6 +254,9 @@ def is_synthetic(snapshot: dict[str, Any]) -> bool:
 # config.json and hf_quant_config.json of a repository, byte for byte as a published package ships them,
 # in checkpoints/<owner>--<name>/ with SOURCE.json saying which package, version, file and licence and
 # each file's sha256 (checked before a byte is read: a file edited by hand is not the checkpoint's).
+# config.json keys capacity reads (a stack gives any of them in capacity.modelFacts).
+FACT_KEYS = ("num_hidden_layers", "num_nextn_predict_layers", "kv_lora_rank", "qk_rope_head_dim",
+             "index_head_dim", "max_position_embeddings")
 REAL_FILES = ("config.json", "hf_quant_config.json")
 
 

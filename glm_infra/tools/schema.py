@@ -18,7 +18,7 @@ import copy
 import json
 from typing import Any
 
-from .config import NAMESPACE, SECRET_PATHS, STACK_KEYS, SecretValue, StackConfig
+from glm_infra.spec.config import NAMESPACE, SECRET_PATHS, STACK_KEYS, SecretValue, StackConfig
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_FILE = "schemas/stack.schema.json"  # relative to the project folder
@@ -81,7 +81,7 @@ def stack_file_schema() -> dict[str, Any]:
         "$schema": DRAFT,
         "title": f"{NAMESPACE} stack file (stacks/Pulumi.<stack>.yaml)",
         "description": f"A Pulumi stack settings file of the {NAMESPACE} project. Generated from "
-                       f"glm_infra.config.StackConfig: {REGENERATE}",
+                       f"glm_infra.spec.config.StackConfig: {REGENERATE}",
         "type": "object",
         "properties": {"config": config, **_SETTINGS},
         "required": ["config"],

@@ -26,6 +26,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from . import packages, pins
+from .checkpoint import FACT_KEYS
 
 NAMESPACE = "glm-infra"
 
@@ -536,7 +537,7 @@ class DriversConfig(StrictModel):
         return packages.branch_of(self.version)
 
     def package_set(self, dcgm_exporter: bool = False) -> packages.DriverSet:
-        """The packages and units of glm_infra/packages.py for this version (the exporter's unit needs
+        """The packages and units of glm_infra/spec/packages.py for this version (the exporter's unit needs
         DCGM's host engine, as the health gate's dcgmi diag does)."""
         return packages.driver_set(self.version, self.fabric_manager, self.dcgm_diag_level > 0 or dcgm_exporter)
 
@@ -682,13 +683,13 @@ class FirewallConfig(StrictModel):
 
 
 class CapacityConfig(StrictModel):
-    """Capacity planning (glm_infra/capacity.py): the KV-cache room per rank of every pool, from the
+    """Capacity planning (glm_infra/plan/capacity.py): the KV-cache room per rank of every pool, from the
     checkpoint's facts (a snapshot written by `glm-infra capacity fetch`) and the topology. validate
     refuses a pool whose rank cannot hold one request of the maximum context."""
 
     facts: str | None = Field(
         None, description="Facts snapshot of the checkpoint (JSON, `glm-infra capacity fetch` writes it), relative "
-                          "to the current directory. Default: glm_infra/checkpoints/<owner>--<name>.json of model.repo.")
+                          "to the current directory. Default: glm_infra/spec/checkpoints/<owner>--<name>.json of model.repo.")
     model_facts: dict[str, int] = Field(
         default_factory=dict, description="config.json facts that override the snapshot's (or stand in for a "
                                           "missing one): num_hidden_layers, num_nextn_predict_layers, kv_lora_rank, "
@@ -697,7 +698,7 @@ class CapacityConfig(StrictModel):
     resident_bytes: int | None = Field(None, ge=0, description="Bytes of everything else (attention, dense and "
                                                                "shared experts, embeddings, MTP; overrides the snapshot).")
     gpu_memory_gb: float | None = Field(None, gt=0, description="GPU memory per GPU in GB (10^9 bytes) for every "
-                                                                "host, instead of the GPU table (glm_infra/capacity.py).")
+                                                                "host, instead of the GPU table (glm_infra/plan/capacity.py).")
     reserve_gb: float = Field(
         16, ge=0, description="Memory per rank kept out of the KV room besides the weights: activations of the "
                               "profile run, CUDA graphs, all2all/NCCL buffers, the MTP draft's working memory.")
@@ -707,8 +708,6 @@ class CapacityConfig(StrictModel):
     @field_validator("model_facts")
     @classmethod
     def _facts(cls, v: dict[str, int]) -> dict[str, int]:
-        from .capacity import FACT_KEYS
-
         for k in v:
             if k not in FACT_KEYS:
                 raise ValueError(f"{k!r} is not a fact capacity reads ({', '.join(FACT_KEYS)})")

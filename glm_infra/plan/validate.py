@@ -6,16 +6,17 @@ same messages. Rules run only on a stack whose individual keys already parsed.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass
-
 import difflib
 import posixpath
 import re
+from collections import defaultdict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import pins, ports
-from .config import SECRET_VALUE_RULES, SECRETS, StackConfig, snake
+from glm_infra.spec import pins
+from glm_infra.spec.config import SECRET_VALUE_RULES, SECRETS, StackConfig, snake
+
+from . import ports
 
 if TYPE_CHECKING:
     from .capacity import Capacity
@@ -192,13 +193,13 @@ _POOL_CHOICES = {"all2allBackend": "all2all backend", "cudagraphMode": "CUDA gra
 def _not_a_choice(value: str, what: str, choices: tuple[str, ...], who: str) -> str:
     close = difflib.get_close_matches(value, choices, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    listed = ", ".join(choices) if len(choices) <= 16 else f"{len(choices)} choices, glm_infra/pins.py lists them"
+    listed = ", ".join(choices) if len(choices) <= 16 else f"{len(choices)} choices, glm_infra/spec/pins.py lists them"
     return f"{value!r} is not a {what} of {who} ({hint}{listed})"
 
 
 def _closed_sets(stack: StackConfig) -> list[Problem]:
     """Values vLLM and the router take from a closed set, against the sets of the versions the stack runs
-    (a version glm_infra/pins.py does not know is not checked: stack warnings say so)."""
+    (a version glm_infra/spec/pins.py does not know is not checked: stack warnings say so)."""
     out = []
     release = pins.release(stack.runtime.vllm_version)
     vllm = pins.VLLM_CHOICES.get(release)
@@ -343,9 +344,7 @@ def _safe_paths(stack: StackConfig) -> list[Problem]:
 
 
 def _firewall_addresses(stack: StackConfig) -> list[Problem]:
-    from . import firewall  # its own rule (a DNS name nft would resolve at boot); it imports the renderer
-
-    return [Problem(path, message) for path, message in firewall.problems(stack)]
+    return [Problem(path, message) for path, message in ports.firewall_problems(stack)]
 
 
 # --- KV-cache room ---------------------------------------------------------------------------------
