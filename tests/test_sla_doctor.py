@@ -171,3 +171,22 @@ def test_an_unreachable_host_is_named(capsys, tmp_path, write_stack):
     out = capsys.readouterr().out
     assert "lone: cannot reach lone over SSH:" in out and "port 1" in out
 
+
+def test_a_host_whose_ssh_quits_before_reading_the_checks_is_named(capsys, tmp_path, write_stack, monkeypatch):
+    """ssh that exits before it reads the checks (seen: a refused port, on a busy machine) closes the pipe
+    under doctor's write; a program larger than the pipe's buffer makes that certain."""
+    fake = tmp_path / "bin" / "ssh"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexec 0<&-\necho 'ssh: connect to host 10.9.9.9 port 22: Connection refused' >&2\nexit 255\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setattr(doctor, "host_program", lambda steps, quick: "#" * (1 << 20) + "\n")
+    path = write_stack({
+        "glm-infra:hosts": [{"name": "lone", "address": "10.9.9.9", "computeNics": ["mlx5_0"]}],
+        "glm-infra:ssh": {"user": "root", "privateKeyPath": str(tmp_path / "id")},
+        "glm-infra:model": {"repo": "nvidia/GLM-5.2-NVFP4", "revision": "0" * 40, "path": "/mnt/model/glm"},
+    })
+    (tmp_path / "id").write_text("unused\n")
+    assert cli(["doctor", str(path)]) == doctor.EXIT_UNREACHABLE
+    out = capsys.readouterr().out
+    assert "lone: cannot reach lone over SSH: ssh: connect to host 10.9.9.9 port 22: Connection refused" in out, out

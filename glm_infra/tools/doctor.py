@@ -120,8 +120,11 @@ def check_host(stack: StackConfig, host: str, steps: dict[str, Step], args: argp
     proc = subprocess.Popen(ssh_argv(stack, host, args.identity, args.ssh_option or []), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(host_program(steps, args.quick))
-    proc.stdin.close()
+    try:
+        proc.stdin.write(host_program(steps, args.quick))
+        proc.stdin.close()
+    except BrokenPipeError:  # ssh gave up before it read the program (refused, unreachable): its status says why
+        pass
     lines = []
     for line in proc.stdout:  # progress: each step as it is checked
         lines.append(line)
