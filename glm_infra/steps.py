@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import shlex
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from .spec import paths
@@ -85,8 +86,9 @@ class Step:
     retain: bool = False  # keep what it made on destroy (delete never runs)
     local: bool = False  # runs on the machine running pulumi, not on the host
     files: tuple[RenderedFile, ...] = field(default=())  # what it writes on the host
-    # The stdin with real secret values: ``render.<secret_render>(secrets)`` (stdin holds placeholders).
-    secret_render: str | None = None
+    # The stdin with real secret values: ``secret_render(secrets)`` (stdin holds placeholders), the role's
+    # renderer of that file.
+    secret_render: Callable[[Mapping[str, str]], str] | None = None
     # A read-only command that succeeds only if what the step made is still in place (glm-infra
     # doctor runs it, beside a check of every file in ``files``).
     check: str | None = None
@@ -135,7 +137,7 @@ class ScriptStep:
 
 
 def file_step(name: str, path: str, content: str, mode: int = 0o644, secret: bool = False,
-              secret_render: str | None = None) -> Step:
+              secret_render: Callable[[Mapping[str, str]], str] | None = None) -> Step:
     """Write ``content`` to ``path`` atomically (root-owned, ``mode``); remove it on destroy."""
     q = shlex.quote(path)
     d = shlex.quote(path.rsplit("/", 1)[0] or "/")

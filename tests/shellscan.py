@@ -1,4 +1,4 @@
-"""A small reader of the bash in glm_infra/templates/*.sh.j2, enough to tell in what context each simple
+"""A small reader of the bash in the host-script templates (*.sh.j2), enough to tell in what context each simple
 command runs: as a plain command, or where bash ignores errexit for it and for everything it calls
 (a `&&`/`||` list, a pipeline, `!`, the condition of `if`/`while`/`until`) or runs it in a subshell whose
 variables are lost (a pipeline, `$(…)`). Bash's own grammar (bash(1), SHELL GRAMMAR, and the `-e`

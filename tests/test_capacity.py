@@ -15,8 +15,8 @@ import glm5_checkpoint
 import pytest
 from conftest import ROOT, free_port, stack_config, wait_port
 
-from glm_infra import render
 from glm_infra.plan import capacity, topology
+from glm_infra.roles import vllm
 from glm_infra.spec import checkpoint
 from glm_infra.stack import StackError, load_file
 from glm_infra.tools import cli
@@ -229,12 +229,12 @@ def test_max_model_len_and_kv_cache_dtype_reach_both_pools_serve_lines(write_sta
             "hf_quant_config.json#quantization.kv_cache_quant_algo); vLLM serves bfloat16 as asked and capacity "
             "counts it") in loaded.warnings
     for inst in topology.plan(stack).instances:
-        a = render.vllm_args(stack, inst)
+        a = vllm.vllm_args(stack, inst)
         assert a[a.index("--max-model-len") + 1] == "131072" and a[a.index("--kv-cache-dtype") + 1] == "bfloat16"
     p = _pool(stack, "decode")
     assert p.mla_bytes_per_layer == 1152 and p.max_model_len == 131072
     prod = load_file(ROOT / "stacks/Pulumi.prod-b300.yaml").config  # unset: left out, vLLM's defaults
-    assert not any("--max-model-len" in render.vllm_args(prod, i) or "--kv-cache-dtype" in render.vllm_args(prod, i)
+    assert not any("--max-model-len" in vllm.vllm_args(prod, i) or "--kv-cache-dtype" in vllm.vllm_args(prod, i)
                    for i in topology.plan(prod).instances)
     cfg["glm-infra:model"]["kvCacheDtype"] = "fp9"
     with pytest.raises(StackError, match=r"glm-infra:model.kvCacheDtype: 'fp9' is not a KV cache dtype of vLLM 0.33.0"):

@@ -10,6 +10,7 @@ import pytest
 from pulumi_harness import run_callable
 
 from glm_infra import Cluster, Hosts, InvalidArgsError
+from glm_infra.roles import router
 
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-real-key\n-----END OPENSSH PRIVATE KEY-----\n"
 MODEL = {"repo": "nvidia/GLM-5.2-NVFP4", "revision": "0" * 40, "path": "/mnt/model/glm/GLM-5.2-NVFP4"}
@@ -148,13 +149,12 @@ def test_a_secret_that_would_break_its_file_is_refused_without_its_value(key, pa
 
 
 def test_a_long_api_key_fits_nginx_map_of_keys():
-    from glm_infra import render
     from glm_infra.plan.topology import plan
     from glm_infra.spec.config import API_KEY_MAX
     from glm_infra.stack import load_dict
     cfg = load_dict({"hosts": hosts("10.0.0.11", "10.0.0.12", "10.0.0.13"), "ssh": {"private_key": KEY},
                      "model": MODEL, "router": {"host": "b300-3", "api_key": "k" * 16}}, "test").config
-    conf = render.router_front_conf(cfg, plan(cfg))
+    conf = router.router_front_conf(cfg, plan(cfg))
     bucket = int(conf.split("map_hash_bucket_size ", 1)[1].split(";", 1)[0])
     # nginx keeps a key with its length and a pointer in a bucket, aligned: room for the longest line.
     assert bucket >= len("Bearer ") + API_KEY_MAX + 16 and bucket & (bucket - 1) == 0

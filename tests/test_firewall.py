@@ -21,9 +21,9 @@ import pytest
 from conftest import STACKS, stack_config, stack_file
 from stubs import StubPath, shellcheck
 
-from glm_infra import hostplan, render
+from glm_infra import hostplan
 from glm_infra.plan.topology import plan
-from glm_infra.roles import firewall
+from glm_infra.roles import firewall, router, vllm
 from glm_infra.stack import StackError, load_dict, load_file
 
 # --- what each committed stack opens, by hand --------------------------------------------------------
@@ -658,7 +658,7 @@ def test_a_bad_cidr_is_named(write_stack):
 def test_vllm_and_the_router_require_the_firewall_unit():
     cfg = config("prod-b300")
     p = plan(cfg)
-    units = [render.vllm_unit(cfg, i) for i in p.instances] + [render.router_unit(cfg, p)]
+    units = [vllm.vllm_unit(cfg, i) for i in p.instances] + [router.router_unit(cfg, p)]
     for u in units:
         lines = u.split("\n[Service]")[0].splitlines()
         assert f"Requires={firewall.UNIT}" in lines and f"After={firewall.UNIT}" in lines, u
@@ -666,7 +666,7 @@ def test_vllm_and_the_router_require_the_firewall_unit():
     r["firewall"] = {"enabled": False}
     off = load_dict(r, "test").config
     po = plan(off)
-    for u in [render.vllm_unit(off, i) for i in po.instances] + [render.router_unit(off, po)]:
+    for u in [vllm.vllm_unit(off, i) for i in po.instances] + [router.router_unit(off, po)]:
         assert firewall.UNIT not in u
 
 

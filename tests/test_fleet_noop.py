@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT
 from stubs import shellcheck
 
-from glm_infra import hostplan, render
+from glm_infra import hostplan
 from glm_infra.components.host import _last_json
 from glm_infra.plan.topology import plan
 from glm_infra.stack import load_dict
@@ -20,6 +20,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 import benchlib  # noqa: E402
 import fleet_noop  # noqa: E402
+
+from glm_infra.roles import drivers
 
 STANDIN = ROOT / "scripts" / "bench" / "standin-host.sh"
 
@@ -84,8 +86,8 @@ def test_every_step_of_a_fleet_host_is_accepted_and_answered_as_the_program_need
 
 def test_the_reboot_answer_comes_from_the_reboot_script_alone():
     """The reboot step's command is `bash -s` like other steps': its answer keys on the script sent."""
-    assert standin(": glm-infra-triggers=ab12; bash -s", render.reboot_script("b300-000")).stdout == "no-reboot\n"
-    assert standin("bash -s", render.back_script("b300-000")).stdout == ""
+    assert standin(": glm-infra-triggers=ab12; bash -s", drivers.reboot_script("b300-000")).stdout == "no-reboot\n"
+    assert standin("bash -s", drivers.back_script("b300-000")).stdout == ""
 
 
 def test_the_standin_reads_all_of_a_large_stdin_and_logs_one_line_per_command(tmp_path):

@@ -117,7 +117,7 @@ def test_the_guide_covers_what_an_operator_on_call_needs():
                     "Troubleshooting"):
         assert heading in text, heading
     # The troubleshooting table names every alert the rules define.
-    rules = (ROOT / "glm_infra/templates/prometheus-rules.yml.j2").read_text()
+    rules = (ROOT / "glm_infra/roles/monitoring/templates/prometheus-rules.yml.j2").read_text()
     for alert in re.findall(r"alert: (Glm\w+?)(?:\{\{|\s)", rules):
         assert alert in text, f"{alert} is missing from the troubleshooting table"
 

@@ -18,6 +18,10 @@ from stubs import Result, StubPath, shellcheck
 
 from glm_infra import hostplan, render
 from glm_infra.plan.topology import plan
+from glm_infra.roles import drivers as drivers_role
+from glm_infra.roles import fabric, rdma, runtime
+from glm_infra.roles import router as router_role
+from glm_infra.roles import vllm as vllm_role
 from glm_infra.stack import load_file
 
 PROD = load_file(stack_file("prod-b300")).config
@@ -111,7 +115,7 @@ for a in "$@"; do case "$a" in -*|install) ;; *=*) echo "${a#*=}" > "$STATE/inst
 
 
 def drivers(stack=PROD) -> str:
-    return render.drivers_script(stack, HOST)
+    return drivers_role.drivers_script(stack, HOST)
 
 
 def test_drivers_install_pins_holds_and_enables(apt_stubs, tmp_path):
@@ -231,10 +235,10 @@ def boot_stubs(tmp_path):
 
 
 def test_reboot_schedules_a_named_reboot_only_when_the_driver_asked(boot_stubs, tmp_path):
-    r = isolated(boot_stubs, render.reboot_script(HOST), [], REBOOT_DIRS, tmp_path)
+    r = isolated(boot_stubs, drivers_role.reboot_script(HOST), [], REBOOT_DIRS, tmp_path)
     assert (r.returncode, r.stdout.strip(), r.calls) == (0, "no-reboot", []), r.stderr
     in_root(tmp_path, "/run/glm-infra/reboot-required").touch()
-    r = isolated(boot_stubs, render.reboot_script(HOST), [], REBOOT_DIRS, tmp_path)
+    r = isolated(boot_stubs, drivers_role.reboot_script(HOST), [], REBOOT_DIRS, tmp_path)
     assert (r.returncode, r.stdout.strip()) == (0, f"reboot {BOOT}"), r.stderr
     assert in_root(tmp_path, "/var/lib/glm-infra/boot-before-reboot").read_text().strip() == BOOT
     # A timer left from an earlier try goes first; the new one has the name the check after the boot reads.
@@ -247,17 +251,17 @@ def test_back_fails_on_the_same_boot_and_says_why(boot_stubs, tmp_path):
     marker = in_root(tmp_path, "/var/lib/glm-infra/boot-before-reboot")
     marker.parent.mkdir(parents=True)
     marker.write_text(BOOT + "\n")
-    r = isolated(boot_stubs, render.back_script(HOST), [], REBOOT_DIRS, tmp_path)
+    r = isolated(boot_stubs, drivers_role.back_script(HOST), [], REBOOT_DIRS, tmp_path)
     assert r.returncode == 1 and f"{HOST}: host did not reboot (boot {BOOT})" in r.stderr
     assert "glm-infra-reboot.timer" in r.stderr and "inactive (dead)" in r.stderr  # what became of the timer
     (boot_stubs.state / "jobs").write_text("1 reboot.target start waiting\n")
-    r = isolated(boot_stubs, render.back_script(HOST), [], REBOOT_DIRS, tmp_path)
+    r = isolated(boot_stubs, drivers_role.back_script(HOST), [], REBOOT_DIRS, tmp_path)
     assert r.returncode == 1 and "a reboot is under way" in r.stderr and "inactive" not in r.stderr
     assert marker.exists()  # kept: a later try still knows the boot to leave
     marker.write_text("0f0f0f0f-0000-4000-8000-000000000000\n")
-    r = isolated(boot_stubs, render.back_script(HOST), [], REBOOT_DIRS, tmp_path)
+    r = isolated(boot_stubs, drivers_role.back_script(HOST), [], REBOOT_DIRS, tmp_path)
     assert (r.returncode, r.stdout.strip()) == (0, f"rebooted: boot {BOOT}") and not marker.exists()
-    r = isolated(boot_stubs, render.back_script(HOST), [], REBOOT_DIRS, tmp_path)
+    r = isolated(boot_stubs, drivers_role.back_script(HOST), [], REBOOT_DIRS, tmp_path)
     assert (r.returncode, r.stdout.strip()) == (0, "no reboot")
 
 
@@ -342,7 +346,7 @@ def unit_stubs(tmp_path):
 
 def test_a_rollout_restarts_only_when_its_triggers_changed(unit_stubs, tmp_path):
     inst = plan(PROD).instances[0]
-    script = render.vllm_service_script(PROD, inst)
+    script = vllm_role.vllm_service_script(PROD, inst)
     marker = in_root(tmp_path, f"/var/lib/glm-infra/rollout/{inst.unit}")
     run = lambda *args: isolated(unit_stubs, script, list(args), ["/var/lib/glm-infra"], tmp_path)  # noqa: E731
     assert run("start").returncode == 0
@@ -399,7 +403,7 @@ def rdma_stubs(tmp_path):
 
 
 def rdma_script() -> str:
-    return render.rdma_script(PROD, HOST)
+    return rdma.rdma_script(PROD, HOST)
 
 
 def test_rdma_installs_configures_and_checks(rdma_stubs, tmp_path):
@@ -492,7 +496,7 @@ if [ "$1" = pip ]; then for p; do case "$p" in *==*) echo "${{p#*==}}" > "$STATE
 def test_runtime_reinstalls_only_when_a_pin_changes_and_downloads_kernels_after_each_install(runtime_stubs, tmp_path):
     rt = PROD.runtime
     fake_uv(tmp_path)
-    script = render.runtime_script(PROD, HOST)
+    script = runtime.runtime_script(PROD, HOST)
     r = isolated(runtime_stubs, script, ["apply"], RUNTIME_DIRS, tmp_path)
     assert r.returncode == 0, r.stderr + r.stdout
     assert r.called("useradd") and r.called("uv venv") and r.called("uv pip install")
@@ -508,7 +512,7 @@ def test_runtime_reinstalls_only_when_a_pin_changes_and_downloads_kernels_after_
     assert "venv already has" in again.stdout and "FlashInfer kernels match" in again.stdout
 
     bumped = PROD.model_copy(update={"runtime": rt.model_copy(update={"vllm_version": "0.33.1"})})
-    r = isolated(runtime_stubs, render.runtime_script(bumped, HOST), ["apply"], RUNTIME_DIRS, tmp_path)
+    r = isolated(runtime_stubs, runtime.runtime_script(bumped, HOST), ["apply"], RUNTIME_DIRS, tmp_path)
     install = next(c for c in r.calls if c.startswith("uv pip install"))
     assert r.returncode == 0 and "vllm==0.33.1" in install
     assert " --refresh " in install, "the index is read again: the new pin's wheel is newer than uv's cached listing"
@@ -516,7 +520,7 @@ def test_runtime_reinstalls_only_when_a_pin_changes_and_downloads_kernels_after_
 
     # Kernels gone behind glm-infra's back: check names them, apply downloads them without reinstalling.
     (runtime_stubs.state / "kernels").unlink()
-    bumped_script = render.runtime_script(bumped, HOST)
+    bumped_script = runtime.runtime_script(bumped, HOST)
     c = isolated(runtime_stubs, bumped_script, ["check"], RUNTIME_DIRS, tmp_path)
     assert c.returncode == 1 and "FlashInfer kernels: flashinfer-cubin is not installed" in c.stderr
     r = isolated(runtime_stubs, bumped_script, ["apply"], RUNTIME_DIRS, tmp_path)
@@ -545,7 +549,7 @@ if [ -e "$STATE/missing-gpu" ]; then printf '%s\n' "b300-1: gpus: 7 GPUs visible
 if [ "$n" -lt 2 ]; then echo "b300-1: driver: nvidia-smi failed (exit 9): NVIDIA-SMI has failed" >&2; exit 1; fi
 echo "b300-1: healthy (8 × B300, fabric Completed, NVLink up)"''')
     s.add("sleep", "exit 0")
-    script = render.health_script(PROD, HOST)
+    script = fabric.health_script(PROD, HOST)
     r = s.run(script, "apply")
     assert r.returncode == 0 and "healthy" in r.stdout
     assert sum(c.startswith("python3") for c in r.calls) == 3
@@ -562,7 +566,7 @@ def test_the_gate_before_each_vllm_start_skips_dcgm_diag(write_stack, prod_confi
     s = StubPath(tmp_path / "stubs")
     s.add("python3", 'echo "b300-1: healthy (8 × B300)"')
     s.add("dcgmi", "exit 0")
-    script = render.health_script(cfg, HOST)
+    script = fabric.health_script(cfg, HOST)
     assert s.run(script, "apply").called("dcgmi diag -r 2"), "the gate step runs the diagnostic"
     # Before a start the host's other instances hold GPUs: the diagnostic would compete with them.
     r = s.run(script, "before-start")
@@ -634,14 +638,14 @@ def test_a_given_certificate_is_checked_before_nginx_sees_it(write_stack, prod_c
     given = in_root(tmp_path, "/etc/glm-infra/secrets/router-tls.pem")
     given.parent.mkdir(parents=True)
     crt, key = ((tmp_path / f"a.{x}").read_text() for x in ("crt", "key"))
-    given.write_text(render.router_front_tls_given({"router_tls_certificate": crt, "router_tls_key": key}))
+    given.write_text(router_role.router_front_tls_given({"router_tls_certificate": crt, "router_tls_key": key}))
     ok = isolated(stubs, script, ["apply"], TLS_DIRS, tmp_path)
     assert ok.returncode == 0 and ok.stdout == "" and "installed the given certificate" in ok.stderr, ok.stderr
     assert in_root(tmp_path, "/etc/glm-infra/tls/front.crt").read_text().strip() == crt.strip()
     assert in_root(tmp_path, "/etc/glm-infra/tls/front.key").read_text().strip() == key.strip()
     assert "is in place" in isolated(stubs, script, ["apply"], TLS_DIRS, tmp_path).stderr
     # Another certificate's key: refused, and what nginx serves is left as it was.
-    given.write_text(render.router_front_tls_given({"router_tls_certificate": crt,
+    given.write_text(router_role.router_front_tls_given({"router_tls_certificate": crt,
                                                     "router_tls_key": (tmp_path / "b.key").read_text()}))
     bad = isolated(stubs, script, ["apply"], TLS_DIRS, tmp_path)
     assert bad.returncode == 1 and "router.tlsKey is not the key of router.tlsCertificate" in bad.stderr

@@ -21,6 +21,8 @@ from standins.test_hardware import HW_LIB, TOOLS, Sim
 from stubs import Result, StubPath
 
 from glm_infra.agent import hostcheck as hc
+from glm_infra.roles import fabric as fabric_role
+from glm_infra.roles import rdma as rdma_role
 
 FIX = Path(__file__).parent / "fixtures"
 H200 = FIX / "h200x2-nvidia-smi"
@@ -603,13 +605,12 @@ def test_the_scripts_command_lines_parse_as_meant(monkeypatch):
     """What the rendered health gate and RDMA step run reaches the checks with the stack's values."""
     from conftest import stack_file
 
-    from glm_infra import render
     from glm_infra.stack import load_file
 
     seen = []
     monkeypatch.setattr(hc, "health", lambda args: seen.append(vars(args)) or 0)
     cfg = load_file(stack_file("prod-b300")).config
-    for script in (render.health_script(cfg, "b300-1"), render.rdma_script(cfg, "b300-1")):
+    for script in (fabric_role.health_script(cfg, "b300-1"), rdma_role.rdma_script(cfg, "b300-1")):
         line = next(l for l in script.splitlines() if l.startswith("hostcheck=(python3"))
         words = shlex.split(line[len("hostcheck=("):-1].replace('"$host"', "b300-1"))
         assert hc.main(words[2:]) == 0  # after python3 and the path
@@ -1073,9 +1074,8 @@ def prod_b300(dcgm_level: int = 0, fabric: bool = True):
 
 def gate_script(dcgm_level: int = 0, fabric: bool = True, **limits: int) -> str:
     """The rendered health gate of b300-1, with its limits (``NAME=N`` lines) replaced."""
-    from glm_infra import render
 
-    script = render.health_script(prod_b300(dcgm_level, fabric), "b300-1")
+    script = fabric_role.health_script(prod_b300(dcgm_level, fabric), "b300-1")
     for name, value in limits.items():
         script = re.sub(rf"^{name}=\d+$", f"{name}={value}", script, flags=re.M)
     return script
@@ -1216,12 +1216,11 @@ def test_the_gate_with_the_stand_in_nvidia_smi_and_the_real_hostcheck(tmp_path, 
 def test_the_gate_step_outlasts_the_wait_a_last_look_and_the_diagnostic(level, fabric):
     """From the rendered script's own numbers: the wait for the fabric, a pause, one more look at its
     limit (and timeout's grace to KILL), then dcgmi diag at its limit: all within the step's timeout."""
-    from glm_infra import hostplan
     from glm_infra.plan.topology import plan
     from glm_infra.steps import seconds
 
     cfg = prod_b300(level, fabric)
-    step = hostplan.health_gate_step(cfg, plan(cfg).host("b300-1"))
+    step = fabric_role.health_gate_step(cfg, plan(cfg).host("b300-1"))
     script = step.stdin
 
     def value(name: str) -> int:

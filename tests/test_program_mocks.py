@@ -500,7 +500,7 @@ def _rendered_secret_files(path, secrets: dict[str, str]) -> dict[str, str]:
     stack = load_file(path).config
     values = {name: secrets[key] for name, key in render.configured_secrets(stack).items()}
     steps = hostplan.plan_all(stack, make_plan(stack), values, stack_name="test")
-    return {f"{h}:{s.name}": getattr(render, s.secret_render)(values)
+    return {f"{h}:{s.name}": s.secret_render(values)
             for h, hs in steps.items() for s in hs.steps.values() if s.secret_render}
 
 

@@ -12,6 +12,7 @@ from conftest import ROOT, STACKS, stack_file
 
 from glm_infra import hostplan, render
 from glm_infra.plan.topology import plan
+from glm_infra.roles import drivers, router, vllm
 from glm_infra.stack import load_file
 from glm_infra.tools.cli import main
 
@@ -105,7 +106,7 @@ def test_golden_recipe_matches_brief():
 def test_prod_units_carry_the_recipe_flag_for_flag(prod, role):
     cfg, p = prod
     want = flags(shlex.split(recipe(role)))
-    units = [render.vllm_unit(cfg, i) for i in p.by_role(role)]
+    units = [vllm.vllm_unit(cfg, i) for i in p.by_role(role)]
     assert len(units) == {"prefill": 4, "decode": 1}[role]
     for unit in units:
         words = exec_start(unit)
@@ -125,7 +126,7 @@ def test_prod_units_carry_the_recipe_flag_for_flag(prod, role):
 def test_prod_instance_specifics(prod):
     cfg, p = prod
     by_name = {i.name: i for i in p.instances}
-    unit = render.vllm_unit(cfg, by_name["prefill-1"])
+    unit = vllm.vllm_unit(cfg, by_name["prefill-1"])
     got = flags(exec_start(unit))
     assert (got["--host"], got["--port"], got["--data-parallel-rpc-port"]) == ("10.0.0.11", "8101", "29551")
     env = environment(unit)
@@ -142,7 +143,7 @@ def test_prod_instance_specifics(prod):
 def test_vllm_starts_only_on_a_healthy_host_with_its_weights_mounted(prod):
     cfg, p = prod
     for inst in p.instances:
-        unit = render.vllm_unit(cfg, inst)
+        unit = vllm.vllm_unit(cfg, inst)
         assert "\nExecStartPre=+/usr/local/libexec/glm-infra/health-gate.sh before-start\n" in unit
         assert f"\nRequiresMountsFor={cfg.model.path}\n" in unit
         assert "\nStartLimitIntervalSec=0\n" in unit and "\nRestart=on-failure\n" in unit
@@ -151,7 +152,7 @@ def test_vllm_starts_only_on_a_healthy_host_with_its_weights_mounted(prod):
 
 def test_a_reboot_may_take_as_long_as_an_instance_drains(prod):
     cfg, p = prod
-    script = render.waitboot_script(cfg, "b300-1")
+    script = drivers.waitboot_script(cfg, "b300-1")
     drain = max(pool.shutdown_timeout for _, pool in cfg.pools())
     assert f">= {drain + 150} ))" in script and f"SSH never went down in {drain + 150}s" in script
     assert f"< {cfg.drivers.reboot_timeout} ))" in script
@@ -159,19 +160,19 @@ def test_a_reboot_may_take_as_long_as_an_instance_drains(prod):
 
 def test_the_router_starts_after_the_instances_of_its_host(prod):
     cfg, p = prod
-    assert "\nAfter=network-online.target glm-vllm-decode-0.service\n" in render.router_unit(cfg, p)
+    assert "\nAfter=network-online.target glm-vllm-decode-0.service\n" in router.router_unit(cfg, p)
 
 
 def test_router_unit(prod):
     cfg, p = prod
-    words = exec_start(render.router_unit(cfg, p))
+    words = exec_start(router.router_unit(cfg, p))
     assert words[0] == "/opt/glm-infra/venv/bin/vllm-router" and "--vllm-pd-disaggregation" in words
     prefills = [words[i + 1] for i, w in enumerate(words) if w == "--prefill"]
     decodes = [words[i + 1] for i, w in enumerate(words) if w == "--decode"]
     assert prefills == list(p.router.prefill_urls) and decodes == list(p.router.decode_urls)
     # The router listens on loopback; the nginx front owns the public port.
     assert (words[words.index("--host") + 1], words[words.index("--port") + 1]) == ("127.0.0.1", "8001")
-    front = render.router_front_conf(cfg, p)
+    front = router.router_front_conf(cfg, p)
     assert "listen 10.0.0.13:8000 ssl;" in front and p.router.url == "https://10.0.0.13:8000"
     assert "ssl_certificate /etc/glm-infra/tls/front.crt;" in front
     assert "ssl_certificate_key /etc/glm-infra/tls/front.key;" in front
@@ -183,25 +184,25 @@ def test_router_unit(prod):
 def test_front_requires_the_api_key_when_set(write_stack, prod_config):
     prod_config["glm-infra:router"]["apiKey"] = {"secure": "v1:x"}
     cfg = load_file(write_stack(prod_config)).config
-    front = render.router_front_conf(cfg, plan(cfg))
+    front = router.router_front_conf(cfg, plan(cfg))
     assert "default 0;" in front and "include /etc/glm-infra/secrets/router-front-keys.conf;" in front
-    keys = render.router_front_keys({"router_api_key": "sk-1"})
+    keys = router.router_front_keys({"router_api_key": "sk-1"})
     assert '"Bearer sk-1" 1;' in keys
 
 
 def test_plain_http_is_refused_or_redirected_as_the_stack_says(write_stack, prod_config):
-    refuse = render.router_front_conf(*_loaded(write_stack, prod_config))
+    refuse = router.router_front_conf(*_loaded(write_stack, prod_config))
     assert "error_page 497" not in refuse  # nginx's own answer to plain HTTP on a TLS port: 400
     prod_config["glm-infra:router"]["plainHttp"] = "redirect"
-    redirect = render.router_front_conf(*_loaded(write_stack, prod_config))
+    redirect = router.router_front_conf(*_loaded(write_stack, prod_config))
     assert "error_page 497 =301 https://$host:$server_port$request_uri;" in redirect
 
 
 def test_a_generated_certificate_names_the_router_address_then_tls_names(write_stack, prod_config):
     prod_config["glm-infra:router"]["tlsNames"] = ["LLM.example.com", "2001:db8::0:1", "10.0.0.13"]
     cfg, p = _loaded(write_stack, prod_config)
-    assert render.tls_names(cfg, p) == ["10.0.0.13", "llm.example.com", "2001:db8::1"]
-    assert render.subject_alt_names(render.tls_names(cfg, p)) == "IP:10.0.0.13,DNS:llm.example.com,IP:2001:db8::1"
+    assert router.tls_names(cfg, p) == ["10.0.0.13", "llm.example.com", "2001:db8::1"]
+    assert router.subject_alt_names(router.tls_names(cfg, p)) == "IP:10.0.0.13,DNS:llm.example.com,IP:2001:db8::1"
     steps = hostplan.plan_all(cfg, p, stack_name="prod")["b300-3"].steps
     assert "router-front-tls-given" not in steps
     assert "san=IP:10.0.0.13,DNS:llm.example.com,IP:2001:db8::1" in steps["router-front-tls"].stdin
@@ -215,7 +216,7 @@ def test_a_given_certificate_is_a_secret_file_the_tls_step_installs(write_stack,
     given = steps["router-front-tls-given"]
     assert given.secret and given.files[0].path == "/etc/glm-infra/secrets/router-tls.pem" and given.files[0].mode == 0o600
     assert given.stdin == "<secret glm-infra:router.tlsCertificate>\n<secret glm-infra:router.tlsKey>\n"
-    assert render.router_front_tls_given({"router_tls_certificate": "C\n", "router_tls_key": "\nK"}) == "C\nK\n"
+    assert router.router_front_tls_given({"router_tls_certificate": "C\n", "router_tls_key": "\nK"}) == "C\nK\n"
     assert "install_given" in steps["router-front-tls"].stdin and "make_ca" not in steps["router-front-tls"].stdin
     assert "--insecure" in steps["router-front"].stdin
     keys = list(steps)
@@ -283,3 +284,13 @@ def test_template_errors_are_strict():
 
     with pytest.raises(jinja2.UndefinedError, match="'nixl' is undefined"):
         render.render_template("ucx.env.j2", host={"name": "h", "compute_nics": []})
+
+
+def test_every_template_name_is_unique_across_the_shared_and_the_roles_folders():
+    """One jinja namespace over glm_infra/templates and roles/*/templates: a name in two folders would
+    render whichever comes first."""
+    names = [f.name for f in render.template_files()]
+    assert len(names) > 20 and sorted(names) == sorted(set(names)), [n for n in names if names.count(n) > 1]
+    assert all(render.template_file(n).name == n for n in names)
+    with pytest.raises(FileNotFoundError, match="no template 'nope.j2'"):
+        render.template_file("nope.j2")

@@ -272,7 +272,7 @@ def test_pr_review_runs_pulumi_preview_for_the_stack_that_changed(engine, repo, 
 
 
 def test_pr_review_of_a_template_change_shows_in_every_stack_with_prefill(repo, tmp_path):
-    t = repo / "glm_infra/templates/vllm.service.j2"
+    t = repo / "glm_infra/roles/vllm/templates/vllm.service.j2"
     text = t.read_text()
     anchor = "SyslogIdentifier=glm-vllm-{{ inst.name }}\n"
     assert anchor in text

@@ -19,8 +19,9 @@ from conftest import stack_config, stack_file
 from stubs import StubPath
 from test_host_scripts import in_root, isolated
 
-from glm_infra import hostplan, render
+from glm_infra import hostplan
 from glm_infra.plan.topology import plan, roll_predecessors, rolling, rolling_notes
+from glm_infra.roles import vllm
 from glm_infra.stack import load_file
 
 
@@ -108,7 +109,7 @@ def test_the_roll_steps_frame_the_disruptive_ones_and_only_on_serving_hosts():
                                        "/var/lib/glm-infra/roll-done /var/lib/glm-infra/roll.log")
     # The waits come from the step timeouts and the router's health checking, not constants.
     acquire_s = int(hs["turn-acquire"].timeout.removesuffix("s"))
-    assert acquire_s > 1800 + 1200 + stack.drivers.reboot_timeout + render.SERVICE_START_TIMEOUT_S
+    assert acquire_s > 1800 + 1200 + stack.drivers.reboot_timeout + vllm.SERVICE_START_TIMEOUT_S
     script = hs["host-drain"].stdin
     interval = stack.router.health_check_interval
     assert f"down_s={(3 + 1) * (interval + 5) + 30}\n" in script and f"up_s={(2 + 1) * (interval + 5) + 30}\n" in script

@@ -19,10 +19,10 @@ from stubs import StubPath, shellcheck
 from test_host_scripts import BOOT, HOST, PROD, in_root, isolated
 
 from glm_infra import render
+from glm_infra.roles import drivers, router
 from glm_infra.steps import RenderedFile
 
 ROOT = Path(__file__).resolve().parent.parent
-TEMPLATES = ROOT / "glm_infra" / "templates"
 
 # What every template including _put.sh.j2 defines first (log and fail, the way the host scripts do).
 PRELUDE = """#!/usr/bin/env bash
@@ -207,7 +207,7 @@ def test_the_scan_leaves_plain_calls_alone(text):
 
 def test_no_template_calls_put_where_a_failure_could_be_masked():
     found = [f"{t.relative_to(ROOT)}:{line}: {why}"
-             for t in sorted(TEMPLATES.glob("*.j2")) for line, why in masked_writes(t.read_text())]
+             for t in render.template_files() for line, why in masked_writes(t.read_text())]
     assert found == [], "put/put_cmd must be a plain command (see _put.sh.j2):\n" + "\n".join(found)
 
 
@@ -289,7 +289,7 @@ def test_router_front_removal_that_fails_says_so(tmp_path):
     marker = in_root(tmp_path, "/var/lib/glm-infra-front/installed-nginx")
     marker.parent.mkdir(parents=True)
     marker.touch()
-    r = isolated(s, render.router_front_script(PROD, plan(PROD)), ["remove"], ["/var/lib/glm-infra-front", "/etc/nginx"], tmp_path)
+    r = isolated(s, router.router_front_script(PROD, plan(PROD)), ["remove"], ["/var/lib/glm-infra-front", "/etc/nginx"], tmp_path)
     assert r.returncode == 1 and "apt-get purge nginx failed: E: Could not get lock" in r.stderr
     assert marker.exists() and "removed nginx" not in r.stdout
 
@@ -303,12 +303,12 @@ def test_back_with_an_empty_boot_marker_does_not_call_it_a_reboot(tmp_path):
     marker = in_root(tmp_path, "/var/lib/glm-infra/boot-before-reboot")
     marker.parent.mkdir(parents=True)
     marker.write_text("")  # the reboot step cut short while writing it
-    r = isolated(s, render.back_script(HOST), [], ["/run/glm-infra", "/var/lib/glm-infra"], tmp_path)
+    r = isolated(s, drivers.back_script(HOST), [], ["/run/glm-infra", "/var/lib/glm-infra"], tmp_path)
     assert r.returncode == 1 and "rebooted" not in r.stdout
     assert f"{HOST}: whether the host rebooted is unknown" in r.stderr and "boot-before-reboot" in r.stderr
     assert marker.exists()
     marker.write_text(BOOT + "\n")
-    assert isolated(s, render.back_script(HOST), [], ["/run/glm-infra", "/var/lib/glm-infra"], tmp_path).returncode == 1
+    assert isolated(s, drivers.back_script(HOST), [], ["/run/glm-infra", "/var/lib/glm-infra"], tmp_path).returncode == 1
 
 
 def test_package_service_installs_restarts_on_change_and_gates_on_its_checks(tmp_path):
@@ -386,7 +386,7 @@ def test_router_front_installs_nginx_loads_the_configuration_and_waits(tmp_path)
     s.add("curl", '[ -e "$STATE/down" ] && exit 7; n=$(cat "$STATE/looks" 2>/dev/null || echo 0); '
                   'echo $((n + 1)) > "$STATE/looks"; [ "$n" -ge 2 ]')
     s.add("sleep", "exit 0")
-    script = render.router_front_script(PROD, plan(PROD))
+    script = router.router_front_script(PROD, plan(PROD))
     run = lambda action: isolated(s, script, [action], ["/var/lib"], tmp_path)  # noqa: E731
     health = f"{plan(PROD).router.url}/health"
 

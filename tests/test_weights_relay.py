@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import socket
 import subprocess
@@ -21,6 +20,7 @@ from conftest import ROOT, free_port, wait_port
 from glm_infra import hostplan
 from glm_infra.plan import ports, topology
 from glm_infra.plan.topology import RELAY_DEGREE, relay_tree, weights_relay
+from glm_infra.roles import weights
 from glm_infra.stack import load_file
 
 WEIGHTS = ROOT / "glm_infra" / "agent" / "weights.py"
@@ -76,7 +76,7 @@ def test_only_hosts_with_children_listen_and_each_peer_names_its_ancestors():
     for h in p.hosts:
         if not h.provisioned:
             continue
-        (stage,) = [s for s in hostplan.weights_steps(cfg, p, h) if s.name == "weights-stage"]
+        (stage,) = [s for s in weights.weights_steps(cfg, p, h) if s.name == "weights-stage"]
         r = tree[h.name]
         peers = [a.split()[0] for a in stage.create.split("--peer ")[1:]]
         assert peers == [f"http://{address[a]}:{cfg.model.fanout_port}" for a in r.ancestors]
@@ -93,7 +93,7 @@ def test_the_relay_stall_is_passed_only_when_the_stack_sets_it():
     p = topology.plan(cfg)
 
     def creates(c) -> list[str]:
-        return [s.create for h in p.hosts if h.provisioned for s in hostplan.weights_steps(c, p, h)
+        return [s.create for h in p.hosts if h.provisioned for s in weights.weights_steps(c, p, h)
                 if s.name == "weights-stage"]
 
     assert creates(cfg) and not any("--stall" in c for c in creates(cfg))

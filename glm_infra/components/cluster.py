@@ -7,7 +7,7 @@ The annotations are evaluated (no ``from __future__ import annotations``) and th
 of Cluster and Hosts are their outputs only: the component package (provider/) infers its schema
 from them, for programs in other Pulumi languages."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,11 +15,12 @@ from typing import Any
 import pulumi
 import pulumi_command.remote as remote
 
-from glm_infra import hostplan, inputs, render
+from glm_infra import hostplan, inputs
 from glm_infra.args import ClusterArgs, HostsArgs
 from glm_infra.hostplan import HostSteps
 from glm_infra.plan import topology
 from glm_infra.plan.validate import Problem
+from glm_infra.roles import vllm
 from glm_infra.spec import paths
 from glm_infra.spec.config import SERVING_KEYS
 from glm_infra.stack import StackError
@@ -129,10 +130,10 @@ class _Deployment(pulumi.ComponentResource):
 
     def secret_file(self, step: Step) -> pulumi.Output[str]:
         assert step.secret_render is not None
-        return self._secret_values.apply(getattr(render, step.secret_render))
+        return self._secret_values.apply(step.secret_render)
 
-    def secret_digest(self, renderer: str) -> pulumi.Output[str]:
-        return self._secret_values.apply(lambda s: digest(getattr(render, renderer)(s)))
+    def secret_digest(self, renderer: Callable[[Mapping[str, str]], str]) -> pulumi.Output[str]:
+        return self._secret_values.apply(lambda s: digest(renderer(s)))
 
     # --- the chain of one host ---------------------------------------------------------------------
 
@@ -324,8 +325,8 @@ class Cluster(_Deployment):
         """``only_hosts``: deploy only these hosts of the stack (their provisioning and instances; the
         router if it runs there), the others being deployed by another stack."""
         super().__init__("glm-infra:index:Cluster", name, args, True, opts, only_hosts=only_hosts)
-        stack, plan = self.stack, self.plan
-        vllm_secrets = self.secret_digest("vllm_secrets_env")
+        plan = self.plan
+        vllm_secrets = self.secret_digest(vllm.vllm_secrets_env)
         # Instances start together on a first deploy; a change restarts each pool one instance at a
         # time, each gated on /health.
         self.services: dict[str, VllmService] = {}

@@ -26,7 +26,7 @@ class HostArgs:
     private_key: pulumi.Input[str]
     """SSH private key (a secret)."""
     preflight: Step
-    """The preflight step (hostplan.preflight_step): installs hostcheck.py and refuses a host that cannot serve."""
+    """The preflight step (preflight.preflight_step): installs hostcheck.py and refuses a host that cannot serve."""
     ssh_port: int = 22
     """SSH port."""
     dial_attempts: int = 10

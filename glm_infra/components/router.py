@@ -1,6 +1,6 @@
 """The P/D router (vllm-router) as a systemd unit on loopback, behind an nginx front on the public
 port that speaks TLS, checks the API key and retries a request the router failed before answering.
-The steps come from the per-host plan (hostplan.router_steps)."""
+The steps come from the per-host plan (router.router_steps)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """One vLLM instance: its systemd unit, started and gated on ``/health``, restarted one instance of a
 pool at a time, stopped in order on destroy. The steps come from the per-host plan
-(hostplan.instance_steps)."""
+(vllm.instance_steps)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ a tree of hosts (``topology.weights_relay``: each host copies from its parent as
 there and serves its own children while it stages, failing over to its ancestors), verified
 everywhere, switched atomically per revision, kept on destroy unless the stack says otherwise. Each
 host's weights-stage step is the whole of it on that host: its relay server lives inside the step and
-stops once its children have every file. The steps come from the per-host plan (hostplan.weights_steps)."""
+stops once its children have every file. The steps come from the per-host plan (weights.weights_steps)."""
 
 from __future__ import annotations
 

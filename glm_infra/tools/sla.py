@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from glm_infra import render
 from glm_infra.plan import topology
+from glm_infra.roles import router
 from glm_infra.spec import paths
 from glm_infra.spec.config import StackConfig
 
@@ -302,7 +302,7 @@ def settings(stack: StackConfig, stack_name: str, args: argparse.Namespace) -> S
     ca_cert = os.path.expanduser(args.cacert) if args.cacert else None
     if ca_cert is not None and not Path(ca_cert).is_file():
         raise SlaError(f"--cacert {args.cacert}: no such file")
-    if ca_cert is None and not args.url and render.tls_generated(stack):
+    if ca_cert is None and not args.url and router.tls_generated(stack):
         raise SlaError("the router's certificate is signed by glm-infra's own CA: pass --cacert FILE (pulumi stack "
                        f"output routerCaCertificate -s {stack_name} > router-ca.pem)")
     tokenizer = args.tokenizer or sla.tokenizer or stack.model.repo

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import ipaddress
-import os
 import subprocess
 import sys
 import tempfile
@@ -30,9 +29,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 from simlib import cluster as simcluster  # noqa: E402
 
-from glm_infra import hostplan
 from glm_infra.plan import topology  # noqa: E402
 from glm_infra.render import weights_source  # noqa: E402
+from glm_infra.roles import weights
 from glm_infra.stack import load_dict  # noqa: E402
 
 REVISION = "bench0000000000000000000000000000000000"
@@ -61,7 +60,7 @@ def stage_commands(cfg: dict, n: int, star: bool) -> dict[str, tuple[str, str]]:
     degree = topology.RELAY_DEGREE
     topology.RELAY_DEGREE = max(n - 1, 1) if star else degree
     try:
-        return {h.name: (h.address, next(s for s in hostplan.weights_steps(stack, plan, h)
+        return {h.name: (h.address, next(s for s in weights.weights_steps(stack, plan, h)
                                          if s.name == "weights-stage").create) for h in plan.hosts}
     finally:
         topology.RELAY_DEGREE = degree

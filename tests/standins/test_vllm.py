@@ -26,7 +26,7 @@ import pytest
 from conftest import ROOT, STACKS, stack_file
 
 from glm_infra.plan.topology import plan
-from glm_infra.render import vllm_args
+from glm_infra.roles.vllm import vllm_args
 from glm_infra.stack import load_file
 
 BUILD_WHEELS = ROOT / "scripts" / "standins" / "build-wheels"

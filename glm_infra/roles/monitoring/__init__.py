@@ -26,7 +26,7 @@ from glm_infra.spec import paths
 from glm_infra.spec.config import StackConfig
 from glm_infra.steps import RenderedFile, Step, file_step
 
-DASHBOARD = Path(__file__).resolve().parents[1] / "dashboards" / "glm-infra.json"
+DASHBOARD = Path(__file__).parent / "dashboards" / "glm-infra.json"
 
 # The units the packages ship.
 PROMETHEUS_UNIT = "prometheus.service"
@@ -195,6 +195,11 @@ def alertmanager_dropin() -> str:
 # --- the steps -----------------------------------------------------------------------------------
 
 
+def alertmanager_webhook(secrets: Mapping[str, str]) -> str:
+    """The file Alertmanager's webhook URL is read from (its whole content is the URL)."""
+    return secrets["webhook_url"]
+
+
 def host_steps(stack: StackConfig, plan: Plan, h: HostPlan, stack_name: str, secrets: Mapping[str, str]) -> list[Step]:
     """The exporters of one host, and Prometheus and Alertmanager on the monitoring host."""
     m = stack.monitoring
@@ -222,8 +227,8 @@ def host_steps(stack: StackConfig, plan: Plan, h: HostPlan, stack_name: str, sec
         files = [RenderedFile(paths.ALERTMANAGER_CONFIG, alertmanager_config(stack)),
                  RenderedFile(paths.ALERTMANAGER_DEFAULTS, alertmanager_defaults(stack))]
         if m.webhook_url is not None:
-            out.append(file_step("alertmanager-webhook", paths.WEBHOOK_SECRET, render.alertmanager_webhook(secrets),
-                                 0o600, True, "alertmanager_webhook"))
+            out.append(file_step("alertmanager-webhook", paths.WEBHOOK_SECRET, alertmanager_webhook(secrets),
+                                 0o600, True, alertmanager_webhook))
             files.append(RenderedFile(paths.dropin(ALERTMANAGER_UNIT), alertmanager_dropin()))
         out.append(render.package_service_step(
             "alertmanager", f"Alertmanager on :{m.alertmanager_port}", h.name,
