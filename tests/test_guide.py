@@ -157,6 +157,28 @@ def test_the_readme_path_is_the_one_the_tests_run():
     assert "scripts/demo up" in commands and "scripts/demo down" in commands
 
 
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("document", sorted(DOCUMENTS))
+def test_every_relative_link_reaches_a_file_and_heading(document):
+    """The README and docs/ link each other by file and section; a moved or renamed one is caught."""
+    source = ROOT / document
+    for target, _, section in re.findall(r"\]\((?!https?://)([^)#\s]*)(#([^)\s]+))?\)", source.read_text()):
+        path = (source.parent / target).resolve() if target else source
+        assert path.exists(), f"{document}: {target} does not exist"
+        if section and path.suffix == ".md":
+            headings = {anchor(h) for h in re.findall(r"^#+ (.*)$", path.read_text(), re.M)}
+            assert section in headings, f"{document}: {target}#{section} is no heading of {path.name}"
+
+
+def test_anchors_are_githubs():
+    assert anchor("TLS at the router's front") == "tls-at-the-routers-front"
+    assert anchor("Fleet no-op `up`") == "fleet-no-op-up"
+
+
 def test_a_block_without_its_test_is_caught(tmp_path):
     text = "<!-- tested: tests/test_guide.py::no_such_test -->\n```sh\npulumi up -s x\n```\n```sh\npulumi up\n```\n"
     (refs, _), (bare, _) = blocks(text)
