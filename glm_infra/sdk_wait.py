@@ -5,7 +5,7 @@ with ``asyncio.wait(pending, return_when=FIRST_COMPLETED)``, puts the unfinished
 again: each wait adds and removes a callback on every pending output, and it runs again after each
 completion, so the cost grows with the square of the outputs. A 96-host stack (3408 resources) spent
 66 s of a 193-s preview there (cProfile in the language host), and the preview took 216.8 s; with one
-wait per round it took 55 s (README, "Fleet-sized preview").
+wait per round it took 55 s (docs/PERFORMANCE.md, "Fleet-sized preview").
 
 ``install()`` makes that one call wait for the whole round (every output pending when it started),
 returning early as soon as any output fails: one of the round's (``FIRST_EXCEPTION``) or one created

@@ -1,6 +1,7 @@
-"""docs/OPERATIONS.md: every command the on-call guide tells an operator to type is one a test (or
+"""README.md and docs/*.md: every command the documents tell someone to type is one a test (or
 scripts/demo) runs. Each ```sh block is preceded by ``<!-- tested: FILE::TEST, ... -->``; the named
-tests must exist, and each command's subcommand, long flags and glm-infra keys must appear in them."""
+tests must exist, and each command's subcommand, long flags and glm-infra keys must appear in them.
+A command no test runs goes in a plain ``` block (or in prose), never in a ```sh one."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "OPERATIONS.md"
+# Every document a reader runs commands from; each must hold at least this many tested blocks.
+DOCUMENTS = {"README.md": 5, **{f"docs/{p.name}": 0 for p in sorted((ROOT / "docs").glob("*.md"))},
+             "docs/OPERATIONS.md": 10}
 # Helpers the end-to-end tests run their commands through.
 E2E_HELPERS = [ROOT / "tests/e2e/harness.py", ROOT / "tests/e2e/conftest.py"]
 BLOCK = re.compile(r"(?:<!-- tested: (?P<refs>[^>]*) -->\n)?```sh\n(?P<body>.*?)```", re.S)
@@ -86,6 +90,8 @@ def required(segment: str) -> list[tuple[str, ...]]:
         need.append((rest[0].split("=", 1)[0],))
     elif program == "cp":
         return []
+    elif program in ("curl", "sed"):  # the test must run the same tool (its long flags below)
+        need.append((program,))
     else:
         raise AssertionError(f"the guide runs {program!r}: teach tests/test_guide.py what its tests must show")
     for w in rest:
@@ -96,17 +102,18 @@ def required(segment: str) -> list[tuple[str, ...]]:
     return need
 
 
-def test_every_command_block_names_the_tests_that_run_it():
-    found = blocks(GUIDE.read_text())
-    assert len(found) >= 10, "the guide's command blocks"
+@pytest.mark.parametrize("document", sorted(DOCUMENTS))
+def test_every_command_block_names_the_tests_that_run_it(document):
+    found = blocks((ROOT / document).read_text())
+    assert len(found) >= DOCUMENTS[document], f"{document}'s command blocks"
     for refs, lines in found:
-        assert refs, f"a command block names no test: {lines}"
+        assert refs, f"{document}: a command block names no test: {lines}"
         source = corpus(refs)
         for line in lines:
             for segment in SEGMENT_SPLIT.split(line):
                 for alternatives in required(segment):
                     assert any(a in source for a in alternatives), (
-                        f"`{line}`: none of {list(alternatives)} is in {', '.join(refs)}")
+                        f"{document}: `{line}`: none of {list(alternatives)} is in {', '.join(refs)}")
 
 
 def test_the_guide_covers_what_an_operator_on_call_needs():
@@ -128,9 +135,48 @@ def test_the_guide_covers_what_an_operator_on_call_needs():
     ("venv/bin/glm-infra sla prod-b300 --cacert ca.pem", [('"sla"', "'sla'", "glm-infra sla"), ("--cacert",)]),
     ("GLM_INFRA_API_KEY=x scripts/demo up", [("scripts/demo", "demo"), ("up)", '"up"')]),
     ("export PULUMI_BACKEND_URL='postgres://x'", [("PULUMI_BACKEND_URL",)]),
+    ("curl -fsS --cacert ca.pem --config - https://x/v1", [("curl",), ("--cacert",), ("--config",)]),
+    ("sed -e 's/^/header = /' -e 's/$/x/'", [("sed",)]),
 ])
 def test_what_a_command_needs_its_test_to_show(segment, need):
     assert required(segment) == need
+
+
+def test_every_document_is_held_to_the_rule():
+    """A new page under docs/ is checked without being listed: the glob finds it."""
+    assert {"README.md", "docs/OPERATIONS.md", "docs/DEPLOYING.md", "docs/STACK.md"} <= set(DOCUMENTS)
+    assert len([d for d in DOCUMENTS if d.startswith("docs/")]) == len(list((ROOT / "docs").glob("*.md")))
+
+
+def test_the_readme_path_is_the_one_the_tests_run():
+    """The README's real-host path in its order: copy a stack, validate, plan, preview, up, a request with the CA."""
+    commands = [line for _, lines in blocks((ROOT / "README.md").read_text()) for line in lines]
+    order = ["cp stacks/", "glm-infra validate", "glm-infra plan", "pulumi preview", "pulumi up", "--cacert"]
+    at = [next(i for i, c in enumerate(commands) if step in c) for step in order]
+    assert at == sorted(at), commands
+    assert "scripts/demo up" in commands and "scripts/demo down" in commands
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("document", sorted(DOCUMENTS))
+def test_every_relative_link_reaches_a_file_and_heading(document):
+    """The README and docs/ link each other by file and section; a moved or renamed one is caught."""
+    source = ROOT / document
+    for target, _, section in re.findall(r"\]\((?!https?://)([^)#\s]*)(#([^)\s]+))?\)", source.read_text()):
+        path = (source.parent / target).resolve() if target else source
+        assert path.exists(), f"{document}: {target} does not exist"
+        if section and path.suffix == ".md":
+            headings = {anchor(h) for h in re.findall(r"^#+ (.*)$", path.read_text(), re.M)}
+            assert section in headings, f"{document}: {target}#{section} is no heading of {path.name}"
+
+
+def test_anchors_are_githubs():
+    assert anchor("TLS at the router's front") == "tls-at-the-routers-front"
+    assert anchor("Fleet no-op `up`") == "fleet-no-op-up"
 
 
 def test_a_block_without_its_test_is_caught(tmp_path):

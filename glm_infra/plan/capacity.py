@@ -431,7 +431,7 @@ def format_report(stack: StackConfig, cap: Capacity) -> str:
 
 
 def trade_table(rows: list[tuple[str, StackConfig]], role: str = "prefill", base: Path | None = None) -> str:
-    """A markdown table of one pool across stacks (the README's DP4-vs-DP2 table)."""
+    """A markdown table of one pool across stacks (docs/CAPACITY.md's DP4-vs-DP2 table)."""
     head = ("stack", "pool", "GPUs/instance", "weights/rank", "KV room/rank", "tokens/rank", "tokens in the pool",
             "16K req/inst", "256K req/inst", "max req/inst", "max req/GPU")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

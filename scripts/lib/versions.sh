@@ -5,7 +5,7 @@
 # from 3.274.0 on (3.261-3.273 are not served here; 3.276.0 the newest that is) a preview feeds every step to
 # a snapshot manager that serializes the whole snapshot each time and discards it (engine/update.go
 # previewActions.OnResourceStepPre, for `import --preview-only`), so a preview grows with the square of the
-# resource count: 24 hosts 55 s against 22 s on 3.260.0 (README, "Pulumi").
+# resource count: 24 hosts 55 s against 22 s on 3.260.0 (docs/PERFORMANCE.md, "Fleet-sized preview").
 PULUMI_VERSION=3.260.0
 # Python language host. Its module (github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python/v3) is
 # not served by the Go module proxy reachable here: scripts/toolchain builds it from the upstream source

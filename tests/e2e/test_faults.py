@@ -36,7 +36,7 @@ SSH_OPTIONS = ["--ssh-option", "StrictHostKeyChecking=no", "--ssh-option", "User
 # + the provider's backoff, at most 5 s).
 DIAL_ATTEMPTS, DIAL_TIMEOUT_S = 3, 5
 DIAL_BOUND_S = DIAL_ATTEMPTS * (DIAL_TIMEOUT_S + 5)
-RECOVERY: dict[str, float] = {}  # measured, printed for the README
+RECOVERY: dict[str, float] = {}  # measured, printed for docs/DEVELOPING.md ("Reliability")
 SECRETS: dict[str, str] = {}
 OUTPUTS: list[str] = []  # what every pulumi command of this module printed
 WEBHOOK = "http://10.88.0.1:9/glm-infra-test/hook-t0ken-4c1d9e"  # nothing listens: alerts go nowhere
