@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-import glm5_checkpoint
 from conftest import ROOT, free_port, stack_config, wait_port
 from glm_infra import capacity, checkpoint, cli, render, topology
 from glm_infra.stack import StackError, load_file
+from testbed import glm5_checkpoint
 
 REPO = "nvidia/GLM-5.2-NVFP4"
 COMMIT = "5a1e9b7d2c4a6e8f0b1d3c5e7a9b2d4f6a8c3f0c"
@@ -78,7 +78,7 @@ def hub(glm5, tmp_path):
     (src / "manifest.json").write_text(json.dumps({"files": files}))
     port = free_port()
     log = tmp_path / "hub.log"
-    p = subprocess.Popen([sys.executable, str(ROOT / "tests" / "hub_standin.py"), "--dir", str(src.parent), "--repo",
+    p = subprocess.Popen([sys.executable, str(ROOT / "testbed" / "hub_standin.py"), "--dir", str(src.parent), "--repo",
                           REPO, "--bind", f"127.0.0.1:{port}", "--token", "hf_secret_123"],
                          stdout=open(log, "w"), stderr=subprocess.STDOUT)
     try:

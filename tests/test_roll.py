@@ -20,8 +20,7 @@ from conftest import stack_config, stack_file
 from glm_infra import hostplan, render
 from glm_infra.stack import load_file
 from glm_infra.topology import plan, roll_predecessors, rolling, rolling_notes
-from stubs import StubPath
-from test_host_scripts import in_root, isolated
+from stubs import StubPath, in_root, isolated
 
 
 def config(write_stack, change) -> object:

@@ -21,10 +21,11 @@ from conftest import ROOT, free_port, wait_port
 from glm_infra import hostplan, ports, topology
 from glm_infra.stack import load_file
 from glm_infra.topology import RELAY_DEGREE, relay_tree, weights_relay
+from testbed import STANDINS
 
 WEIGHTS = ROOT / "glm_infra" / "host" / "weights.py"
-MAKE = ROOT / "scripts" / "standins" / "make-checkpoint"
-SLOW = ROOT / "tests" / "slow_source.py"
+MAKE = STANDINS / "make-checkpoint"
+SLOW = ROOT / "testbed" / "slow_source.py"
 SHARDS = [f"model-0000{i}-of-00006.safetensors" for i in range(1, 7)]
 
 

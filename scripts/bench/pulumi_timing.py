@@ -19,7 +19,8 @@ import sys
 
 import yaml
 
-from benchlib import ROOT, Project, b300_fleet, median, sim, sim_config
+import _repo  # noqa: F401  (the repository on sys.path)
+from testbed.bench.common import ROOT, Project, b300_fleet, median, sim, sim_config
 
 
 def first_and_noop_up(n_hosts: int, runs: int) -> tuple[list[float], list[float], list[int]]:

@@ -36,7 +36,9 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from testbed import ROOT as REPO
+from testbed import STANDINS
+
 CACHE = Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache" / "glm-infra"))
 SIM = CACHE / "sim"
 DEFAULT_NET = ipaddress.ip_network("10.88.0.0/24")  # the sim stack's, the end-to-end suite's
@@ -183,14 +185,14 @@ def build_standins(stack: str) -> None:
     """The stand-in apt repository, wheels and model checkpoint the hosts install from (rebuilt
     only when changed)."""
     www = SIM / "www"
-    run([str(REPO / "scripts/standins/fetch-debian-debs"), str(SIM / "debian-debs")])
-    run([str(REPO / "scripts/standins/build-apt-repo"), str(www / "apt"), str(SIM / "debian-debs")])
-    run([str(REPO / "scripts/standins/build-wheels"), str(www / "wheels")])
+    run([str(STANDINS / "fetch-debian-debs"), str(SIM / "debian-debs")])
+    run([str(STANDINS / "build-apt-repo"), str(www / "apt"), str(SIM / "debian-debs")])
+    run([str(STANDINS / "build-wheels"), str(www / "wheels")])
     model = model_of(stack)
     if model.get("source") == "mirror":
         name = model["mirrorUrl"].rstrip("/").rsplit("/", 1)[-1]
         shards, shard_mb = os.environ.get("GLM_SIM_MODEL_SHARDS", "8"), os.environ.get("GLM_SIM_MODEL_SHARD_MB", "16")
-        run([sys.executable, str(REPO / "scripts/standins/make-checkpoint"), str(SIM / "models" / name),
+        run([sys.executable, str(STANDINS / "make-checkpoint"), str(SIM / "models" / name),
              "--revision", str(model["revision"]), "--shards", shards, "--shard-mb", shard_mb])
 
 
@@ -535,11 +537,10 @@ def cmd_inventory(args: argparse.Namespace) -> int:
 def cmd_tokenizer(args: argparse.Namespace) -> int:
     """The tokenizer the sim stack's SLA gate builds prompts with (sla.tokenizer), made with the SLA
     client's own environment (glm-infra sla makes it once)."""
-    sys.path.insert(0, str(REPO))
     from glm_infra.sla import client_env
 
     python = client_env()
-    run([str(python), str(REPO / "scripts/standins/make-tokenizer"), str(SIM / "tokenizer")])
+    run([str(python), str(STANDINS / "make-tokenizer"), str(SIM / "tokenizer")])
     print(SIM / "tokenizer")
     return 0
 

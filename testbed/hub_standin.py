@@ -1,6 +1,6 @@
 """A loopback stand-in for the Hugging Face Hub: just the endpoints `huggingface_hub` uses to list a
 model at a revision and to download it (`hf download --local-dir`), over a checkpoint written by
-scripts/standins/make-checkpoint. The real `huggingface_hub` (pinned in the test extras) talks to it
+testbed/standins/make-checkpoint. The real `huggingface_hub` (pinned in the test extras) talks to it
 through HF_ENDPOINT, so weights.py's Hugging Face source path runs the real library and CLI.
 
     python hub_standin.py --dir SRC --repo ORG/NAME --bind 127.0.0.1:PORT [--token T]

@@ -2,7 +2,7 @@
 safetensors file per layer holding only its header (8-byte length + JSON): the tensor names, dtypes,
 shapes and byte offsets of the real layout, without the tensor data (tests/fixtures/glm5/README.md).
 
-    python tests/glm5_checkpoint.py OUT        # OUT/config.json, OUT/*.safetensors, the index
+    python testbed/glm5_checkpoint.py OUT        # OUT/config.json, OUT/*.safetensors, the index
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import struct
 import sys
 from pathlib import Path
 
-CONFIG = Path(__file__).parent / "fixtures" / "glm5" / "config.json"
+CONFIG = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "glm5" / "config.json"
 SIZE = {"BF16": 2, "F32": 4, "F8_E4M3": 1, "U8": 1}
 
 

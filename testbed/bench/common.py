@@ -1,4 +1,4 @@
-"""Shared by the benchmarks: a throwaway copy of the project with generated stacks, the Pulumi
+"""Shared by the benchmarks (scripts/bench): a throwaway copy of the project with generated stacks, the Pulumi
 environment of scripts/lib/pulumi-env.sh, the simulated hosts, and medians."""
 
 from __future__ import annotations
@@ -9,16 +9,14 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-from simlib.cluster import fleet_config  # noqa: E402  (the one generator of simulated stacks)
+from testbed import ROOT
+from testbed.cluster import fleet_config  # the one generator of simulated stacks
 
 SIM_STACK = ROOT / "stacks" / "Pulumi.sim.yaml"
 PASSPHRASE = "glm-infra-sim"

@@ -56,7 +56,7 @@ def build(args: argparse.Namespace) -> Path:
     metadata += [f"Requires-Dist: {r}" for r in args.requires]
     wheel = [
         "Wheel-Version: 1.0",
-        "Generator: glm-infra scripts/standins/wheels.py",
+        "Generator: glm-infra testbed/standins/wheels.py",
         f"Root-Is-Purelib: {'true' if args.tag.endswith('-any') else 'false'}",
         f"Tag: {args.tag}",
     ]
