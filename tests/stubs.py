@@ -1,11 +1,16 @@
-"""A stub PATH for host-script tests: each stub records its arguments and answers from a scenario."""
+"""A stub PATH for host-script tests: each stub records its arguments and answers from a scenario; and a
+private root to run a script in (`isolated`): the system folders it writes are temporary ones."""
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+# This machine's boot id, as the reboot scripts read it (/proc is not stubbed).
+BOOT = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
 @dataclass
@@ -53,6 +58,23 @@ class StubPath:
         p = subprocess.run(cmd, input=stdin, capture_output=True, text=True, env=e, timeout=timeout)
         calls = [l for l in self.log.read_text().splitlines() if l]
         return Result(p.returncode, p.stdout, p.stderr, calls)
+
+
+def isolated(stubs: StubPath, script: str, args: list[str], dirs: list[str], tmp: Path) -> Result:
+    """Run script in a mount namespace where each of dirs is a persistent temporary folder."""
+    binds = []
+    for d in dirs:
+        src = tmp / "root" / d.lstrip("/")
+        src.mkdir(parents=True, exist_ok=True)
+        binds.append(f"mkdir -p {shlex.quote(d)} && mount --bind {shlex.quote(str(src))} {shlex.quote(d)}")
+    (tmp / "script.sh").write_text(script)
+    inner = " && ".join(binds + [f"exec bash {tmp / 'script.sh'} {' '.join(shlex.quote(a) for a in args)}"])
+    return stubs.run(f"unshare --mount --propagation private bash -c {shlex.quote(inner)}\n",
+                     env={"PATH": f"{stubs.bin}:/usr/sbin:/usr/bin:/sbin:/bin"})
+
+
+def in_root(tmp: Path, path: str) -> Path:
+    return tmp / "root" / path.lstrip("/")
 
 
 def shellcheck(text: str, tmp: Path, name: str = "script.sh") -> subprocess.CompletedProcess:

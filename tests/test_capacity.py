@@ -11,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import glm5_checkpoint
 import pytest
 from conftest import ROOT, free_port, stack_config, wait_port
 
@@ -20,6 +19,7 @@ from glm_infra.roles import vllm
 from glm_infra.spec import checkpoint
 from glm_infra.stack import StackError, load_file
 from glm_infra.tools import cli
+from testbed import glm5_checkpoint
 
 REPO = "nvidia/GLM-5.2-NVFP4"
 COMMIT = "5a1e9b7d2c4a6e8f0b1d3c5e7a9b2d4f6a8c3f0c"
@@ -81,7 +81,7 @@ def hub(glm5, tmp_path):
     (src / "manifest.json").write_text(json.dumps({"files": files}))
     port = free_port()
     log = tmp_path / "hub.log"
-    p = subprocess.Popen([sys.executable, str(ROOT / "tests" / "hub_standin.py"), "--dir", str(src.parent), "--repo",
+    p = subprocess.Popen([sys.executable, str(ROOT / "testbed" / "hub_standin.py"), "--dir", str(src.parent), "--repo",
                           REPO, "--bind", f"127.0.0.1:{port}", "--token", "hf_secret_123"],
                          stdout=open(log, "w"), stderr=subprocess.STDOUT)
     try:

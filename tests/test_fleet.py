@@ -1,20 +1,18 @@
 """`scripts/sim fleet N`: a generated stack of N simulated hosts on a /24 of its own, and the
-benchmark's helpers around it (scripts/bench/fleet_up.py). Fast: nothing boots."""
+benchmark's helpers around it (testbed/bench, for scripts/bench/fleet_up.py). Fast: nothing boots."""
 
 from __future__ import annotations
 
 import ipaddress
 import subprocess
-import sys
 
 import pytest
 import yaml
-
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "scripts" / "bench"))
-from simlib import cluster  # noqa: E402
+from testbed import cluster
+from testbed.bench import common
+from testbed.bench import fleet as bench_fleet
 
 SIM = ROOT / "scripts" / "sim"
 GLM = ROOT / "venv" / "bin" / "glm-infra"
@@ -85,36 +83,30 @@ def test_clusters_on_different_subnets_never_share_bridge_or_run_folder():
 
 
 def test_the_benchmarks_sim_config_is_the_fleet_generator_on_the_sim_stacks_subnet():
-    import benchlib
-
-    cfg = benchlib.sim_config(3)
+    cfg = common.sim_config(3)
     assert [(h["name"], h["address"]) for h in cfg["glm-infra:hosts"]] == [
         ("sim-1", "10.88.0.11"), ("sim-2", "10.88.0.12"), ("sim-3", "10.88.0.13")]
     assert cfg["glm-infra:colocated"]["hosts"] == ["sim-1", "sim-2", "sim-3"] and "glm-infra:prefill" not in cfg
     assert cfg["glm-infra:router"]["host"] == "sim-1"
     assert cfg["glm-infra:ssh"]["privateKeyPath"].startswith("/")
-    big = benchlib.sim_config(16, "10.89.0.0/24", "fleet")
+    big = common.sim_config(16, "10.89.0.0/24", "fleet")
     assert big["glm-infra:hosts"][15] == {**cluster.fleet_config(16)["config"]["glm-infra:hosts"][15]}
 
 
 def test_fleet_up_groups_step_durations_by_step_across_hosts():
-    import fleet_up
-
     def ev(kind, name, t, typ="command:remote:Command"):
         return {"timestamp": t, kind: {"metadata": {"urn": f"urn:pulumi:s::p::{typ}::{name}", "type": typ}}}
 
     evs = [ev("resourcePreEvent", "glm-fleet-1-runtime", 10), ev("resourcePreEvent", "glm-fleet-12-runtime", 11),
            ev("resourcePreEvent", "glm", 0, "glm-infra:index:Cluster"), ev("resOutputsEvent", "glm-fleet-1-runtime", 14),
            ev("resOutputsEvent", "glm-fleet-12-runtime", 30), ev("resOutputsEvent", "glm", 40, "glm-infra:index:Cluster")]
-    durations = fleet_up.step_durations(evs)
+    durations = bench_fleet.step_durations(evs)
     assert durations == {"glm-fleet-1-runtime": 4, "glm-fleet-12-runtime": 19}  # the component is no step
-    assert fleet_up.by_step(durations, ["fleet-1", "fleet-12"]) == {"glm-HOST-runtime": [4, 19]}
+    assert bench_fleet.by_step(durations, ["fleet-1", "fleet-12"]) == {"glm-HOST-runtime": [4, 19]}
 
 
 def test_the_hosts_only_variant_is_the_examples_stack_on_the_fleet():
-    import fleet_up
-
-    cfg = fleet_up.hosts_only_config(3, ipaddress.ip_network("10.89.0.0/24"))
+    cfg = bench_fleet.hosts_only_config(3, ipaddress.ip_network("10.89.0.0/24"))
     hosts = cfg["glm-example:hosts"]
     assert [(h["name"], h["address"]) for h in hosts["hosts"]] == [
         ("fleet-1", "10.89.0.11"), ("fleet-2", "10.89.0.12"), ("fleet-3", "10.89.0.13")]

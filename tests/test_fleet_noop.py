@@ -1,29 +1,22 @@
-"""The stand-in host of scripts/bench/fleet_noop.py (scripts/bench/standin-host.sh, sshd's
+"""The stand-in host of scripts/bench/fleet_noop.py (testbed/bench/standin-host.sh, sshd's
 ForceCommand there): it refuses nothing, runs nothing it is sent, and answers what the program reads
 to go on. Fast: the script runs directly, as sshd would run it; nothing boots."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
-from conftest import ROOT
 from stubs import shellcheck
 
 from glm_infra import hostplan
 from glm_infra.components.host import _last_json
 from glm_infra.plan.topology import plan
-from glm_infra.stack import load_dict
-
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "scripts" / "bench"))
-import benchlib  # noqa: E402
-import fleet_noop  # noqa: E402
-
 from glm_infra.roles import drivers
-
-STANDIN = ROOT / "scripts" / "bench" / "standin-host.sh"
+from glm_infra.stack import load_dict
+from testbed.bench.common import b300_fleet
+from testbed.bench.fleet import STANDIN_SCRIPT as STANDIN
+from testbed.bench.fleet import standin_address
 
 
 def standin(command: str, stdin: str = "", env: dict | None = None) -> subprocess.CompletedProcess:
@@ -32,7 +25,7 @@ def standin(command: str, stdin: str = "", env: dict | None = None) -> subproces
 
 
 def standin_stack(n: int):
-    cfg = benchlib.b300_fleet(n, fleet_noop.standin_address)
+    cfg = b300_fleet(n, standin_address)
     for h in cfg["glm-infra:hosts"]:
         h["sshPort"] = 2222
     return load_dict({k.removeprefix("glm-infra:"): v for k, v in cfg.items()}, "fleet_noop").config
@@ -113,4 +106,4 @@ def test_the_benchmark_fleet_is_a_valid_stack_on_loopback_addresses(n, prefill, 
     assert len(set(addresses)) == n
     assert all(a.startswith("127.77.") for a in addresses)
     # The 96-host preview's stack (pulumi_timing.py) is the same fleet on its 10.0.x.y addresses.
-    assert benchlib.b300_fleet(96)["glm-infra:hosts"][95]["address"] == "10.0.0.105"
+    assert b300_fleet(96)["glm-infra:hosts"][95]["address"] == "10.0.0.105"

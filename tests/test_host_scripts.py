@@ -6,7 +6,6 @@ Needs root (unshare, mount), as CI runs."""
 from __future__ import annotations
 
 import os
-import shlex
 import socket
 import subprocess
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import STACKS, stack_file
-from stubs import Result, StubPath, shellcheck
+from stubs import BOOT, StubPath, in_root, isolated, shellcheck
 
 from glm_infra import hostplan, render
 from glm_infra.plan.topology import plan
@@ -47,23 +46,6 @@ def test_every_rendered_host_script_is_shellcheck_clean(stack, tmp_path):
         for path, text in scripts.items():
             r = shellcheck(text, tmp_path)
             assert r.returncode == 0, f"{host}:{path}\n{r.stdout}"
-
-
-def isolated(stubs: StubPath, script: str, args: list[str], dirs: list[str], tmp: Path) -> Result:
-    """Run script in a mount namespace where each of dirs is a persistent temporary folder."""
-    binds = []
-    for d in dirs:
-        src = tmp / "root" / d.lstrip("/")
-        src.mkdir(parents=True, exist_ok=True)
-        binds.append(f"mkdir -p {shlex.quote(d)} && mount --bind {shlex.quote(str(src))} {shlex.quote(d)}")
-    (tmp / "script.sh").write_text(script)
-    inner = " && ".join(binds + [f"exec bash {tmp / 'script.sh'} {' '.join(shlex.quote(a) for a in args)}"])
-    return stubs.run(f"unshare --mount --propagation private bash -c {shlex.quote(inner)}\n",
-                     env={"PATH": f"{stubs.bin}:/usr/sbin:/usr/bin:/sbin:/bin"})
-
-
-def in_root(tmp: Path, path: str) -> Path:
-    return tmp / "root" / path.lstrip("/")
 
 
 @pytest.fixture(autouse=True)
@@ -222,7 +204,6 @@ def test_drivers_remove_keeps_the_held_driver_by_default(apt_stubs, tmp_path):
 # --- the reboot, the wait for it, the check after it --------------------------------------------
 
 REBOOT_DIRS = ["/run/glm-infra", "/var/lib/glm-infra"]
-BOOT = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
 @pytest.fixture

@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
-from standins.test_hardware import HW_LIB, TOOLS, Sim
 from stubs import Result, StubPath
 
 from glm_infra.agent import hostcheck as hc
 from glm_infra.roles import fabric as fabric_role
 from glm_infra.roles import rdma as rdma_role
+from testbed.hardware import HW_LIB, TOOLS, Sim
 
 FIX = Path(__file__).parent / "fixtures"
 H200 = FIX / "h200x2-nvidia-smi"
@@ -966,11 +966,13 @@ def test_a_tool_that_hangs_is_stopped_with_what_it_started_and_named(tmp_path, m
 def run_hostcheck(tmp_path: Path, argv: list[str], limits: dict[str, float]) -> subprocess.CompletedProcess:
     """hostcheck.py as the gate runs it (its own process, PATH with the tools of tmp_path/bin), with
     shorter tool limits; a run that hangs is stopped here and fails the test."""
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import hostcheck as hc; "
-            "vars(hc).setdefault('TOOL_TIMEOUT_S', {}).update(json.loads(sys.argv[2])); sys.exit(hc.main(sys.argv[3:]))")
-    cmd = [sys.executable, "-c", code, str(Path(hc.__file__).parent), json.dumps(limits), *argv]
+    # Imported as the single file it is on a host (its folder on PYTHONPATH), not as glm_infra's module.
+    code = ("import json, sys; import hostcheck as hc; "
+            "vars(hc).setdefault('TOOL_TIMEOUT_S', {}).update(json.loads(sys.argv[1])); sys.exit(hc.main(sys.argv[2:]))")
+    cmd = [sys.executable, "-c", code, json.dumps(limits), *argv]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         env={**os.environ, "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"})
+                         env={**os.environ, "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
+                              "PYTHONPATH": str(Path(hc.__file__).parent)})
     try:
         out, err = p.communicate(timeout=20)
     except subprocess.TimeoutExpired:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import ROOT, STACKS, stack_config, stack_file
-from stubs import StubPath
+from stubs import StubPath, in_root, isolated
 
 from glm_infra import hostplan
 from glm_infra.plan.topology import plan
@@ -221,8 +221,6 @@ def service_stubs(tmp_path):
 
 
 def test_the_prometheus_step_writes_its_files_and_restarts_only_on_a_change(service_stubs, tmp_path):
-    from test_host_scripts import in_root, isolated
-
     cfg = load_file(stack_file("sim")).config
     step = hostplan.plan_all(cfg, plan(cfg), stack_name="sim")["sim-3"].steps["prometheus"]
     dirs = ["/etc/prometheus", "/etc/default", "/var/lib/glm-infra"]
@@ -256,8 +254,6 @@ def test_the_prometheus_step_writes_its_files_and_restarts_only_on_a_change(serv
 
 
 def test_a_package_glm_infra_did_not_install_is_kept(service_stubs, tmp_path):
-    from test_host_scripts import isolated
-
     cfg = load_file(stack_file("sim")).config
     step = hostplan.plan_all(cfg, plan(cfg), stack_name="sim")["sim-1"].steps["node-exporter"]
     (service_stubs.state / "installed" / "prometheus-node-exporter").touch()

@@ -26,7 +26,7 @@ def test_the_wheel_imports_from_its_own_files(tmp_path):
                      "glm_infra/spec/checkpoints/nvidia--GLM-5.2-NVFP4/SOURCE.json",
                      "glm_infra/spec/checkpoints/LICENSES/Apache-2.0.txt"):
         assert required in names, required
-    assert not any(n.startswith(("tests/", "stacks/", "scripts/")) for n in names)
+    assert not any(n.startswith(("tests/", "testbed/", "stacks/", "scripts/")) for n in names)
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
                     str(wheel)], check=True, capture_output=True)

@@ -315,7 +315,7 @@ def test_pr_review_refuses_a_stack_that_does_not_validate(repo, tmp_path):
 
 def diff_cli(r: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return run([PYTHON, "-c", "import sys; sys.path.insert(0, '.'); from glm_infra.tools.cli import main; sys.exit(main())",
+    return run([PYTHON, "-c", "import sys; from glm_infra.tools.cli import main; sys.exit(main())",
                 "diff", *args], cwd=r, env=env, timeout=300)
 
 

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import stack_config, stack_file
-from stubs import StubPath
-from test_host_scripts import in_root, isolated
+from stubs import StubPath, in_root, isolated
 
 from glm_infra import hostplan
 from glm_infra.plan.topology import plan, roll_predecessors, rolling, rolling_notes

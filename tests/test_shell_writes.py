@@ -2,7 +2,7 @@
 
 The `put` / `put_cmd` contract of glm_infra/templates/_put.sh.j2 (docs: its header), run for real
 against this machine's filesystem; every template read for a call of put (or of a function calling it)
-where bash turns errexit off or runs it in a subshell (tests/shellscan.py); and the other writes of the
+where bash turns errexit off or runs it in a subshell (testbed/shellscan.py); and the other writes of the
 host scripts whose failure used to be masked by `|| true` (package-service's files, removal, service.sh's
 remove, the front's purge, the boot check's marker)."""
 
@@ -14,15 +14,18 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from shellscan import masked_writes
-from stubs import StubPath, shellcheck
-from test_host_scripts import BOOT, HOST, PROD, in_root, isolated
+from conftest import stack_file
+from stubs import BOOT, StubPath, in_root, isolated, shellcheck
 
 from glm_infra import render
 from glm_infra.roles import drivers, router
+from glm_infra.stack import load_file
 from glm_infra.steps import RenderedFile
+from testbed.shellscan import masked_writes
 
 ROOT = Path(__file__).resolve().parent.parent
+PROD = load_file(stack_file("prod-b300")).config
+HOST = "b300-1"
 
 # What every template including _put.sh.j2 defines first (log and fail, the way the host scripts do).
 PRELUDE = """#!/usr/bin/env bash

@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -147,11 +146,8 @@ def test_a_host_reboots_like_a_server(cluster):
 def test_an_interrupted_image_build_is_discarded_without_touching_the_machine(tmp_path):
     """debootstrap killed midway leaves /proc mounted in the half-built image; discarding it must
     unmount first and never walk into the machine's own /proc."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from simlib.cluster import discard_partial_image
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    from testbed.cluster import discard_partial_image
+
     partial = tmp_path / "rootfs-bookworm-x.tmp"
     (partial / "proc").mkdir(parents=True)
     (partial / "etc").mkdir()

@@ -102,6 +102,14 @@ def test_every_end_to_end_module_has_its_place():
     assert all(Path(ROOT / "tests" / f"{m}.py").exists() for m in conftest.CLUSTER_MODULES)
 
 
+def conftest_env() -> dict:
+    """The environment of a process that imports tests/conftest.py as pytest would (pyproject.toml's
+    pythonpath)."""
+    import os
+
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
+
+
 def test_the_cluster_worker_writes_its_stack_files_in_private():
     """What the worker driving the simulated hosts writes to stacks/ (pulumi config set) stays in its
     own mount namespace: the committed file, which the fast tier reads beside it, does not change."""
@@ -110,11 +118,11 @@ def test_the_cluster_worker_writes_its_stack_files_in_private():
 
     sim = ROOT / "stacks" / "Pulumi.sim.yaml"
     before = sim.read_bytes()
-    code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; import conftest; conftest.private_stacks(); "
-            "from pathlib import Path; p = Path(sys.argv[3]); p.write_text(p.read_text() + '# changed in private\\n'); "
+    code = ("import sys; import conftest; conftest.private_stacks(); "
+            "from pathlib import Path; p = Path(sys.argv[1]); p.write_text(p.read_text() + '# changed in private\\n'); "
             "print(p.read_text().splitlines()[-1])")
-    p = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests"), str(ROOT), str(sim)],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run([sys.executable, "-c", code, str(sim)], capture_output=True, text=True, timeout=60,
+                       env=conftest_env())
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "# changed in private", "the worker sees its own change"
     assert sim.read_bytes() == before, "the committed file is as it was"
@@ -129,14 +137,14 @@ def test_a_lane_worker_has_its_own_network_state_and_run_folder():
     import sys
 
     state_file = ROOT / ".pulumi-state" / "lane-probe"
-    code = ("import os, subprocess, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; import conftest; "
+    code = ("import os, subprocess, sys; import conftest; "
             "conftest.private_stacks(); conftest.private_cluster('b'); "
             "subprocess.run(['ip', 'link', 'add', 'br-laneprobe', 'type', 'bridge'], check=True); "
-            "open(sys.argv[3], 'w').write('x'); open('/run/systemd/nspawn/lane-probe', 'w').write('x'); "
+            "open(sys.argv[1], 'w').write('x'); open('/run/systemd/nspawn/lane-probe', 'w').write('x'); "
             "print(os.environ['GLM_SIM_RUN'], subprocess.run(['ip', '-o', 'link', 'show', 'lo'], capture_output=True, "
             "text=True).stdout.count('<LOOPBACK,UP,'))")
-    p = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests"), str(ROOT), str(state_file)],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run([sys.executable, "-c", code, str(state_file)], capture_output=True, text=True, timeout=60,
+                       env=conftest_env())
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["/run/glm-infra-sim-lane-b", "1"], "its run folder, and loopback up for its servers"
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout

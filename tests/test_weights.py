@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, free_port, wait_port
 
+from testbed import STANDINS
+
 WEIGHTS = ROOT / "glm_infra" / "agent" / "weights.py"
-MAKE = ROOT / "scripts" / "standins" / "make-checkpoint"
+MAKE = STANDINS / "make-checkpoint"
 
 
 def serve(directory: Path, tmp: Path, name: str, all_files: bool) -> tuple[str, Path, subprocess.Popen]:
@@ -372,7 +374,7 @@ def hub(tmp_path, monkeypatch):
                    check=True, capture_output=True)
     port = free_port()
     log = tmp_path / "hub.log"
-    p = subprocess.Popen([sys.executable, str(ROOT / "tests" / "hub_standin.py"), "--dir", str(src), "--repo", REPO,
+    p = subprocess.Popen([sys.executable, str(ROOT / "testbed" / "hub_standin.py"), "--dir", str(src), "--repo", REPO,
                           "--bind", f"127.0.0.1:{port}", "--token", "hf_secret_123"],
                          stdout=open(log, "w"), stderr=subprocess.STDOUT)
     wait_port(port)

@@ -61,7 +61,7 @@ def write_checkpoint(d: Path, files: dict[str, bytes] = CHECKPOINT) -> list[dict
 
 
 def mirror_of(tmp: Path, revision: str = "rev1", files: dict[str, bytes] = CHECKPOINT) -> Path:
-    """A mirror folder laid out like scripts/standins/make-checkpoint's: REVISION/ with manifest.json."""
+    """A mirror folder laid out like testbed/standins/make-checkpoint's: REVISION/ with manifest.json."""
     d = tmp / "mirror" / revision
     d.mkdir(parents=True)
     (d / "manifest.json").write_text(json.dumps({"files": write_checkpoint(d, files)}))

@@ -22,10 +22,11 @@ from glm_infra.plan import ports, topology
 from glm_infra.plan.topology import RELAY_DEGREE, relay_tree, weights_relay
 from glm_infra.roles import weights
 from glm_infra.stack import load_file
+from testbed import STANDINS
 
 WEIGHTS = ROOT / "glm_infra" / "agent" / "weights.py"
-MAKE = ROOT / "scripts" / "standins" / "make-checkpoint"
-SLOW = ROOT / "tests" / "slow_source.py"
+MAKE = STANDINS / "make-checkpoint"
+SLOW = ROOT / "testbed" / "slow_source.py"
 SHARDS = [f"model-0000{i}-of-00006.safetensors" for i in range(1, 7)]
 
 

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from glm_infra.spec import checkpoint
-from glm_infra.spec.checkpoint import FACT_KEYS
 from glm_infra.spec.config import PoolConfig, StackConfig
 
 GB = 10**9

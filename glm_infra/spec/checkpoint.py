@@ -245,7 +245,7 @@ def load_snapshot(path: Path) -> dict[str, Any]:
 
 
 def is_synthetic(snapshot: dict[str, Any]) -> bool:
-    """A snapshot not read from the checkpoint (tests/glm5_checkpoint.py's generated headers)."""
+    """A snapshot not read from the checkpoint (testbed/glm5_checkpoint.py's generated headers)."""
     return snapshot.get("revision") == "synthetic" or str(snapshot.get("source", "")).startswith("SYNTHETIC")
 
 

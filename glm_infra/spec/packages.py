@@ -10,7 +10,7 @@ A source is a URL or ``owner/repo@commit:path[#lines]`` on GitHub. Names that de
 branch come from a per-branch rule (``rule``): a branch with no rule is refused, because NVIDIA has
 renamed packages between branches before (590 dropped the branch suffix of most names).
 
-Standard library only: ``scripts/standins/build-apt-repo`` runs this file with a plain python3.
+Standard library only: ``testbed/standins/build-apt-repo`` runs this file with a plain python3.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ class Package:
     units: tuple[str, ...] = ()  # units it (or a dependency the stand-in folds in) ships
     binaries: tuple[str, ...] = ()  # programs glm-infra or the units run
     paths: tuple[str, ...] = ()  # configuration and data paths that matter
-    standin: str = ""  # scripts/standins/debs/<standin>
+    standin: str = ""  # testbed/standins/debs/<standin>
     standin_version: str = ""  # the version the stand-in carries when it does not follow the driver
 
     def version_for(self, driver: str) -> str:
@@ -487,7 +487,7 @@ def markdown() -> str:
     for m, src in KERNEL_MODULES.items():
         lines.append(f"| `{m}` | {_cite(src)} |")
     lines += ["", "## Stand-ins", "",
-              "`scripts/standins/build-apt-repo` builds every package above that has a stand-in (`debs/<dir>`) with",
+              "`testbed/standins/build-apt-repo` builds every package above that has a stand-in (`debs/<dir>`) with",
               "the registry's name, version, `Provides:` and repository: the driver-versioned ones for each of "
               + ", ".join(f"`{v}`" for v in SIM_DRIVERS) + ". Its `apt/` folder stands in for",
               "the CUDA repository and the distribution's mirror, `apt/doca/` for the DOCA repository. The",

@@ -16,9 +16,11 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+import _repo  # noqa: F401  (the repository on sys.path)
 import yaml
 
-from benchlib import ROOT, SIM_STACK, Project, sim
+from testbed import STANDINS
+from testbed.bench.common import SIM_STACK, Project, sim
 
 CACHE = Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache/glm-infra")) / "sim"
 UNITS = {
@@ -51,11 +53,11 @@ def publish_alt_vllm() -> None:
     """A second stand-in vllm version beside the first in the sim wheel folder."""
     tmp = Path(tempfile.mkdtemp())
     try:
-        subprocess.run([str(ROOT / "scripts/standins/build-wheels"), str(tmp)], check=True, capture_output=True,
+        subprocess.run([str(STANDINS / "build-wheels"), str(tmp)], check=True, capture_output=True,
                        env={**os.environ, "VLLM_STANDIN_VERSION": ALT_VLLM})
         for whl in tmp.glob("vllm-*.whl"):
             shutil.copy(whl, CACHE / "www/wheels" / whl.name)
-        subprocess.run([sys.executable, str(ROOT / "scripts/standins/wheels.py"), "index", str(CACHE / "www/wheels")],
+        subprocess.run([sys.executable, str(STANDINS / "wheels.py"), "index", str(CACHE / "www/wheels")],
                        check=True, capture_output=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

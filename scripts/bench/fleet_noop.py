@@ -1,6 +1,6 @@
 """A fleet-sized stack against stand-in hosts: the first `pulumi up`, a no-op `pulumi up` (0 changes
 asserted) and `pulumi preview` of the deployed stack (what a pull request's review runs), medians
-over --runs, for prod-b300's settings on N hosts (benchlib.b300_fleet: two thirds prefill, the rest
+over --runs, for prod-b300's settings on N hosts (testbed.bench.common.b300_fleet: two thirds prefill, the rest
 decode, the router on the first decode host).
 
     venv/bin/python scripts/bench/fleet_noop.py [--hosts 96] [--runs 3] [--first-runs 1]
@@ -8,7 +8,7 @@ decode, the router on the first decode host).
 
 The hosts are stand-ins, local only: one throwaway container (systemd-nspawn, the simulated hosts'
 read-only image, the machine's network) runs sshd on loopback addresses 127.77.x.y, one port, with
-a host key and an authorized key the benchmark makes. Its ForceCommand, scripts/bench/standin-host.sh,
+a host key and an authorized key the benchmark makes. Its ForceCommand, testbed/bench/standin-host.sh,
 takes the place of every command glm-infra sends: it runs none of them, discards their stdin and
 answers only what the program reads to go on ("no-reboot" to the reboot step, "{}" as facts). So the
 first `up` measures the engine, the program and the provider making every resource over SSH, not
@@ -20,7 +20,6 @@ failure) and its files removed.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import os
 import re
@@ -33,19 +32,14 @@ import sys
 import time
 from pathlib import Path
 
-from benchlib import ROOT, Project, b300_fleet, median
+import _repo  # noqa: F401  (the repository on sys.path)
 
-sys.path.insert(0, str(ROOT / "scripts"))
-from simlib.cluster import rootfs  # noqa: E402  (the simulated hosts' image: it has sshd)
+from testbed.bench.common import Project, b300_fleet, median
+from testbed.bench.fleet import STANDIN_SCRIPT, standin_address
+from testbed.cluster import rootfs  # the simulated hosts' image: it has sshd
 
-STANDIN_SCRIPT = ROOT / "scripts" / "bench" / "standin-host.sh"
-STANDIN_NET = ipaddress.ip_network("127.77.0.0/16")  # loopback only
 SOCKETS_PER_SSHD = 16  # sshd's MAX_LISTEN_SOCKS
 MOUNT = "/srv"  # where the container sees the stand-in's folder (an empty folder of the image)
-
-
-def standin_address(i: int) -> str:
-    return str(STANDIN_NET.network_address + (i // 200) * 256 + i % 200 + 10)
 
 
 def free_port(address: str) -> int:

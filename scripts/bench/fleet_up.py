@@ -21,7 +21,6 @@ import argparse
 import ipaddress
 import json
 import os
-import re
 import statistics
 import sys
 import threading
@@ -29,12 +28,12 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import _repo  # noqa: F401  (the repository on sys.path)
 import yaml
 
-from benchlib import ROOT, Project, median, sim, sim_config
-
-sys.path.insert(0, str(ROOT / "scripts"))
-from simlib.cluster import DEFAULT_NET, FLEET_NET, SimError, fleet_addresses, moved, network_home  # noqa: E402
+from testbed.bench.common import ROOT, Project, median, sim, sim_config
+from testbed.bench.fleet import by_step, events, hosts_only_config, step_durations
+from testbed.cluster import DEFAULT_NET, FLEET_NET, SimError, fleet_addresses, network_home
 
 CG = Path("/sys/fs/cgroup/unified")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -194,57 +193,7 @@ class PulumiCpu:
         self.cg.rmdir()
 
 
-def events(stdout: str) -> list[dict]:
-    """The engine events `pulumi up --json` streams, one JSON object a line."""
-    out = []
-    for line in stdout.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
-
-
-def step_durations(evs: list[dict]) -> dict[str, float]:
-    """Seconds from a resource's pre-event to its outputs event, by resource name (the engine's
-    timestamps are whole seconds)."""
-    pre: dict[str, int] = {}
-    out: dict[str, float] = {}
-    for ev in evs:
-        for kind in ("resourcePreEvent", "resOutputsEvent"):
-            if kind in ev:
-                meta = ev[kind]["metadata"]
-                if not meta.get("type", "").startswith("command:"):
-                    continue  # a component: its span is its children's
-                name = meta["urn"].rsplit("::", 1)[-1]
-                if kind == "resourcePreEvent":
-                    pre[name] = ev["timestamp"]
-                elif name in pre:
-                    out[name] = ev["timestamp"] - pre[name]
-    return out
-
-
-def by_step(durations: dict[str, float], hosts: list[str]) -> dict[str, list[float]]:
-    """Durations grouped by step: the host's name taken out of each resource name."""
-    out: dict[str, list[float]] = defaultdict(list)
-    pat = re.compile(r"(^|-)(" + "|".join(map(re.escape, sorted(hosts, key=len, reverse=True))) + r")(-|$)")
-    for name, d in durations.items():
-        out[pat.sub(r"\1HOST\3", name, count=1)].append(d)
-    return dict(out)
-
-
 # --- the stacks -----------------------------------------------------------------------------------
-
-
-def hosts_only_config(n: int, net: ipaddress.IPv4Network) -> dict:
-    """examples/hosts-only's sim stack on the fleet's n hosts (the machine's address moved to net's .1)."""
-    cfg = yaml.safe_load((ROOT / "examples/hosts-only/Pulumi.sim.yaml").read_text())["config"]
-    hosts = cfg["glm-example:hosts"]
-    nics = hosts["hosts"][0]["compute_nics"]
-    hosts["hosts"] = [{"name": f"fleet-{i + 1}", "address": a, "compute_nics": nics}
-                      for i, a in enumerate(fleet_addresses(n, net))]
-    hosts["ssh"]["private_key_path"] = os.path.expanduser(hosts["ssh"]["private_key_path"])
-    return moved(cfg, str(DEFAULT_NET.network_address + 1), str(net.network_address + 1))
 
 
 def project_for(variant: str) -> Project:

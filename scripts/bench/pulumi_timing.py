@@ -17,9 +17,10 @@ import resource
 import subprocess
 import sys
 
+import _repo  # noqa: F401  (the repository on sys.path)
 import yaml
 
-from benchlib import ROOT, Project, b300_fleet, median, sim, sim_config
+from testbed.bench.common import ROOT, Project, b300_fleet, median, sim, sim_config
 
 
 def first_and_noop_up(n_hosts: int, runs: int) -> tuple[list[float], list[float], list[int]]:

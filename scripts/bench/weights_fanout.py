@@ -22,17 +22,16 @@ import tempfile
 import time
 from pathlib import Path
 
+import _repo  # noqa: F401  (the repository on sys.path)
 import yaml
-from benchlib import ROOT, median, sim, sim_config
-
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-from simlib import cluster as simcluster  # noqa: E402
 
 from glm_infra.plan import topology  # noqa: E402
 from glm_infra.render import weights_source  # noqa: E402
 from glm_infra.roles import weights
 from glm_infra.stack import load_dict  # noqa: E402
+from testbed import STANDINS
+from testbed import cluster as simcluster
+from testbed.bench.common import median, sim, sim_config
 
 REVISION = "bench0000000000000000000000000000000000"
 PATH = "/mnt/model/bench/GLM-5.2-NVFP4"
@@ -130,7 +129,7 @@ def main() -> int:
     simcluster.use_network(net)
     cfg = sim_config(max(counts), args.subnet, PREFIX)
     model_dir = Path(cfg["glm-infra:model"]["mirrorUrl"].rstrip("/")).name
-    subprocess.run([sys.executable, str(ROOT / "scripts/standins/make-checkpoint"), str(simcluster.SIM / "models" / model_dir),
+    subprocess.run([sys.executable, str(STANDINS / "make-checkpoint"), str(simcluster.SIM / "models" / model_dir),
                     "--revision", REVISION, "--shards", str(args.shards), "--shard-mb", str(args.shard_mb)], check=True)
     stack_file = Path(tempfile.mkdtemp(prefix="glm-bench-weights-")) / "Pulumi.weights.yaml"
     stack_file.write_text(yaml.safe_dump({"config": cfg}, sort_keys=False))

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import ssl
 import subprocess
 import sys
@@ -22,12 +21,12 @@ from pathlib import Path
 
 import proctree
 
+from testbed import STANDINS
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 PASSPHRASE = "glm-infra-sim"  # the sim stack's secrets provider passphrase (committed salt)
 SIM_STACK = ROOT / "stacks" / "Pulumi.sim.yaml"
-# What scripts/simlib/cluster.py uses: the machine's cache (image, stand-ins, model mirror) and this
+# What testbed/cluster.py uses: the machine's cache (image, stand-ins, model mirror) and this
 # cluster's run folder (server logs), which a lane of the suite sets for its own cluster.
 SIM_CACHE = Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache" / "glm-infra")) / "sim"
 
@@ -38,7 +37,7 @@ def sim_run() -> Path:
 
 def cluster_threads() -> list[int]:
     """Every thread of every process on this cluster's hosts (their cgroups, named by the launcher of
-    scripts/simlib/cluster.py after the run folder and the host)."""
+    testbed/cluster.py after the run folder and the host)."""
     tids = []
     for host in Path("/sys/fs/cgroup/systemd/glm-sim").glob(f"{sim_run().name}-*"):
         for procs in host.rglob("cgroup.procs"):
@@ -162,7 +161,7 @@ def throttle_model_source(mbit: int | None) -> None:
 
 def make_revision(revision: str) -> None:
     """Another revision of the synthetic checkpoint the machine's model mirror serves."""
-    subprocess.run([sys.executable, str(ROOT / "scripts/standins/make-checkpoint"),
+    subprocess.run([sys.executable, str(STANDINS / "make-checkpoint"),
                     str(SIM_CACHE / "models/GLM-5.2-NVFP4"), "--revision", revision,
                     "--shards", "8", "--shard-mb", "16"], check=True, capture_output=True)
 

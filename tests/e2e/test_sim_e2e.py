@@ -17,7 +17,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import proctree
 import pytest
@@ -35,6 +34,7 @@ from e2e.harness import (
     throttle_model_source,
     up_in_background,
 )
+from testbed import STANDINS
 
 HOSTS = ("sim-1", "sim-2", "sim-3")
 PREFILL_UNITS = {"sim-1": ["glm-vllm-prefill-0", "glm-vllm-prefill-1"], "sim-2": ["glm-vllm-prefill-2", "glm-vllm-prefill-3"]}
@@ -320,7 +320,7 @@ def test_a_vllm_upgrade_reinstalls_and_restarts_the_instances_not_the_router(sta
     router (its own wheel, untouched) keeps running."""
     version = "0.33.1+glmsim"
     wheels = SIM_CACHE / "www" / "wheels"
-    standins = ROOT / "scripts/standins"
+    standins = STANDINS
     sim_binary = subprocess.run([str(standins / "build-llm-d-sim")], capture_output=True, text=True,
                                 check=True).stdout.strip().splitlines()[-1]
     flashinfer = next(wheels.glob("flashinfer_python-*.whl")).name.split("-")[1].split("+")[0]

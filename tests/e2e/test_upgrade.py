@@ -8,7 +8,6 @@ delete something on upgrade (and say so in the change)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path

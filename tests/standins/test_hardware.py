@@ -1,4 +1,4 @@
-"""Stand-in hardware packages (scripts/standins): the signed flat apt repository they build into,
+"""Stand-in hardware packages (testbed/standins): the signed flat apt repository they build into,
 and their tools' output checked against the real formats.
 
 nvidia-smi is compared with real captures from 2x H200 on driver 580.159.04
@@ -21,24 +21,12 @@ from pathlib import Path
 
 import pytest
 
+from testbed import STANDINS
+from testbed.hardware import DEBS, DRIVER, HW_LIB, TOOLS, Sim
+
 ROOT = Path(__file__).resolve().parents[2]
-STANDINS = ROOT / "scripts" / "standins"
-DEBS = STANDINS / "debs"
-HW_LIB = DEBS / "glm-sim-hardware" / "usr" / "lib" / "glm-sim"
 FIXTURES = ROOT / "tests" / "fixtures" / "h200x2-nvidia-smi"  # copied from shared/fixtures/nvidia-smi/h200x2
 SHELLCHECK = ROOT / "venv" / "bin" / "shellcheck"
-DRIVER = "580.159.04"
-
-TOOLS = {
-    "nvidia-smi": DEBS / "nvidia-driver-580-open/usr/bin/nvidia-smi",
-    "dcgmi": DEBS / "datacenter-gpu-manager-4-core/usr/bin/dcgmi",
-    "ibv_devinfo": DEBS / "glm-sim-rdma-tools/usr/bin/ibv_devinfo",
-    "show_gids": DEBS / "doca-ofed/usr/sbin/show_gids",
-    "ibdev2netdev": DEBS / "doca-ofed/usr/bin/ibdev2netdev",
-    "ib_write_bw": DEBS / "doca-ofed/usr/bin/ib_write_bw",
-    "ibstat": DEBS / "infiniband-diags/usr/sbin/ibstat",
-    "nv-fabricmanager": DEBS / "nvidia-fabricmanager/usr/bin/nv-fabricmanager",
-}
 
 # The brief's package table.
 EXPECTED_VERSIONS = {
@@ -236,37 +224,6 @@ def test_rebuilding_unchanged_sources_does_nothing(repo):
 
 
 # --- the tools, against a simulated root ----------------------------------------------------
-
-
-class Sim:
-    """A GLM_SIM_ROOT: the shipped hardware.conf, the driver installed and loaded, the fabric
-    manager installed at the driver's version and running."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        for d in ("etc/glm-sim/hardware.conf.d", "run/glm-sim", "usr/share/glm-sim"):
-            (root / d).mkdir(parents=True)
-        shutil.copy(DEBS / "glm-sim-hardware/etc/glm-sim/hardware.conf", root / "etc/glm-sim/hardware.conf")
-        self.write("usr/share/glm-sim/driver-version", DRIVER)
-        self.write("run/glm-sim/loaded-driver-version", DRIVER)
-        self.write("usr/share/glm-sim/fabricmanager-version", DRIVER)
-        self.write("run/glm-sim/fabricmanager-active", "")
-
-    def write(self, path: str, text: str) -> None:
-        (self.root / path).write_text(text + "\n" if text else "")
-
-    def fault(self, **keys: str) -> None:
-        """Drop keys into hardware.conf.d, as the tests of the product do."""
-        self.write("etc/glm-sim/hardware.conf.d/50-test.conf", "\n".join(f'{k}="{v}"' for k, v in keys.items()))
-
-    def run(self, tool: str, *args: str) -> subprocess.CompletedProcess:
-        env = {**os.environ, "GLM_SIM_ROOT": str(self.root), "PYTHONPATH": str(HW_LIB)}
-        return run([TOOLS[tool], *args], env=env)
-
-    def out(self, tool: str, *args: str) -> str:
-        r = self.run(tool, *args)
-        assert r.returncode == 0, r.stdout + r.stderr
-        return r.stdout
 
 
 @pytest.fixture

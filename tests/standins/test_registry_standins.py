@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 
 from glm_infra.spec import packages
+from testbed import STANDINS
+from testbed.hardware import DEBS
 
-ROOT = Path(__file__).resolve().parents[2]
-STANDINS = ROOT / "scripts" / "standins"
-DEBS = STANDINS / "debs"
 SIM_ONLY_UNITS = {"nvidia-sim-module.service"}  # loads the simulated kernel module at boot; no script names it
 
 

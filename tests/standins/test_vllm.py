@@ -1,4 +1,4 @@
-"""The stand-in vllm of the simulated cluster (scripts/standins): built into wheels, installed into a
+"""The stand-in vllm of the simulated cluster (testbed/standins): built into wheels, installed into a
 fresh venv like on a host, and run on loopback alone, as P/D pairs behind the real vllm-router, and
 through its lifecycle (loading, draining on SIGTERM, engine death). Needs Go (or a cached simulator
 build) and, on the first run only, PyPI for the vllm-router and uv wheels."""
@@ -28,8 +28,9 @@ from conftest import ROOT, STACKS, stack_file
 from glm_infra.plan.topology import plan
 from glm_infra.roles.vllm import vllm_args
 from glm_infra.stack import load_file
+from testbed import STANDINS
 
-BUILD_WHEELS = ROOT / "scripts" / "standins" / "build-wheels"
+BUILD_WHEELS = STANDINS / "build-wheels"
 ROUTER = ROOT / "venv" / "bin" / "vllm-router"
 VERSION = "0.33.0+glmsim"
 MODEL_NAME = "glm-5.2"
