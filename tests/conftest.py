@@ -73,7 +73,7 @@ def write_stack(tmp_path):
 # hosts as destroy leaves them for the next. The lanes are balanced by their measured time.
 CLUSTER_LANES = {
     "a": ("test_sim_cluster", "test_sim_e2e", "test_team_state", "test_examples"),
-    "b": ("test_operations", "test_faults", "test_rolling", "test_upgrade"),
+    "b": ("test_operations", "test_faults", "test_rolling"),
 }
 CLUSTER_MODULES = ("test_sim_cluster",)  # outside tests/e2e
 CLUSTER_GROUP = "simulated-cluster"

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import ssl
 import subprocess
 import sys
@@ -225,3 +226,26 @@ def up_in_background(keep_output: bool = False):
             proctree.kill_tree(proc.pid)
             proc.wait()
             sh("pulumi cancel -s sim --yes", check=False)
+
+
+# The last main before the layer packages (issue 28). A stack deployed by it, then upgraded with this
+# checkout's code, must see nothing replaced, deleted or added (test_operations' first test): bump it
+# when a change is meant to replace or delete something on upgrade, and say so in the change.
+PREVIOUS_MAIN = "c29322fe210acf4e8b305e11b99439f0ab50311e"
+
+
+def previous_main_tree(into: Path, mark: Path) -> Path:
+    """PREVIOUS_MAIN's program (git archive: what a user's checkout of it holds) with this checkout's venv
+    (the pins are the same) and its stack files, its glm_infra writing to ``mark`` where it was imported
+    from when GLM_UPGRADE_MARK names it."""
+    p = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", f"{PREVIOUS_MAIN}^{{commit}}"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, f"{PREVIOUS_MAIN} is not in this clone's history (a shallow clone?): {p.stderr}"
+    into.mkdir()
+    subprocess.run(f"git -C {ROOT} archive {PREVIOUS_MAIN} | tar -x -C {into}", shell=True, check=True)
+    (into / "venv").symlink_to(ROOT / "venv")
+    shutil.copy(SIM_STACK, into / "stacks" / SIM_STACK.name)  # the config the test set, its secrets included
+    init = into / "glm_infra" / "__init__.py"
+    init.write_text(init.read_text() + "\nimport os as _os\nif _os.environ.get('GLM_UPGRADE_MARK'):\n"
+                    "    open(_os.environ['GLM_UPGRADE_MARK'], 'w').write(__file__)\n")
+    return into

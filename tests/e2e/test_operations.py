@@ -25,10 +25,11 @@ import time
 import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
-from e2e.harness import ROOT, cluster_first, on_host, sh
+from e2e.harness import ROOT, cluster_first, on_host, previous_main_tree, sh
 
 HOSTS = ("sim-1", "sim-2", "sim-3")
 PROMETHEUS = "http://10.88.0.13:9090"
@@ -119,12 +120,48 @@ def doctor(*extra: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=900)
 
 
-def test_up_monitors_every_instance_with_its_pool(stack, webhook, tmp_path_factory):
+def configure(stack, webhook) -> None:
     sh(f"pulumi config set -s sim --secret --path glm-infra:monitoring.webhookUrl {webhook.url}")
     # TTFT that grows with the prompt, as a real prefill's does: 1 µs a token (0.26 s at 256K), on top of
     # what the simulator itself spends on a prompt (its tokenizer, twice with P/D: 0.7 s at 256K on a
     # quiet 2-core machine, up to twice that beside the other lane; measured 256K mean TTFT 1.00 s quiet).
     stack.config_set("glm-infra:prefill.env.GLM_SIM_PREFILL_US_PER_TOKEN", "1")
+
+
+# What an upgrade must not do to a resource of a running cluster.
+DESTRUCTIVE = {"replace", "create-replacement", "delete-replaced", "delete", "discard", "create"}
+
+
+def test_a_stack_deployed_by_the_previous_main_upgrades_without_replacing_or_deleting(stack, webhook, tmp_path):
+    """The change a user makes when they update glm-infra under a running cluster: the module's stack is
+    first deployed by the previous main (harness.PREVIOUS_MAIN), then `pulumi up` with this checkout's
+    code. Moving code (issue 28: modules into layer packages) must not change a resource's URN or type:
+    nothing is replaced, deleted or added. The rest of the module runs on the upgraded stack."""
+    configure(stack, webhook)
+    mark = tmp_path / "imported-from"
+    previous = previous_main_tree(tmp_path / "previous", mark)
+    sh(f"cd {previous} && pulumi up -s sim --yes --skip-preview --non-interactive", env={"GLM_UPGRADE_MARK": str(mark)})
+    assert Path(mark.read_text()).parent == previous / "glm_infra", "the first up ran the previous main's code"
+
+    def resources() -> list[dict]:  # the summaries below do not count providers
+        return [r for r in json.loads(sh("pulumi stack export -s sim").stdout)["deployment"]["resources"]
+                if not r["type"].startswith("pulumi:providers:")]
+    deployed = resources()
+    preview = stack.preview_json()  # this checkout's code, from the repository root
+    bad = sorted(f"{s['op']} {s['urn']}" for s in preview["steps"] if s["op"] in DESTRUCTIVE)
+    assert not bad, "the upgrade would replace, delete or add:\n" + "\n".join(bad)
+    # The JSON lists the steps that change something; the summary counts every resource.
+    summary = preview["changeSummary"]
+    assert not DESTRUCTIVE & set(summary) and summary.get("same", 0) + summary.get("update", 0) == len(deployed), summary
+    assert summary["same"] > 100, summary
+    out = stack.up()
+    assert not re.search(r"[1-9]\d* (to )?(replace|delete|create)", out.stdout[out.stdout.rfind("Resources:"):]), out.stdout
+    assert sorted(r["urn"] for r in resources()) == sorted(r["urn"] for r in deployed), "every URN as it was"
+    sh("pulumi preview -s sim --expect-no-changes --non-interactive")
+
+
+def test_up_monitors_every_instance_with_its_pool(stack, webhook, tmp_path_factory):
+    configure(stack, webhook)
     stack.up()
     out = stack.outputs()
     API_KEY.append(out["routerApiKey"])
