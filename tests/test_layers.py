@@ -17,7 +17,6 @@ LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 # the single-file programs copied to the hosts (agent/) are exempt.
 MAX_LINES = 400
 OVERSIZED = {
-    "tools/review.py": 867,
     "spec/packages.py": 513,
     "plan/capacity.py": 459,
     "plan/validate.py": 437,
