@@ -18,6 +18,8 @@ import http.server
 import json
 import os
 import re
+import sys
+import threading
 import urllib.parse
 
 
@@ -33,13 +35,20 @@ def is_lfs(name: str) -> bool:
     return name.endswith(".safetensors")  # like the hub: big binaries in LFS, small JSON in git
 
 
+LOG_LOCK = threading.Lock()
+
+
 class Hub(http.server.BaseHTTPRequestHandler):
     src: str
     repo: str
     token: str | None
 
     def log_message(self, fmt: str, *args) -> None:  # one line per request, for the tests to count
-        print(f'"{self.command} {self.path}" {args[1] if len(args) > 1 else ""}', flush=True)
+        # One write of the whole line, under a lock: print() from the server's threads writes the text
+        # and the newline apart, and two requests' lines ran together (seen: 8 lines for 9 downloads).
+        with LOG_LOCK:
+            sys.stdout.write(f'"{self.command} {self.path}" {args[1] if len(args) > 1 else ""}\n')
+            sys.stdout.flush()
 
     # --- what the hub knows --------------------------------------------------------------------
 

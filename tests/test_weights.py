@@ -418,14 +418,13 @@ def hub_downloads(log: Path) -> list[str]:
 def test_huggingface_source_downloads_verifies_and_publishes(hub, tmp_path):
     src, log, token = hub
     path = tmp_path / "seed" / "model"
-    before = len(hub_downloads(log))  # the hub is the module's: other tests on this worker used it first
     r = hf_stage(path, token)
     assert r.returncode == 0, r.stderr
     assert "seed: 9 files from the huggingface source, 0 already here" in r.stdout
     assert os.readlink(path) == f"model.revisions/{COMMIT}"
     for e in manifest(src, COMMIT)["files"]:
         assert (path / e["path"]).read_bytes() == (src / COMMIT / e["path"]).read_bytes()
-    assert len(hub_downloads(log)) - before == 9
+    assert len(hub_downloads(log)) == 9
     progress = json.loads((path / ".glm-progress.json").read_text())
     assert progress["complete"] and len(progress["published"]) == 9, "every file is served to the peers"
 
@@ -436,7 +435,6 @@ def test_a_branch_is_staged_from_the_commit_it_resolves_to_and_that_commit_is_re
     records it in the revision's manifest and .glm-complete, and the step's log says it."""
     _, log, token = hub
     path = tmp_path / "seed" / "model"
-    before = len(hub_downloads(log))  # the hub is the module's: other tests on this worker used it first
     r = hf_stage(path, token, revision="main")
     assert r.returncode == 0, r.stderr
     assert os.readlink(path) == "model.revisions/main"
@@ -444,7 +442,7 @@ def test_a_branch_is_staged_from_the_commit_it_resolves_to_and_that_commit_is_re
     assert staged["revision"] == "main" and staged["commit"] == COMMIT
     assert (path / ".glm-complete").read_text().endswith(f", commit {COMMIT}\n")
     assert f"main (commit {COMMIT}): 9 files" in r.stdout
-    downloads = hub_downloads(log)[before:]
+    downloads = hub_downloads(log)
     assert len(downloads) == 9 and all(f"/resolve/{COMMIT}/" in d for d in downloads), downloads
 
 
