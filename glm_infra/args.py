@@ -406,7 +406,7 @@ class SlaInput(TypedDict, total=False):
     tokenizer: str
     """Tokenizer the gate builds prompts with: a Hugging Face repository or a folder on the machine running the gate (default: the model's repository at its revision)."""
     prometheus_tolerance: float
-    """How far Prometheus's mean TTFT of a bucket may be from the client's (a share of the client's) before the gate says they disagree. Default: 0.15."""
+    """How far Prometheus's mean TTFT of a bucket may be from the client's (a share of the client's) before the gate says they disagree; a difference of 50 ms or less always agrees (the client's own TLS and router hop). Default: 0.15."""
 
 
 class FirewallInput(TypedDict, total=False):

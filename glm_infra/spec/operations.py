@@ -69,7 +69,8 @@ class SlaConfig(StrictModel):
                           "machine running the gate (default: the model's repository at its revision).")
     prometheus_tolerance: float = Field(
         0.15, ge=0, le=1, description="How far Prometheus's mean TTFT of a bucket may be from the client's "
-                                      "(a share of the client's) before the gate says they disagree.")
+                                      "(a share of the client's) before the gate says they disagree; a difference "
+                                      "of 50 ms or less always agrees (the client's own TLS and router hop).")
 
     @field_validator("contexts")
     @classmethod
