@@ -55,3 +55,32 @@ def test_the_library_takes_ranges_and_the_program_pins():
 def test_cluster_args_are_generated_from_the_stack_models():
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen-args"), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def fake_wheel(folder, name: str, version: str) -> None:
+    """A wheel of ``name`` at ``version`` with metadata only: what an index offers once a newer release
+    is out (pip resolves it from its metadata; --dry-run installs nothing)."""
+    dist = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as whl:
+        whl.writestr(f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        whl.writestr(f"{dist}/WHEEL", "Wheel-Version: 1.0\nGenerator: glm-infra-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr(f"{dist}/RECORD", "")
+
+
+def test_pip_in_the_program_venv_keeps_the_pins(tmp_path):
+    """The engine runs `pip install --upgrade pip setuptools wheel` in the provider's virtualenv (venv/,
+    on `pulumi package add|get-schema ./provider`): with a newer release on the index, pip in venv/
+    must keep the pinned versions (venv/pip.conf, written by scripts/lib/venv.sh), or it replaces pip
+    under a concurrent `pulumi up`. And venv/ holds those pins."""
+    pins = dict(l.split("  #")[0].strip().split("==") for l in (ROOT / "constraints.txt").read_text().splitlines()
+                if l and not l.startswith("#"))
+    installers = ("pip", "setuptools", "wheel")
+    python = str(ROOT / "venv" / "bin" / "python")
+    for name in installers:
+        fake_wheel(tmp_path, name, "999.0")
+    p = subprocess.run([python, "-m", "pip", "install", "--dry-run", "--upgrade", "--no-index", "--find-links",
+                        str(tmp_path), "--disable-pip-version-check", *installers], capture_output=True, text=True)
+    assert p.returncode == 0 and "Would install" not in p.stdout, p.stdout + p.stderr
+    freeze = subprocess.run([python, "-m", "pip", "freeze", "--all"], capture_output=True, text=True, check=True)
+    installed = dict(l.split("==") for l in freeze.stdout.splitlines() if "==" in l)
+    assert {n: installed.get(n) for n in installers} == {n: pins[n] for n in installers}
