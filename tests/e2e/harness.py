@@ -48,11 +48,16 @@ def cluster_threads() -> list[int]:
 
 
 @contextmanager
-def cluster_first(niceness: int = -10):
+def cluster_first(niceness: int = -20):
     """While a test measures latency (the SLA gate): this cluster's hosts and the client measuring them
     (what this thread starts meanwhile) get the CPU before anything else on the machine, as on servers
     of their own. Two lanes of the suite and its fast tier share two cores; the gate's numbers are the
-    cluster's, not the neighbours'. The niceness is put back afterwards."""
+    cluster's, not the neighbours'. The niceness is put back afterwards.
+
+    -20, not -10: CI's run queue holds 5 to 15 tasks at busy moments (vmstat during a run). Against six
+    at niceness 0 on a core, -10 (weight 9548 to 1024 each) leaves the cluster 61% of it, and the
+    256K bucket (1.0 s quiet) measured 2.1 to 2.7 s, past the 2.5 s target twice; -20 (weight 88761)
+    leaves it 94%."""
     before = {}
     for tid in [*cluster_threads(), 0]:
         try:
