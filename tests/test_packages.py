@@ -13,6 +13,7 @@ from glm_infra.plan.topology import plan
 from glm_infra.spec import packages
 from glm_infra.spec.config import DriversConfig
 from glm_infra.stack import StackError, load_file
+from glm_infra.tools import packages_doc
 
 # --- the naming rule per branch ------------------------------------------------------------------
 
@@ -87,8 +88,8 @@ def test_every_package_repository_unit_module_and_rule_cites_a_source():
 
 
 def test_the_docs_page_is_the_registry():
-    """docs/PACKAGES.md (regenerate: python3 glm_infra/spec/packages.py markdown > docs/PACKAGES.md)."""
-    assert (ROOT / "docs" / "PACKAGES.md").read_text() == packages.markdown()
+    """docs/PACKAGES.md (regenerate: venv/bin/python -m glm_infra.tools.packages_doc > docs/PACKAGES.md)."""
+    assert (ROOT / "docs" / "PACKAGES.md").read_text() == packages_doc.markdown()
 
 
 # --- the rendered steps name only what the registry lists -----------------------------------------

@@ -11,7 +11,7 @@ from pydantic import (
     field_validator,
 )
 
-from . import packages, pins
+from . import packages, pins, repositories
 from .base import StrictModel, Url
 
 
@@ -112,13 +112,13 @@ class RdmaConfig(StrictModel):
     mtu: int = Field(9000, ge=1500, le=9216, description="Netdev MTU of the compute NICs (RoCE active_mtu 4096 at 9000).")
     gid_index: int = Field(3, ge=0, le=255, description="RoCE v2 GID index with the IPv4 address (show_gids).")
     doca_version: str = Field(
-        packages.DOCA_VERSION, pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$",
+        repositories.DOCA_VERSION, pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$",
         description="DOCA release of doca-ofed (stack doca-ofed): installed and checked at <docaVersion>-N.")
     doca_repository: Url | None = Field(
         None, description="DOCA apt repository (deb line URL). None: NVIDIA's for the DOCA release, "
                           "https://linux.mellanox.com/public/repo/doca/<docaVersion>/ubuntu24.04/x86_64/.")
     doca_keyring_url: Url | None = Field(
-        packages.DOCA_REPOSITORY.keyring_url,
+        repositories.DOCA_REPOSITORY.keyring_url,
         description="Signing key of the DOCA repository; None means the repository is trusted as is.")
     remove_on_destroy: bool = Field(True, description="Remove the RDMA packages glm-infra installed on destroy.")
 
@@ -128,7 +128,7 @@ class RdmaConfig(StrictModel):
 
     @property
     def doca_repository_url(self) -> str:
-        return self.doca_repository or packages.doca_repository_url(self.doca_version)
+        return self.doca_repository or repositories.doca_repository_url(self.doca_version)
 
     @property
     def active_mtu(self) -> int:
