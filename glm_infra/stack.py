@@ -15,7 +15,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from .plan.validate import GPU_COMPUTE_CAPABILITY, Problem, capacity_warnings, check, unpinned_revision
+from .plan.model_checks import GPU_COMPUTE_CAPABILITY, capacity_warnings, unpinned_revision
+from .plan.validate import Problem, check
 from .spec import pins
 from .spec.config import NAMESPACE, SECRET_PATHS, STACK_KEYS, StackConfig
 

@@ -10,26 +10,12 @@ import difflib
 import posixpath
 import re
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from glm_infra.spec import pins
 from glm_infra.spec.config import SECRET_VALUE_RULES, SECRETS, StackConfig, snake
 
-from . import ports
-
-if TYPE_CHECKING:
-    from .capacity import Capacity
-
-
-@dataclass(frozen=True)
-class Problem:
-    path: str  # e.g. "glm-infra:prefill.hosts[1]"
-    message: str
-
-
-def _key(top: str, rest: str = "") -> str:
-    return f"glm-infra:{top}{rest}"
+from . import model_checks, ports
+from .problem import Problem, key_path
 
 
 def secret_value_problem(name: str, value: str) -> Problem | None:
@@ -39,7 +25,7 @@ def secret_value_problem(name: str, value: str) -> Problem | None:
     if rule is None or re.fullmatch(rule[0], value):
         return None
     top, sub = SECRETS[name]
-    return Problem(_key(top, f".{sub}"), f"the secret's value is not {rule[1]}")
+    return Problem(key_path(top, f".{sub}"), f"the secret's value is not {rule[1]}")
 
 
 def check(stack: StackConfig, serve: bool = True, capacity: bool = True) -> list[Problem]:
@@ -59,12 +45,12 @@ def check(stack: StackConfig, serve: bool = True, capacity: bool = True) -> list
         problems += _closed_sets(stack)
         problems += _set_twice(stack)
         problems += _router_tls(stack)
-    problems += _weight_format(stack)
+    problems += model_checks.weight_format_problems(stack)
     problems += _safe_paths(stack)
     problems += _firewall_addresses(stack)
     problems += _port_collisions(stack, serve)
     if serve and capacity and not problems:
-        problems += _capacity(stack)
+        problems += model_checks.capacity_problems(stack)
     return problems
 
 
@@ -74,13 +60,13 @@ def _hosts_unique(stack: StackConfig) -> list[Problem]:
     seen_addr: dict[str, int] = {}
     for i, h in enumerate(stack.hosts):
         if h.name in seen_name:
-            out.append(Problem(_key("hosts", f"[{i}].name"), f"duplicate host name {h.name!r} (also hosts[{seen_name[h.name]}])"))
+            out.append(Problem(key_path("hosts", f"[{i}].name"), f"duplicate host name {h.name!r} (also hosts[{seen_name[h.name]}])"))
         else:
             seen_name[h.name] = i
         addr = h.address.lower()
         if addr in seen_addr:
             out.append(
-                Problem(_key("hosts", f"[{i}].address"), f"duplicate address {h.address!r} (also hosts[{seen_addr[addr]}])")
+                Problem(key_path("hosts", f"[{i}].address"), f"duplicate address {h.address!r} (also hosts[{seen_addr[addr]}])")
             )
         else:
             seen_addr[addr] = i
@@ -91,20 +77,20 @@ def _pool_shape(stack: StackConfig) -> list[Problem]:
     out = []
     has_p, has_d, has_c = stack.prefill is not None, stack.decode is not None, stack.colocated is not None
     if has_c and (has_p or has_d):
-        out.append(Problem(_key("colocated"), "a colocated pool cannot be combined with prefill/decode pools"))
+        out.append(Problem(key_path("colocated"), "a colocated pool cannot be combined with prefill/decode pools"))
     elif has_p != has_d:  # (with no pool at all, the stack model lays out the BRIEF's)
         present, missing = ("prefill", "decode") if has_p else ("decode", "prefill")
-        out.append(Problem(_key(missing), f"P/D needs both pools: {present} is set but {missing} is missing"))
+        out.append(Problem(key_path(missing), f"P/D needs both pools: {present} is set but {missing} is missing"))
     if stack.disaggregated and stack.router is None:
-        out.append(Problem(_key("router"), "P/D needs a router in front of the prefill and decode pools"))
+        out.append(Problem(key_path("router"), "P/D needs a router in front of the prefill and decode pools"))
     for role, pool in stack.pools():
         if pool.gpus_per_instance > 16:
-            out.append(Problem(_key(role, ".dp"), f"tp×dp = {pool.gpus_per_instance} GPUs, more than one host has"))
+            out.append(Problem(key_path(role, ".dp"), f"tp×dp = {pool.gpus_per_instance} GPUs, more than one host has"))
     if stack.prefill is not None and stack.decode is not None:
         # P and D must agree on the MTP method; only the token count may differ.
         if (stack.prefill.speculative_tokens == 0) != (stack.decode.speculative_tokens == 0):
             out.append(
-                Problem(_key("decode", ".speculativeTokens"), "prefill and decode must both use MTP or both not")
+                Problem(key_path("decode", ".speculativeTokens"), "prefill and decode must both use MTP or both not")
             )
     return out
 
@@ -116,28 +102,28 @@ def _host_references(stack: StackConfig, serve: bool = True) -> list[Problem]:
     if not serve:
         seed = stack.model.seed_host
         if seed is not None and seed not in names:
-            out.append(Problem(_key("model", ".seedHost"), f"unknown host {seed!r} (hosts are: {known})"))
+            out.append(Problem(key_path("model", ".seedHost"), f"unknown host {seed!r} (hosts are: {known})"))
         return out
     for role, pool in stack.pools():
         for i, h in enumerate(pool.hosts):
             if h not in names:
-                out.append(Problem(_key(role, f".hosts[{i}]"), f"unknown host {h!r} (hosts are: {known})"))
+                out.append(Problem(key_path(role, f".hosts[{i}]"), f"unknown host {h!r} (hosts are: {known})"))
     if stack.router is not None and stack.router.host not in names:
-        out.append(Problem(_key("router", ".host"), f"unknown host {stack.router.host!r} (hosts are: {known})"))
+        out.append(Problem(key_path("router", ".host"), f"unknown host {stack.router.host!r} (hosts are: {known})"))
     mon = stack.monitoring.host
     if stack.monitoring.enabled and mon is not None and mon not in names:
-        out.append(Problem(_key("monitoring", ".host"), f"unknown host {mon!r} (hosts are: {known})"))
+        out.append(Problem(key_path("monitoring", ".host"), f"unknown host {mon!r} (hosts are: {known})"))
     seed = stack.model.seed_host
     serving = [h for _, pool in stack.pools() for h in pool.hosts]
     if seed is not None and seed not in serving:
-        out.append(Problem(_key("model", ".seedHost"), f"{seed!r} runs no vLLM instance (serving hosts: {', '.join(dict.fromkeys(serving))})"))
+        out.append(Problem(key_path("model", ".seedHost"), f"{seed!r} runs no vLLM instance (serving hosts: {', '.join(dict.fromkeys(serving))})"))
     return out
 
 
 def _kv_nics(stack: StackConfig) -> list[Problem]:
     """P/D moves the KV cache over RDMA: every prefill and decode host names its compute NICs."""
     kv_hosts = {h for role in ("prefill", "decode") if (pool := getattr(stack, role)) for h in pool.hosts}
-    return [Problem(_key("hosts", f"[{i}].computeNics"),
+    return [Problem(key_path("hosts", f"[{i}].computeNics"),
                     f"host {h.name} runs prefill/decode instances, which move the KV cache over RDMA: list its "
                     "compute NICs (never the NVSwitch-management ConnectX)")
             for i, h in enumerate(stack.hosts) if h.name in kv_hosts and not h.compute_nics]
@@ -155,7 +141,7 @@ def _gpu_budget(stack: StackConfig) -> list[Problem]:
         if count[h.name] > h.gpus:
             out.append(
                 Problem(
-                    _key("hosts", f"[{i}].gpus"),
+                    key_path("hosts", f"[{i}].gpus"),
                     f"host {h.name} is over-subscribed: {' + '.join(used[h.name])} = {count[h.name]} GPUs, "
                     f"the host has {h.gpus}",
                 )
@@ -207,16 +193,16 @@ def _closed_sets(stack: StackConfig) -> list[Problem]:
         for key, what in _MODEL_CHOICES.items():
             value = getattr(stack.model, snake(key))
             if value is not None and value not in vllm[key]:
-                out.append(Problem(_key("model", f".{key}"), _not_a_choice(value, what, vllm[key], f"vLLM {release}")))
+                out.append(Problem(key_path("model", f".{key}"), _not_a_choice(value, what, vllm[key], f"vLLM {release}")))
         for role, pool in stack.pools():
             for key, what in _POOL_CHOICES.items():
                 value = getattr(pool, snake(key))
                 if value is not None and value not in vllm[key]:
-                    out.append(Problem(_key(role, f".{key}"), _not_a_choice(value, what, vllm[key], f"vLLM {release}")))
+                    out.append(Problem(key_path(role, f".{key}"), _not_a_choice(value, what, vllm[key], f"vLLM {release}")))
     router_release = pins.release(stack.runtime.router_version)
     router = pins.ROUTER_CHOICES.get(router_release)
     if router is not None and stack.router is not None and stack.router.policy not in router["policy"]:
-        out.append(Problem(_key("router", ".policy"), _not_a_choice(stack.router.policy, "routing policy",
+        out.append(Problem(key_path("router", ".policy"), _not_a_choice(stack.router.policy, "routing policy",
                                                                     router["policy"], f"vllm-router {router_release}")))
     return out
 
@@ -268,23 +254,17 @@ def _set_twice(stack: StackConfig) -> list[Problem]:
             flag = arg.split("=", 1)[0]
             if flag in _FLAG_OWNERS:
                 owner = _FLAG_OWNERS[flag].format(role=role)
-                out.append(Problem(_key(role, f".extraArgs[{i}]"), f"{flag} is set by glm-infra from {owner}; "
+                out.append(Problem(key_path(role, f".extraArgs[{i}]"), f"{flag} is set by glm-infra from {owner}; "
                                                                    "set that instead of repeating it here"))
         for name in pool.env:
             if name in _ENV_OWNERS:
                 owner = _ENV_OWNERS[name].format(role=role)
-                out.append(Problem(_key(role, f".env.{name}"), f"{name} is set by glm-infra from {owner}; "
+                out.append(Problem(key_path(role, f".env.{name}"), f"{name} is set by glm-infra from {owner}; "
                                                                "set that instead of repeating it here"))
     return out
 
 
-# --- the checkpoint against the GPUs ---------------------------------------------------------------
-
-# Compute capability of the GPU models a stack may name (hosts[].gpuModel), and the least each weight
-# format needs: NVFP4 runs on Blackwell (10.0 and up), FP8 from Ada/Hopper (8.9).
-GPU_COMPUTE_CAPABILITY = {"B300": 10.3, "GB300": 10.3, "B200": 10.0, "GB200": 10.0, "H200": 9.0, "GH200": 9.0,
-                          "H100": 9.0, "H800": 9.0, "H20": 9.0, "L40S": 8.9, "L40": 8.9, "A100": 8.0, "A800": 8.0}
-WEIGHT_FORMAT_NEEDS = {"nvfp4": 10.0, "fp8": 8.9, "bf16": 8.0}
+# --- the router's certificate ------------------------------------------------------------------
 
 
 def _router_tls(stack: StackConfig) -> list[Problem]:
@@ -293,28 +273,12 @@ def _router_tls(stack: StackConfig) -> list[Problem]:
         return []
     if (r.tls_certificate is None) != (r.tls_key is None):
         given, missing = ("tlsCertificate", "tlsKey") if r.tls_key is None else ("tlsKey", "tlsCertificate")
-        return [Problem(_key("router", f".{missing}"), f"router.{given} is set but router.{missing} is not: "
+        return [Problem(key_path("router", f".{missing}"), f"router.{given} is set but router.{missing} is not: "
                                                        "give both (secrets), or neither for a generated certificate")]
     if r.tls_certificate is not None and r.tls_names:
-        return [Problem(_key("router", ".tlsNames"), "names the generated certificate; with router.tlsCertificate "
+        return [Problem(key_path("router", ".tlsNames"), "names the generated certificate; with router.tlsCertificate "
                                                      "the certificate's own names are served (drop tlsNames)")]
     return []
-
-
-def _weight_format(stack: StackConfig) -> list[Problem]:
-    fmt = stack.model.weight_format
-    out = []
-    if fmt is None:
-        return out
-    need = WEIGHT_FORMAT_NEEDS[fmt]
-    serving = {h for _, pool in stack.pools() for h in pool.hosts} or {h.name for h in stack.hosts}
-    for i, h in enumerate(stack.hosts):
-        cc = GPU_COMPUTE_CAPABILITY.get(h.gpu_model.removeprefix("NVIDIA ").split()[0].upper())
-        if h.name in serving and cc is not None and cc < need:
-            out.append(Problem(_key("hosts", f"[{i}].gpuModel"),
-                               f"{h.name}'s {h.gpu_model} (compute capability {cc:g}) cannot run {stack.model.repo}'s "
-                               f"{fmt.upper()} weights, which need {need:g} or later (model.weightFormat)"))
-    return out
 
 
 # --- paths destroy may delete ----------------------------------------------------------------------
@@ -338,7 +302,7 @@ def _safe_paths(stack: StackConfig) -> list[Problem]:
         norm = posixpath.normpath(value)
         if norm in SYSTEM_DIRS or norm.startswith(_UNDER_SYSTEM):
             top, _, sub = path.partition(".")
-            out.append(Problem(_key(top, f".{sub}"), f"{value!r} is a system folder or inside one; {what} needs a "
+            out.append(Problem(key_path(top, f".{sub}"), f"{value!r} is a system folder or inside one; {what} needs a "
                                                      "folder of its own"))
     return out
 
@@ -347,91 +311,3 @@ def _firewall_addresses(stack: StackConfig) -> list[Problem]:
     return [Problem(path, message) for path, message in ports.firewall_problems(stack)]
 
 
-# --- KV-cache room ---------------------------------------------------------------------------------
-
-
-def _capacity(stack: StackConfig) -> list[Problem]:
-    """A pool whose rank cannot hold one request of the maximum context is refused (capacity.py)."""
-    from . import capacity
-
-    try:
-        cap = capacity.compute(stack)
-    except capacity.CapacityError as e:
-        return [Problem(e.key, e.message)]
-    out = _promises(stack, cap)
-    sla = stack.sla
-    longest = max(sla.contexts) + sla.output_tokens
-    for p in cap.pools:
-        if p.requests_per_rank(p.max_model_len) >= 1:
-            if p.tokens_per_rank < longest:
-                out.append(Problem(_key(p.role), f"a {p.role} rank (tp{p.tp} dp{p.dp}) has no KV-cache room for the "
-                                                 f"SLA's longest request, {max(sla.contexts):,} + {sla.output_tokens} = "
-                                                 f"{longest:,} tokens (sla.contexts, sla.outputTokens): its KV room of "
-                                                 f"{p.room / capacity.GB:.1f} GB holds {p.tokens_per_rank:,} tokens at "
-                                                 f"{p.kv_bytes_per_token} bytes/token. Promise less in sla.contexts, or "
-                                                 "give the rank more room (glm-infra plan shows the arithmetic)"))
-            continue
-        what = (f"the weights alone ({p.weights_per_rank / capacity.GB:.1f} GB per rank) and the reserve "
-                f"({p.reserve_bytes / capacity.GB:.1f} GB) exceed {p.gpu_bytes / capacity.GB:.1f} GB × {p.utilization:g}"
-                if p.room <= 0 else
-                f"its KV room of {p.room / capacity.GB:.1f} GB holds {p.tokens_per_rank:,} tokens at "
-                f"{p.kv_bytes_per_token} bytes/token")
-        out.append(Problem(_key(p.role), f"a {p.role} rank (tp{p.tp} dp{p.dp}) cannot hold one request of the maximum "
-                                         f"context, {p.max_model_len:,} tokens ({p.max_model_len_source}): {what}. "
-                                         "Use more GPUs per instance (dp), a smaller model.maxModelLen, a denser "
-                                         "model.kvCacheDtype or a higher gpuMemoryUtilization (glm-infra plan shows "
-                                         "the arithmetic)"))
-    return out
-
-
-def _promises(stack: StackConfig, cap: Capacity) -> list[Problem]:
-    """What the stack promises against what the model has: model.maxModelLen within the model's
-    positions, and every SLA bucket (its input and sla.outputTokens: vLLM's OpenAI server refuses a
-    request whose prompt and max_tokens exceed --max-model-len) within the context the stack serves."""
-    out = []
-    m, sla, f = stack.model, stack.sla, cap.facts
-    positions = f.max_position_embeddings
-    if m.max_model_len is not None and m.max_model_len > positions:
-        out.append(Problem(_key("model", ".maxModelLen"), f"{m.max_model_len:,} tokens is more than the model's "
-                                                          f"{positions:,} positions (max_position_embeddings, "
-                                                          f"{f.sources['max_position_embeddings']}); vLLM refuses it"))
-    served = m.max_model_len or positions
-    where = "model.maxModelLen" if m.max_model_len else f"max_position_embeddings, {f.sources['max_position_embeddings']}"
-    over = [c for c in sla.contexts if c + sla.output_tokens > served]
-    if over:
-        out.append(Problem(_key("sla", ".contexts"), f"the SLA promises {', '.join(f'{c:,}' for c in over)} input tokens "
-                                                     f"+ {sla.output_tokens} output "
-                                                     f"(sla.outputTokens), more than the {served:,} tokens the stack "
-                                                     f"serves ({where}): vLLM refuses such a request. Drop those "
-                                                     "buckets, or raise model.maxModelLen where the KV room allows"))
-    return out
-
-
-def capacity_warnings(stack: StackConfig) -> list[str]:
-    """Pools whose rank holds fewer than capacity.warnBelow requests of the maximum context; an explicit
-    model.kvCacheDtype other than the checkpoint's KV-cache quantisation."""
-    from . import capacity
-
-    try:
-        cap = capacity.compute(stack)
-    except capacity.CapacityError:
-        return []  # refused by check() already
-    n = stack.capacity.warn_below
-    out = [f"glm-infra:{p.role}: a {p.role} rank holds {p.requests_per_rank(p.max_model_len)} request(s) of the maximum "
-           f"context ({p.max_model_len:,} tokens), fewer than capacity.warnBelow {n}"
-           for p in cap.pools if 1 <= p.requests_per_rank(p.max_model_len) < n]
-    dtype, q = stack.model.kv_cache_dtype, cap.facts.kv_cache_quant
-    if dtype not in (None, "auto") and q is not None and capacity.kv_family(dtype) != q.upper():
-        out.append(f"glm-infra:model.kvCacheDtype: {dtype} is not the checkpoint's {q} KV-cache quantisation "
-                   f"({cap.facts.sources['kv_cache_quant']}); vLLM serves {dtype} as asked and capacity counts it")
-    return out
-
-
-def unpinned_revision(stack: StackConfig) -> Problem | None:
-    """A model.revision that is not a commit: a branch or tag deploys whatever it points to that day
-    (a warning; ``glm-infra validate --strict`` refuses it)."""
-    rev = stack.model.revision
-    if re.fullmatch(r"[0-9a-f]{40}", rev):
-        return None
-    return Problem(_key("model", ".revision"), f"{rev!r} is not a commit SHA; pin a commit so every host serves the "
-                                               "same bytes")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from glm_infra import hostplan
-from glm_infra.plan import topology, validate
+from glm_infra.plan import model_checks, topology
 from glm_infra.stack import LoadedStack, StackError, load_file, resolve_stack_file
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
@@ -32,7 +32,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(e, file=sys.stderr)
             status = EXIT_INVALID
             continue
-        if args.strict and (unpinned := validate.unpinned_revision(loaded.config)) is not None:
+        if args.strict and (unpinned := model_checks.unpinned_revision(loaded.config)) is not None:
             print(f"{loaded.source}: invalid stack under --strict (1 problem)\n  {loaded.source}: {unpinned.path}: "
                   f"{unpinned.message}", file=sys.stderr)
             status = EXIT_INVALID
@@ -48,25 +48,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from glm_infra.plan import capacity
+    from glm_infra.plan import capacity, capacity_report
 
     loaded = _load(args.stack)
     print(f"# {loaded.source}")
     print(topology.format_table(loaded.config, topology.plan(loaded.config)))
     print()
-    print(capacity.format_report(loaded.config, capacity.compute(loaded.config)))
+    print(capacity_report.format_report(loaded.config, capacity.compute(loaded.config)))
     return EXIT_OK
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
     import os
 
-    from glm_infra.plan import capacity
+    from glm_infra.plan import capacity, capacity_report
     from glm_infra.spec import checkpoint
 
     if args.action == "compare":
         rows = [(loaded.name, loaded.config) for loaded in map(_load, args.stacks)]
-        print(capacity.trade_table(rows, args.pool))
+        print(capacity_report.trade_table(rows, args.pool))
         return EXIT_OK
     # fetch: read the facts from the checkpoint itself (stack loaded without the capacity rule, which
     # needs the very facts this writes).
