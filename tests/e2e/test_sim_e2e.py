@@ -24,6 +24,7 @@ import pytest
 from e2e.harness import (
     ROOT,
     SIM_CACHE,
+    SIM_STACK,
     assert_clean,
     make_revision,
     on_host,
@@ -73,8 +74,17 @@ def changed_resources(preview: dict) -> set[str]:
     return {s["urn"].split("::")[-1] for s in preview.get("steps", []) if s.get("op") not in ("same", "read")}
 
 
+def demo(action: str) -> subprocess.CompletedProcess:
+    """The README's commands on one machine (scripts/demo), as a reader types them, on this lane's
+    cluster and stack."""
+    return sh(f"scripts/demo {action}")
+
+
 def test_up_provisions_every_host(stack):
-    stack.up()
+    shown = demo("up").stdout  # the README's first command: the stack up, then a chat completion
+    answer = json.loads(next(l for l in reversed(shown.splitlines()) if l.startswith("{")))
+    assert answer["choices"][0]["message"]["content"], shown[-2000:]
+    assert f"== POST {ROUTER}/v1/chat/completions (curl --cacert .pulumi-state/sim-router-ca.pem)" in shown
     out = stack.outputs()
     assert set(out["hostFacts"]) == set(HOSTS)
     for h in HOSTS:
@@ -497,3 +507,21 @@ def test_prod_preview_through_the_engine(toolchain, tmp_path):
     types = [s["urn"].split("::")[-2].split("$")[-1] for s in creates]
     assert types.count("glm-infra:index:VllmService") == 5 and types.count("glm-infra:index:Router") == 1
     assert types.count("command:remote:Command") > 50
+
+
+def test_the_readme_demo_takes_it_all_down(stack):
+    """The README's `scripts/demo down` (its `up` is this module's first test): the stack destroyed and
+    removed with its configuration kept, the CA file the demo wrote gone, the hosts stopped. Then the
+    hosts boot again (fresh) for the lane's next modules."""
+    ca = ROOT / ".pulumi-state" / "sim-router-ca.pem"
+    assert ca.is_file(), "scripts/demo up wrote the router's CA"
+    try:
+        demo("down")
+        assert "sim" not in [s["name"] for s in json.loads(sh("pulumi stack ls --json").stdout)]
+        assert not ca.exists()
+        assert SIM_STACK.is_file(), "the stack's configuration is kept (stack rm --preserve-config)"
+        status = subprocess.run([str(ROOT / "scripts/sim"), "status"], capture_output=True, text=True)
+        assert status.returncode == 1 and [l.split()[-1] for l in status.stdout.splitlines()] == ["stopped"] * 3, \
+            status.stdout
+    finally:
+        subprocess.run([str(ROOT / "scripts/sim"), "up"], check=True, capture_output=True, timeout=600)
