@@ -59,6 +59,11 @@ def test_each_failure_names_the_bucket_and_the_metric():
     (disagree,) = sla.judge(b, s)
     assert disagree.startswith("256K: Prometheus's mean TTFT 1.200 s is -34% from the client's 1.816 s "
                                "(tolerance 15% or 50 ms)")
+    # Asked for and unreadable (down, or no sample of the bucket yet): a failure, not a skipped check.
+    b.prometheus = {"error": "Prometheus (http://10.0.0.1:9090) saw no prefill request between the bucket's start and end"}
+    (unread,) = sla.judge(b, s)
+    assert unread == ("256K: Prometheus's view could not be read (Prometheus (http://10.0.0.1:9090) saw no prefill "
+                      "request between the bucket's start and end); --no-prometheus skips the cross-check")
 
 
 @pytest.mark.parametrize("server, client, agrees", [

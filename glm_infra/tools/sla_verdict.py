@@ -72,6 +72,9 @@ def judge(b: Bucket, s: Settings) -> list[str]:
     if b.requests and b.tpot["mean"] > s.tpot_target:
         out.append(f"{b.name}: mean TPOT {b.tpot['mean'] * 1000:.1f} ms > {s.tpot_target * 1000:g} ms")
     p = b.prometheus
+    if p is not None and "error" in p:  # asked for and unreadable: the cross-check did not happen
+        out.append(f"{b.name}: Prometheus's view could not be read ({p['error']}); --no-prometheus skips the "
+                   "cross-check")
     if p is not None and p.get("agrees") is False:
         out.append(f"{b.name}: Prometheus's mean TTFT {p['ttft_mean']:.3f} s is {p['difference']:+.0%} from the "
                    f"client's {b.ttft['mean']:.3f} s (tolerance {s.tolerance:.0%} or "
