@@ -41,13 +41,25 @@ def test_the_wheel_imports_from_its_own_files(tmp_path):
     assert out[2] == "1048576", "the installed copy reads the real config, its sha256 checked"
 
 
+def program_pins() -> dict[str, str]:
+    """constraints.txt as {name: version}; every line that is not a comment pins one exact version."""
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        requirement = line.split("#", 1)[0].strip()
+        if requirement:
+            assert requirement.count("==") == 1, f"constraints.txt: {line!r} does not pin one exact version"
+            name, version = requirement.split("==")
+            pins[name] = version
+    return pins
+
+
 def test_the_library_takes_ranges_and_the_program_pins():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     for dep in meta["dependencies"]:
         assert "==" not in dep and ">=" in dep and "<" in dep, dep
-    pins = [l for l in (ROOT / "constraints.txt").read_text().splitlines() if l and not l.startswith("#")]
-    assert pins and all("==" in p for p in pins)
-    names = {p.split("==")[0].lower().replace("_", "-") for p in pins}
+    pins = program_pins()
+    assert pins
+    names = {name.lower().replace("_", "-") for name in pins}
     assert {"pulumi", "pulumi-command", "pydantic", "pyyaml", "jinja2"} <= names
     assert "-c constraints.txt" in (ROOT / "requirements.txt").read_text()
 
@@ -72,8 +84,7 @@ def test_pip_in_the_program_venv_keeps_the_pins(tmp_path):
     on `pulumi package add|get-schema ./provider`): with a newer release on the index, pip in venv/
     must keep the pinned versions (venv/pip.conf, written by scripts/lib/venv.sh), or it replaces pip
     under a concurrent `pulumi up`. And venv/ holds those pins."""
-    pins = dict(l.split("  #")[0].strip().split("==") for l in (ROOT / "constraints.txt").read_text().splitlines()
-                if l and not l.startswith("#"))
+    pins = program_pins()
     installers = ("pip", "setuptools", "wheel")
     python = str(ROOT / "venv" / "bin" / "python")
     for name in installers:
