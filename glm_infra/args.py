@@ -418,6 +418,17 @@ class FirewallInput(TypedDict, total=False):
     """Who may log in over SSH (each host's sshPort) besides the stack's hosts: the networks you and the machine running pulumi connect from (a bastion, a VPN). Unset: SSH from anywhere, as before the firewall; glm-infra cannot know where you log in from, and a guess that missed would lock you out of the host."""
 
 
+class PredictionInput(TypedDict, total=False):
+    """What ``glm-infra predict`` assumes beyond the stack's topology when it asks NVIDIA's aiconfigurator (the ``glm-infra[planner]`` extra) for each SLA bucket's TTFT and TPOT."""
+
+    mtp_acceptance_rate: float
+    """Share of MTP draft tokens the model accepts, as vLLM counts it (vllm:spec_decode_num_accepted_tokens_total / vllm:spec_decode_num_draft_tokens_total). The default is an assumption, not a measurement: set your deployment's. Decode's accepted tokens per step are this times decode's speculativeTokens. Default: 0.6."""
+    backend_version: str
+    """vLLM version of aiconfigurator's measured data to predict with (default: the newest it has for the GPU)."""
+    database_mode: str
+    """aiconfigurator's data mode: SILICON (measured kernels only) or HYBRID (measured, and modelled where it has no measurement). Default: 'SILICON'."""
+
+
 class CapacityInput(TypedDict, total=False):
     """Capacity planning (glm_infra/plan/capacity.py): the KV-cache room per rank of every pool, from the checkpoint's facts (a snapshot written by `glm-infra capacity fetch`) and the topology. validate refuses a pool whose rank cannot hold one request of the maximum context."""
 
@@ -470,6 +481,8 @@ class ClusterArgs(TypedDict, total=False):
     """The service level and its gate."""
     firewall: FirewallInput
     """nftables: glm-infra's ports for the stack's hosts, SSH, the rest dropped."""
+    prediction: PredictionInput
+    """What `glm-infra predict` assumes beyond the topology."""
     capacity: CapacityInput
     """KV-cache capacity planning: the checkpoint's facts and the reserve."""
 
@@ -499,6 +512,8 @@ class HostsArgs(TypedDict, total=False):
     """The service level and its gate."""
     firewall: FirewallInput
     """nftables: glm-infra's ports for the stack's hosts, SSH, the rest dropped."""
+    prediction: PredictionInput
+    """What `glm-infra predict` assumes beyond the topology."""
     capacity: CapacityInput
     """KV-cache capacity planning: the checkpoint's facts and the reserve."""
     install_runtime: bool

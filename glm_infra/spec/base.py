@@ -38,6 +38,7 @@ STACK_KEYS = (
     "monitoring",
     "sla",
     "firewall",
+    "prediction",
     "capacity",
 )
 # The keys of what serves (the pools and the router): Hosts, which provisions without serving, leaves them out.

@@ -41,6 +41,7 @@ from .operations import (
     Duration,  # noqa: F401
     FirewallConfig,
     MonitoringConfig,
+    PredictionConfig,
     SlaConfig,
 )
 from .platform import DriversConfig, NixlConfig, PreflightConfig, RdmaConfig, RuntimeConfig
@@ -73,6 +74,8 @@ class StackConfig(StrictModel):
     sla: SlaConfig = Field(default_factory=SlaConfig, description="The service level and its gate.")
     firewall: FirewallConfig = Field(default_factory=FirewallConfig, description="nftables: glm-infra's ports for "
                                                                                  "the stack's hosts, SSH, the rest dropped.")
+    prediction: PredictionConfig = Field(default_factory=PredictionConfig,
+                                         description="What `glm-infra predict` assumes beyond the topology.")
     capacity: CapacityConfig = Field(default_factory=CapacityConfig, description="KV-cache capacity planning: the "
                                                                                  "checkpoint's facts and the reserve.")
 

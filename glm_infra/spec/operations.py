@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import (
     Field,
@@ -78,6 +78,25 @@ class SlaConfig(StrictModel):
         if len(set(v)) != len(v):
             raise ValueError("a context length is listed twice")
         return sorted(v)
+
+
+class PredictionConfig(StrictModel):
+    """What ``glm-infra predict`` assumes beyond the stack's topology when it asks NVIDIA's aiconfigurator
+    (the ``glm-infra[planner]`` extra) for each SLA bucket's TTFT and TPOT."""
+
+    mtp_acceptance_rate: float = Field(
+        0.6, ge=0, le=1,
+        description="Share of MTP draft tokens the model accepts, as vLLM counts it "
+                    "(vllm:spec_decode_num_accepted_tokens_total / vllm:spec_decode_num_draft_tokens_total). The "
+                    "default is an assumption, not a measurement: set your deployment's. Decode's accepted tokens "
+                    "per step are this times decode's speculativeTokens.")
+    backend_version: str | None = Field(
+        None, pattern=r"^[0-9][0-9A-Za-z.+-]*$",
+        description="vLLM version of aiconfigurator's measured data to predict with (default: the newest it has "
+                    "for the GPU).")
+    database_mode: Literal["SILICON", "HYBRID"] = Field(
+        "SILICON", description="aiconfigurator's data mode: SILICON (measured kernels only) or HYBRID (measured, "
+                               "and modelled where it has no measurement).")
 
 
 class FirewallConfig(StrictModel):

@@ -37,6 +37,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
                   f"{unpinned.message}", file=sys.stderr)
             status = EXIT_INVALID
             continue
+        missed = [] if args.no_predict else _predicted_misses(loaded, required=args.strict_sla)
+        if missed is None or (args.strict_sla and missed):
+            problems = missed or ["no prediction: the planner extra is not installed (pip install "
+                                  "'glm-infra[planner]')"]
+            print(f"{loaded.source}: invalid stack under --strict-sla ({_n(len(problems), 'problem')})", file=sys.stderr)
+            for m in problems:
+                print(f"  {loaded.source}: glm-infra:sla: {m}", file=sys.stderr)
+            status = EXIT_INVALID
+            continue
         p = topology.plan(loaded.config)
         print(
             f"{loaded.source}: ok ({_n(len(p.hosts), 'host')}, {_n(len(p.instances), 'vLLM instance')}, "
@@ -44,7 +53,26 @@ def cmd_validate(args: argparse.Namespace) -> int:
         )
         for w in loaded.warnings:
             print(f"  warning: {w}", file=sys.stderr)
+        for m in missed:
+            print(f"  warning: glm-infra:sla: {m} (glm-infra predict {loaded.name})", file=sys.stderr)
     return status
+
+
+def _predicted_misses(loaded: LoadedStack, required: bool) -> list[str] | None:
+    """How aiconfigurator's prediction misses the stack's SLA; None when the planner extra is missing and
+    --strict-sla needs it (without the flag a note says so and nothing is refused)."""
+    from glm_infra.plan import prediction
+
+    from . import planner
+
+    try:
+        p = planner.predict(loaded.config, loaded.name)
+    except planner.PlannerMissing:
+        if required:
+            return None
+        print(f"  note: no SLA prediction (the planner extra is not installed: {planner.INSTALL})", file=sys.stderr)
+        return []
+    return [m for b in p.buckets for m in prediction.misses(loaded.config, b)]
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -152,6 +180,9 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("stacks", nargs="+", metavar="STACK", help="stack name (prod-b300) or path to a stack file")
     v.add_argument("--strict", action="store_true", help="also refuse a model.revision that is not a commit SHA "
                                                          "(a branch or tag deploys whatever it points to that day)")
+    v.add_argument("--strict-sla", action="store_true", help="also refuse a stack whose predicted TTFT or TPOT "
+                                                             "(glm-infra predict) misses its SLA in any bucket")
+    v.add_argument("--no-predict", action="store_true", help="skip the SLA prediction (it needs the planner extra)")
     v.set_defaults(func=cmd_validate)
     p = sub.add_parser("plan", help="print hosts × instances × GPUs × ports")
     p.add_argument("stack", metavar="STACK")
@@ -179,7 +210,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--model", action="store_true", help="only the glm-infra keys' model (StackConfig), unprefixed")
     s.set_defaults(func=cmd_schema)
     from .doctor import add_parser as add_doctor
+    from .predict import add_parser as add_predict
     from .sla import add_parser as add_sla
+
+    add_predict(sub)
 
     add_sla(sub)
     sub.choices["sla"].set_defaults(func=cmd_sla)
