@@ -227,3 +227,50 @@ def test_the_library_the_program_and_validate_without_prediction_never_import_it
              "print('imported:', heavy)")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip().endswith("imported: []")
+
+
+# --- the SLA gate: measured beside predicted -----------------------------------------------------------------
+
+
+def test_the_gate_predicts_its_own_buckets_and_load():
+    loaded = load_file(ROOT / "stacks" / "Pulumi.sim.yaml")
+    report, summary = planner.for_gate(loaded.config, "sim", [16384, 131072], concurrency=2, output_tokens=64)
+    assert sorted(report["buckets"]) == [16384, 131072]
+    first, long = report["buckets"][16384], report["buckets"][131072]
+    assert first["error"] is None and 0 < first["tpot_seconds"] < first["ttft_seconds"]
+    assert long["ttft_seconds"] is None and long["error"].startswith("OOM")
+    assert report["predictor"].startswith("aiconfigurator 0.12.0") and report["backend_version"] == "0.24.0"
+    assert summary.startswith("predicted by aiconfigurator 0.12.0") and "128K none" in summary
+    # the gate's own settings, not the stack's: 2 requests in flight, 64 output tokens
+    alone = planner.predict(_stack("sim", **{"sla.contexts": [16384], "sla.concurrency": 2,
+                                             "sla.outputTokens": 64}), "sim").buckets[0]
+    assert first["ttft_seconds"] == pytest.approx(alone.ttft_ms / 1000, rel=1e-3)
+
+
+def test_without_the_extra_the_gate_says_why_there_is_no_prediction(monkeypatch):
+    monkeypatch.setitem(sys.modules, "aiconfigurator.cli", None)
+    report, summary = planner.for_gate(_stack("sim"), "sim", [16384], 2, 64)
+    assert report["buckets"] == {} and "pip install 'glm-infra[planner]'" in report["error"]
+    assert summary.startswith("no prediction to compare with: ")
+
+
+def test_the_gates_line_and_plot_show_the_prediction_beside_the_measurement(tmp_path):
+    from glm_infra.tools import sla_plot
+    from glm_infra.tools.sla_verdict import Bucket, line
+
+    stat = {"mean": 0.5, "p50": 0.5, "p99": 0.6}
+    b = Bucket(context=16384, ttft=stat, tpot={"mean": 0.012, "p50": 0.012, "p99": 0.014}, requests=4, errors=0,
+               predicted={"ttft_seconds": 2.6991, "tpot_seconds": 0.010881, "error": None})
+    assert line(b, None).endswith("; predicted TTFT 2.70 s, TPOT 10.9 ms — ok")
+    b.predicted = {"ttft_seconds": None, "tpot_seconds": None, "error": "OOM: x"}
+    assert "predicted" not in line(b, None)
+    report = {"stack": "sim", "targets": {"ttft_seconds": 2.5, "tpot_seconds": 0.02}, "pass": True, "failures": [],
+              "settings": {"requests": 4, "concurrency": 2, "output_tokens": 64},
+              "prediction": {"predictor": "aiconfigurator 0.12.0 (aiconfigurator-core 0.12.0)"},
+              "buckets": [{"context": c, "name": n, "ttft_seconds": stat, "tpot_seconds": stat, "failures": [],
+                           "prometheus": None, "predicted": p} for c, n, p in (
+                  (16384, "16K", {"ttft_seconds": 2.7, "tpot_seconds": 0.0109, "error": None}),
+                  (131072, "128K", {"ttft_seconds": None, "tpot_seconds": None, "error": "OOM"}))]}
+    (tmp_path / "sla.json").write_text(json.dumps(report))
+    assert sla_plot.main(str(tmp_path / "sla.json"), str(tmp_path / "sla.png")) == 0
+    assert (tmp_path / "sla.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

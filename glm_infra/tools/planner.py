@@ -109,3 +109,26 @@ def predict(stack: StackConfig, name: str) -> prediction.Prediction:
                 notes.seen.append(f"{prediction.bucket_label(req.context)}: {result.kv_cache_warning}")
     return prediction.Prediction(stack=name, target=t, buckets=buckets, notes=notes.seen,
                                  labels={"predictor": predictor_label(), "backend_version": version})
+
+
+def for_gate(stack: StackConfig, name: str, contexts: list[int], concurrency: int,
+             output_tokens: int) -> tuple[dict[str, Any], str]:
+    """The prediction of the SLA gate's own buckets and load, shown beside what it measures (it never
+    decides the verdict), and a line saying what it is; without the planner extra, or for a stack
+    aiconfigurator cannot model, the report says why there is none."""
+    asked = stack.model_copy(update={"sla": stack.sla.model_copy(update={
+        "contexts": contexts, "concurrency": concurrency, "output_tokens": output_tokens})})
+    try:
+        p = predict(asked, name)
+    except (PlannerMissing, StackError) as e:
+        return {"error": str(e), "buckets": {}}, f"no prediction to compare with: {e}"
+    summary = f"predicted by {p.labels['predictor']} ({p.target.system}, {p.target.backend} " \
+              f"{p.labels['backend_version']} data): " + "; ".join(
+                  f"{prediction.bucket_label(b.context)} " + (f"TTFT {b.ttft_ms / 1000:.2f} s, TPOT {b.tpot_ms:.1f} ms"
+                                                              if b.error is None else "none") for b in p.buckets)
+    return {"predictor": p.labels["predictor"], "backend_version": p.labels["backend_version"],
+            "system": p.target.system, "database_mode": p.target.database_mode,
+            "mtp_acceptance_rate": p.target.mtp_acceptance_rate, "notes": p.notes,
+            "buckets": {b.context: {"ttft_seconds": None if b.ttft_ms is None else round(b.ttft_ms / 1000, 4),
+                                    "tpot_seconds": None if b.tpot_ms is None else round(b.tpot_ms / 1000, 6),
+                                    "error": b.error} for b in p.buckets}}, summary

@@ -37,6 +37,7 @@ from glm_infra.roles import router
 from glm_infra.spec import paths
 from glm_infra.spec.config import StackConfig
 
+from . import planner
 from .sla_verdict import (  # noqa: F401  (the gate's names)
     PROMETHEUS_FLOOR_S,
     Bucket,
@@ -293,6 +294,8 @@ def run(stack: StackConfig, stack_name: str, args: argparse.Namespace) -> int:
         f"({', '.join(bucket_name(c) for c in s.contexts)} input tokens), {s.requests} requests each at concurrency "
         f"{s.concurrency}, {s.output_tokens} output tokens; targets mean TTFT ≤ {s.ttft_target:g} s, "
         f"mean TPOT ≤ {s.tpot_target * 1000:g} ms" + (f"; Prometheus {s.prometheus}" if s.prometheus else ""))
+    predicted, summary = planner.for_gate(stack, stack_name, s.contexts, s.concurrency, s.output_tokens)
+    say(summary)
     buckets: list[Bucket] = []
     started = time.time()
     for n, context in enumerate(s.contexts, 1):
@@ -312,6 +315,7 @@ def run(stack: StackConfig, stack_name: str, args: argparse.Namespace) -> int:
                 view.update(difference=diff, agrees=agrees)
             b.prometheus = view
         b.failures = judge(b, s)
+        b.predicted = predicted["buckets"].get(context)
         buckets.append(b)
         say(f"    {line(b, s)}  ({t1 - t0:.0f} s)")
     failures = [f for b in buckets for f in b.failures]
@@ -323,7 +327,9 @@ def run(stack: StackConfig, stack_name: str, args: argparse.Namespace) -> int:
                      "prometheus": s.prometheus, "prometheus_tolerance": s.tolerance},
         "buckets": [{"context": b.context, "name": b.name, "requests": b.requests, "errors": b.errors,
                      "error_summary": b.error_summary, "ttft_seconds": b.ttft, "tpot_seconds": b.tpot,
-                     "prometheus": b.prometheus, "pass": not b.failures, "failures": b.failures} for b in buckets],
+                     "prometheus": b.prometheus, "predicted": b.predicted, "pass": not b.failures,
+                     "failures": b.failures} for b in buckets],
+        "prediction": {k: v for k, v in predicted.items() if k != "buckets"},
         "pass": not failures,
         "failures": failures,
     }

@@ -31,6 +31,12 @@ def main(report_path: str, png_path: str) -> int:
                     if b.get("prometheus") and "ttft_mean" in b["prometheus"]]
             if seen:
                 ax.plot([c for c, _ in seen], [v for _, v in seen], "x", color="grey", label="mean (Prometheus)")
+        predicted = [(b["context"], b["predicted"][key]) for b in buckets
+                     if b.get("predicted") and b["predicted"].get(key) is not None]
+        if predicted:
+            who = report.get("prediction", {}).get("predictor", "aiconfigurator")
+            ax.plot([c for c, _ in predicted], [v * scale for _, v in predicted], "d-.", color="purple",
+                    label=f"mean, predicted ({who.split(' (')[0]})")
         target = report["targets"][target_key] * scale
         ax.axhline(target, color="red", linewidth=1.5, label=f"SLA (mean ≤ {target:g} {unit})")
         failed = [b for b in buckets if any(("TTFT" if key == "ttft_seconds" else "TPOT") in f for f in b["failures"])]

@@ -43,6 +43,7 @@ class Bucket:
     error_summary: list[Any] = field(default_factory=list)
     prometheus: dict[str, Any] | None = None
     failures: list[str] = field(default_factory=list)
+    predicted: dict[str, Any] | None = None  # aiconfigurator's, beside the measurement; never the verdict
 
     @property
     def name(self) -> str:
@@ -100,4 +101,7 @@ def line(b: Bucket, s: Settings) -> str:
     if p is not None:
         text += (f"; Prometheus TTFT {p['ttft_mean']:.3f} s ({p['difference']:+.0%})" if "difference" in p
                  else f"; Prometheus: {p.get('error', 'no view')}")
+    q = b.predicted
+    if q is not None and q.get("error") is None:
+        text += f"; predicted TTFT {q['ttft_seconds']:.2f} s, TPOT {q['tpot_seconds'] * 1000:.1f} ms"
     return f"{text} — {ok}"

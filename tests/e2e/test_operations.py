@@ -225,6 +225,13 @@ def test_the_sla_gate_passes_inside_the_sla(stack, tokenizer, tmp_path):
         assert b["prometheus"]["agrees"] and abs(b["prometheus"]["difference"]) <= 0.15, b["prometheus"]
     ttfts = [b["ttft_seconds"]["mean"] for b in report["buckets"]]
     assert ttfts == sorted(ttfts), "a longer prompt takes longer to prefill"
+    # aiconfigurator's prediction of the same buckets and load beside each measurement (never the verdict):
+    # B300 numbers where the simulator's are its own; 128K and 256K it cannot predict (no chunked prefill).
+    assert report["prediction"]["predictor"].startswith("aiconfigurator ")
+    predicted = {b["name"]: b["predicted"] for b in report["buckets"]}
+    assert all(predicted[n]["ttft_seconds"] > 0 and predicted[n]["error"] is None for n in ("16K", "64K"))
+    assert all(predicted[n]["error"].startswith("OOM") for n in ("128K", "256K"))
+    assert "16K: TTFT mean" in p.stderr and "; predicted TTFT " in p.stderr
     png = (tmp_path / "sla.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
     assert "running for" in p.stderr or "[4/4] 256K" in p.stderr  # progress while it ran
