@@ -211,9 +211,11 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_schema)
     from .doctor import add_parser as add_doctor
     from .predict import add_parser as add_predict
+    from .propose import add_parser as add_propose
     from .sla import add_parser as add_sla
 
     add_predict(sub)
+    add_propose(sub)
 
     add_sla(sub)
     sub.choices["sla"].set_defaults(func=cmd_sla)

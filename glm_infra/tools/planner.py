@@ -10,6 +10,7 @@ import contextlib
 import io
 import logging
 import re
+import warnings
 from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
@@ -70,7 +71,10 @@ def _quiet() -> Iterator[_Notes]:
     saved = root.handlers[:], root.level
     root.handlers, root.level = [notes], logging.WARNING
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                warnings.catch_warnings():
+            # Its sweep warns that aisimulate replaces it in 0.13.0 (a stub that fails here): we pin 0.12.
+            warnings.simplefilter("ignore", DeprecationWarning)
             yield notes
     finally:
         root.handlers, root.level = saved
@@ -132,3 +136,18 @@ def for_gate(stack: StackConfig, name: str, contexts: list[int], concurrency: in
             "buckets": {b.context: {"ttft_seconds": None if b.ttft_ms is None else round(b.ttft_ms / 1000, 4),
                                     "tpot_seconds": None if b.tpot_ms is None else round(b.tpot_ms / 1000, 6),
                                     "error": b.error} for b in p.buckets}}, summary
+
+
+def search(experiment: dict[str, Any], top_n: int) -> list[dict[str, Any]]:
+    """aiconfigurator's ranked configurations for one experiment (best first; empty when none meets its
+    SLA), each a row of its result table."""
+    aic = api()
+    from aiconfigurator.sdk.errors import NoFeasibleConfigError
+
+    with _quiet():
+        try:
+            result = aic.cli_exp(config={"glm_infra": experiment}, top_n=top_n)
+        except NoFeasibleConfigError:
+            return []
+    table = result.best_configs.get("glm_infra")
+    return [] if table is None else table.to_dict("records")
