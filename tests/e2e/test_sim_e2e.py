@@ -532,8 +532,11 @@ def test_a_proposed_topology_deploys_on_the_hosts(stack, tmp_path):
         role = "prefill" if pool is prefill else "decode"
         active = [u for h in pool["hosts"] for u in units[h] if u.startswith(f"glm-vllm-{role}-")]
         assert len(active) == pool["instancesPerHost"] * len(pool["hosts"]), (role, units)
+    out = stack.outputs()  # a new stack on the hosts: a new CA on the router's host
     for i in range(4):
-        chat(f"through the proposed topology {i}")
+        answer = router_chat(out["routerUrl"], out["routerApiKey"], trusting(out["routerCaCertificate"]),
+                             f"through the proposed topology {i}", 60)
+        assert answer["choices"][0]["message"]["content"]
 
 
 def test_the_readme_demo_takes_it_all_down(stack):
