@@ -9,7 +9,7 @@ Step keys per host, in the order the steps run:
 
     preflight, <host files>, turn-acquire (local), host-drain, drivers-install, drivers-reboot,
     drivers-wait (local), drivers-back, firewall, health-gate, rdma, ucx-env, host-return, turn-release (local),
-    facts, runtime,
+    facts, runtime, vllm-placement (what a re-laid-out pool moves off the host, before its instances start),
     weights-hf-cli (the seed, from the hub), weights-stage (serving the host's relay children while it runs),
     <instance>-unit, <instance>-service, <instance>-rollout, <instance>-stop, prune-weights,
     router-secrets, router-unit, router-service, router-front-conf, router-front-keys,
@@ -89,6 +89,8 @@ def host_steps(stack: StackConfig, plan: Plan, h: HostPlan, secrets: Mapping[str
         steps.append(runtime.runtime_step(stack, h))
     if h.provisioned and seed_host(stack, plan.serve) is not None:
         steps += weights.weights_steps(stack, plan, h)
+    if h.instances or h.runs_router:
+        steps.append(vllm.placement_step(h.name, h.instances))
     for inst in h.instances:
         steps += vllm.instance_steps(stack, inst)
     if h.instances and stack.model.source != "local":

@@ -116,7 +116,9 @@ def _golden_path(stack: str) -> Path:
 def _close(got, want, where: str) -> None:
     if isinstance(want, dict):
         assert sorted(got) == sorted(want), where
-        for k in set(want) - {"misses"}:  # misses are words over the numbers (their own test)
+        # misses are words over the numbers (their own test); notes, aiconfigurator's log lines, come once per
+        # process (it caches its data): test_the_notes_say_where_the_data_falls_back
+        for k in set(want) - {"misses", "notes"}:
             _close(got[k], want[k], f"{where}.{k}")
     elif isinstance(want, list):
         assert len(got) == len(want), where
@@ -139,6 +141,16 @@ def test_predictions_of_every_committed_stack_match_the_golden(stack):
     assert path.exists(), (f"no golden of {stack} for aiconfigurator {metadata.version('aiconfigurator')}: "
                            "write it with GLM_INFRA_REGEN_GOLDEN=1, then review what changed against the last version's")
     _close(got, json.loads(path.read_text()), stack)
+
+
+def test_the_notes_say_where_the_data_falls_back():
+    p = subprocess.run([str(ROOT / "venv/bin/glm-infra"), "predict", "prod-b300", "--json"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=300)
+    notes = json.loads(p.stdout)["notes"]
+    assert any(n.startswith("Loading low-fidelity fallback rows for dsa_context_module_perf.parquet from "
+                            "aiconfigurator_core/systems/data/b300_sxm/sparse_attention/trtllm/") for n in notes), notes
+    assert any("falling back to bfloat16 FMHA data" in n for n in notes), notes
+    assert not any("site-packages" in n for n in notes)
 
 
 def test_prod_b300_predicts_every_bucket_it_can_and_says_why_not_the_others():

@@ -27,9 +27,9 @@ def key_file(tmp_path):
 def _expected_commands(stack: str) -> int:
     p = plan(load_file(stack_file(stack)).config)
     # Serving host: preflight, secrets env, drain, driver install/reboot/back, health gate, RDMA, UCX env,
-    # return, facts after them, runtime.
-    per_serving_host = 12
-    router_only = sum(1 for h in p.hosts if h.runs_router and not h.instances) * 2  # preflight, runtime
+    # return, facts after them, runtime, placement (what a re-laid-out pool moves off it).
+    per_serving_host = 13
+    router_only = sum(1 for h in p.hosts if h.runs_router and not h.instances) * 3  # preflight, runtime, placement
     bare = sum(1 for h in p.hosts if not h.runs_router and not h.instances)  # preflight only
     per_instance = 4  # unit file, service (start), rollout (restart), stopper
     router = 7 if p.router else 0  # secrets file, unit file, service, front conf, front keys, front TLS, front
@@ -62,9 +62,9 @@ def test_resource_tree(stack, key_file):
     assert key.inputs["logging"] == "none"
     assert types.count("glm-infra:index:Drivers") == len(p.serving_hosts)
     runtimes = len({h.name for h in p.hosts if h.instances or h.runs_router})
-    # Per serving host: the health gate, RDMA and the UCX env file; per host that runs anything: the runtime;
-    # per host: the firewall.
-    assert types.count("glm-infra:index:HostStep") == 3 * len(p.serving_hosts) + runtimes + len(p.hosts)
+    # Per serving host: the health gate, RDMA and the UCX env file; per host that runs anything: the runtime
+    # and the placement; per host: the firewall.
+    assert types.count("glm-infra:index:HostStep") == 3 * len(p.serving_hosts) + 2 * runtimes + len(p.hosts)
     # Every resource hangs under the cluster; names carry their parent's name.
     cluster = run.get("glm")
     for r in run.resources:
@@ -134,9 +134,13 @@ def test_host_chain_order(key_file):
     needs(f"{h}-host-return", f"{h}-nixl-ucx-env")
     needs(f"{h}-turn-release", f"{h}-host-return")
     needs(f"{h}-runtime-venv", f"{h}-turn-release")
-    needs("glm-prefill-2-service", f"{h}-runtime-venv")
-    needs("glm-prefill-2-unit", f"{h}-runtime-venv")
-    needs("glm-router-service", "glm-b300-3-runtime-venv")
+    # The placement (what a re-laid-out pool moves off the host) after the runtime and the weights, and
+    # before every instance of the host and the router.
+    needs(f"{h}-vllm-placement-placement", f"{h}-runtime-venv")
+    needs(f"{h}-vllm-placement-placement", "glm-weights-b300-2-stage")
+    needs("glm-prefill-2-service", f"{h}-vllm-placement-placement")
+    needs("glm-prefill-2-unit", f"{h}-vllm-placement-placement")
+    needs("glm-router-service", "glm-b300-3-vllm-placement-placement")
     # Hosts provision in parallel: nothing on one host waits for another host's chain (only for its
     # turn-acquire, which a first deploy creates at once).
     assert not any("b300-1" in d for d in run.get(f"{h}-runtime-venv").dependencies)
@@ -215,7 +219,9 @@ def test_weights_download_once_and_relay(key_file):
         assert run.urn(f"glm-{peer}-runtime-venv") in stage["b300-1"].dependencies
         assert run.urn("glm-b300-1-runtime-venv") not in stage[peer].dependencies
     assert not [r for r in run.resources if "fanout" in r.name], "no fan-out server outside the staging"
-    assert stage["b300-2"].urn in run.get("glm-prefill-2-service").dependencies
+    # The host's instances start on staged weights (through its placement step, which waits for them).
+    assert stage["b300-2"].urn in run.get("glm-b300-2-vllm-placement-placement").dependencies
+    assert run.urn("glm-b300-2-vllm-placement-placement") in run.get("glm-prefill-2-service").dependencies
     # The hf CLI lives on the seed only, before its staging, and goes on destroy.
     hf_cli = run.get("glm-weights-b300-1-hf-cli")
     assert hf_cli.urn in stage["b300-1"].dependencies

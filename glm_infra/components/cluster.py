@@ -204,11 +204,9 @@ class _Deployment(pulumi.ComponentResource):
             previous = self._host_step(f"{name}-{h.name}-firewall", "nftables", conn, s["firewall"], h.name, [],
                                        [host.preflight])
         if "runtime" in s:
-            runtime = self._host_step(f"{name}-{h.name}-runtime", "venv", conn, s["runtime"], h.name, [], [previous],
-                                      "Runtime")
-            chain.ready = [runtime, *host.files]
-        else:
-            chain.ready = [previous, *host.files]
+            previous = self._host_step(f"{name}-{h.name}-runtime", "venv", conn, s["runtime"], h.name, [], [previous],
+                                       "Runtime")
+        chain.ready = [previous, *host.files]
         return chain
 
     def _host_step(self, name: str, command: str, conn: remote.ConnectionArgs, step: Step, host: str,
@@ -332,6 +330,10 @@ class Cluster(_Deployment):
         self.services: dict[str, VllmService] = {}
         last_of_pool: dict[str, VllmService] = {}
         prefill_stoppers: list[pulumi.Resource] = []
+        for h, chain in self._chains.items():  # what the plan moves off a host's GPUs and ports, before any starts
+            if (step := self.steps[h].steps.get("vllm-placement")) is not None:
+                chain.ready = [self._host_step(f"{name}-{h}-vllm-placement", "placement", chain.host.connection, step,
+                                               h, [], chain.ready)]
         for inst in plan.instances:
             if not self.mine(inst.host):
                 continue

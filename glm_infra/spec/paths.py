@@ -29,6 +29,7 @@ FRONT_TLS_GIVEN = f"{SECRETS_DIR}/router-tls.pem"  # router.tlsCertificate + tls
 HF_ENV = f"{OPT}/hf"
 BOOT_BEFORE_REBOOT = f"{STATE}/boot-before-reboot"
 ROLLOUT_DIR = f"{STATE}/rollout"  # per unit, the triggers digest it last (re)started with
+PLACEMENT_DIR = f"{STATE}/placement"  # per vLLM unit, the GPUs and ports the plan gave it
 REBOOT_UNIT = "glm-infra-reboot"  # the transient timer and service the reboot step schedules
 # A rolling host change: the units the drain stopped (kept across the reboot, for the return), the roll
 # last completed, and a record of each phase with its time (one line each).

@@ -233,10 +233,13 @@ def up_in_background(keep_output: bool = False):
             sh("pulumi cancel -s sim --yes", check=False)
 
 
-# The last main before the layer packages (issue 28). A stack deployed by it, then upgraded with this
-# checkout's code, must see nothing replaced, deleted or added (test_operations' first test): bump it
-# when a change is meant to replace or delete something on upgrade, and say so in the change.
-PREVIOUS_MAIN = "c29322fe210acf4e8b305e11b99439f0ab50311e"
+# The last main (issues 27 and 28 landed). A stack deployed by it, then upgraded with this checkout's code,
+# must see nothing replaced or deleted, and nothing added but UPGRADE_ADDS (test_operations' first test):
+# bump it when a change is meant to replace or delete something on upgrade, and say so in the change.
+PREVIOUS_MAIN = "e192ba4139e7430261395709342f0098020e44e2"
+# The resources this checkout adds to a stack PREVIOUS_MAIN deployed (by name suffix), each restarting
+# nothing: the per-host placement step (issue 29: a proposal re-lays a pool out).
+UPGRADE_ADDS = ("-vllm-placement", "-vllm-placement-placement")
 
 
 def previous_main_tree(into: Path, mark: Path) -> Path:

@@ -475,6 +475,35 @@ def test_new_revision_interrupted_then_resumed_and_switched(stack):
     chat("on the new revision")
 
 
+def test_a_proposed_topology_replaces_the_running_one(stack, tmp_path):
+    """`glm-infra propose --from sim`: aiconfigurator's best P/D configuration for the stack's 24 B300 GPUs
+    that glm-infra deploys, written as a stack file (the sim stack's hosts, keys and secrets, its pools
+    re-laid out). `up` over the running stack moves instances between hosts and onto other GPUs and
+    ports: each host's placement step stops what leaves before what arrives starts, so every host runs
+    exactly the instances the proposal puts there, and the router serves through them."""
+    from glm_infra.plan import topology
+    from glm_infra.stack import load_file
+
+    proposed = tmp_path / "Pulumi.sim.yaml"
+    shown = sh(f"venv/bin/glm-infra propose --from sim --out {proposed}")
+    assert shown.stdout.startswith(f"wrote {proposed}: prefill ")
+    doc = yaml.safe_load(proposed.read_text())["config"]
+    assert doc["glm-infra:router"]["apiKey"] == yaml.safe_load(SIM_STACK.read_text())["config"]["glm-infra:router"]["apiKey"]
+    plan = topology.plan(load_file(proposed).config)
+    assert plan.instances != topology.plan(load_file(SIM_STACK).config).instances, "a re-laid-out pool"
+    SIM_STACK.write_text(proposed.read_text())  # the stack fixture puts the committed file back
+    stack.up()
+    for h in HOSTS:
+        running = on_host(h, "systemctl list-units 'glm-vllm-*' --state=active --no-legend --plain").split()
+        running = sorted(u for u in running if re.fullmatch(r"glm-vllm-(prefill|decode)-\d+\.service", u))
+        assert running == sorted(i.unit for i in plan.instances if i.host == h), (h, running)
+        installed = on_host(h, "ls /etc/systemd/system | grep -E '^glm-vllm-(prefill|decode)-' || true").split()
+        assert sorted(installed) == running, f"{h}: nothing left of the old layout"
+    for i in range(4):
+        chat(f"through the proposed topology {i}")
+    assert "every instance unit here is planned here" in on_host("sim-2", "/usr/local/libexec/glm-infra/glm-vllm-placement.sh check")
+
+
 def test_destroy_leaves_hosts_as_they_were(stack):
     out = sh("pulumi destroy -s sim --yes --skip-preview --non-interactive")
     assert "kept the driver 580.159.04" in out.stdout
@@ -508,35 +537,6 @@ def test_prod_preview_through_the_engine(toolchain, tmp_path):
     types = [s["urn"].split("::")[-2].split("$")[-1] for s in creates]
     assert types.count("glm-infra:index:VllmService") == 5 and types.count("glm-infra:index:Router") == 1
     assert types.count("command:remote:Command") > 50
-
-
-def test_a_proposed_topology_deploys_on_the_hosts(stack, tmp_path):
-    """`glm-infra propose --from sim`: aiconfigurator's best P/D configuration for the stack's 24 B300 GPUs
-    that glm-infra deploys, written as a stack file (the sim stack's hosts, keys and secrets, its pools
-    re-laid out); `up` deploys it on the hosts the sim stack was destroyed from, and the router serves through
-    every instance. (Over a running stack, a re-laid-out pool's instances change hosts: not yet handled,
-    docs/PLANNING.md.) The next test's `scripts/demo down` destroys it."""
-    proposed = tmp_path / "Pulumi.sim.yaml"
-    shown = sh(f"venv/bin/glm-infra propose --from sim --out {proposed}")
-    assert shown.stdout.startswith(f"wrote {proposed}: prefill ")
-    doc = yaml.safe_load(proposed.read_text())["config"]
-    prefill, decode = doc["glm-infra:prefill"], doc["glm-infra:decode"]
-    assert (prefill["tp"] * prefill["dp"] * prefill["instancesPerHost"] * len(prefill["hosts"])
-            + decode["tp"] * decode["dp"] * decode["instancesPerHost"] * len(decode["hosts"])) <= 24
-    assert doc["glm-infra:router"]["apiKey"] == yaml.safe_load(SIM_STACK.read_text())["config"]["glm-infra:router"]["apiKey"]
-    SIM_STACK.write_text(proposed.read_text())  # the stack fixture puts the committed file back
-    stack.up()
-    units = {h: on_host(h, "systemctl list-units 'glm-vllm-*' --state=active --no-legend --plain").split()
-             for h in HOSTS}
-    for pool in (prefill, decode):
-        role = "prefill" if pool is prefill else "decode"
-        active = [u for h in pool["hosts"] for u in units[h] if u.startswith(f"glm-vllm-{role}-")]
-        assert len(active) == pool["instancesPerHost"] * len(pool["hosts"]), (role, units)
-    out = stack.outputs()  # a new stack on the hosts: a new CA on the router's host
-    for i in range(4):
-        answer = router_chat(out["routerUrl"], out["routerApiKey"], trusting(out["routerCaCertificate"]),
-                             f"through the proposed topology {i}", 60)
-        assert answer["choices"][0]["message"]["content"]
 
 
 def test_the_readme_demo_takes_it_all_down(stack):

@@ -3,7 +3,7 @@ secrets, and the steps that start it, roll it out when it changes and stop it on
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from glm_infra.plan.topology import KV_ROLE, Instance, pool_of
 from glm_infra.render import render_template, systemd_quote
@@ -142,3 +142,18 @@ def instance_steps(stack: StackConfig, inst: Instance) -> list[Step]:
         Step(f"{inst.name}-stop", f"echo {stem} stops on destroy",
              delete=f"if [ -x {script} ]; then {script} remove; fi"),
     ]
+
+
+def placement(inst: Instance) -> str:
+    """Where an instance runs on its host: what another instance there must not hold when it starts."""
+    return (f"gpus:{inst.cuda_visible_devices};http:{inst.http_port};rpc:{inst.dp_rpc_port};"
+            f"nixl:{inst.nixl_port_base}+{inst.nixl_port_count}")
+
+
+def placement_step(host: str, instances: Sequence[Instance]) -> Step:
+    """Before any instance of the host starts: what the plan no longer puts here is stopped and removed,
+    what moves to other GPUs or ports is stopped (its rollout starts it there), so a re-laid-out pool
+    finds its GPUs and ports free (templates/placement.sh.j2)."""
+    script = render_template("placement.sh.j2", host=host, records_dir=paths.PLACEMENT_DIR, libexec=paths.LIBEXEC,
+                             planned=[(i.unit, placement(i)) for i in instances])
+    return ScriptStep("glm-vllm-placement", script).step("vllm-placement")
