@@ -132,6 +132,53 @@ def parse_nvlink_status(text: str) -> dict[int, dict[int, str | None]]:
     return out
 
 
+# ``nvidia-smi topo -m``'s distances between a GPU and a NIC, nearest first (its legend): PIX at most one
+# PCIe bridge, PXB several bridges without the host bridge (both keep GPUDirect RDMA off the CPU), PHB
+# through the host bridge, NODE between host bridges of one NUMA node, SYS across NUMA nodes.
+TOPO_LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")
+_ANSI = re.compile(r"(?:\x1b)?\[[0-9;]*m")  # the header's underline; a paste may keep the text without ESC
+
+
+def parse_topo_m(text: str) -> dict[int, dict[str, str]]:
+    """``nvidia-smi topo -m``: {GPU index: {NIC device (its ``NIC Legend`` name, mlx5_N): distance}}.
+
+    Columns are read by order, not position, so tabs and the spaces a paste turns them into read the
+    same; the matrix ends where ``CPU Affinity`` begins. A NIC without a legend entry keeps its column
+    name (older drivers name the columns mlx5_N themselves)."""
+    lines = [_ANSI.sub("", line) for line in text.splitlines()]
+    header = next((line.split() for line in lines if re.match(r"^\s*GPU0\s", line)), None)
+    if header is None:
+        raise ValueError("no header row (GPU0 ...) in nvidia-smi topo -m")
+    columns = header[: header.index("CPU")] if "CPU" in header else header
+    legend = dict(re.findall(r"^\s+(NIC\d+):\s+(\S+)\s*$", "\n".join(lines), re.M))
+    out: dict[int, dict[str, str]] = {}
+    for line in lines:
+        m = re.match(r"^GPU(\d+)\s", line)
+        if not m:
+            continue
+        cells = line.split()[1 : len(columns) + 1]
+        if len(cells) != len(columns):
+            raise ValueError(f"GPU{m.group(1)}: {len(cells)} cells for {len(columns)} columns")
+        out[int(m.group(1))] = {legend.get(c, c): v for c, v in zip(columns, cells) if not c.startswith("GPU")}
+    return out
+
+
+def nearest_nics(topo: dict[int, dict[str, str]], nics: list[str] | None = None) -> dict[int, tuple[str, str]]:
+    """Each GPU's nearest NIC (among ``nics`` when given) and its distance. Among equally near NICs, in
+    GPU order, the one fewest GPUs got so far, then the lower-sorted name: two GPUs behind one switch with
+    two NICs get one each, the same ones every time."""
+    out: dict[int, tuple[str, str]] = {}
+    taken: dict[str, int] = {}
+    for gpu in sorted(topo):
+        known = [(TOPO_LEVELS.index(v), taken.get(n, 0), n) for n, v in topo[gpu].items()
+                 if v in TOPO_LEVELS and (nics is None or n in nics)]
+        if known:
+            level, _, nic = min(known)
+            out[gpu] = (nic, TOPO_LEVELS[level])
+            taken[nic] = taken.get(nic, 0) + 1
+    return out
+
+
 def parse_ibv_devinfo(text: str) -> dict[str, dict]:
     """``ibv_devinfo`` or ``ibv_devinfo -v``: {device: {port number: {state, active_mtu, link_layer,
     gids}}}, ``gids`` (from ``-v`` only) {index: {gid, ver, ipv4}}. Tabs or spaces alike."""
