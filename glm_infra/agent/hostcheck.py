@@ -179,6 +179,43 @@ def nearest_nics(topo: dict[int, dict[str, str]], nics: list[str] | None = None)
     return out
 
 
+# ACS controls of a PCIe port that send GPU-NIC peer-to-peer traffic up to the root complex or refuse it
+# (NVIDIA's GPUDirect RDMA and NCCL guides: disable ACS on the switch ports between them): source
+# validation, P2P request and completion redirect, egress control.
+ACS_BLOCKING = ("SrcValid", "ReqRedir", "CmpltRedir", "EgressCtrl")
+_BDF = re.compile(r"^((?:[0-9a-f]{4}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])\s+(.*)$")
+
+
+def parse_acs_flags(line: str) -> dict[str, bool]:
+    """An ``ACSCap:`` or ``ACSCtl:`` line of ``lspci -vvv``: {flag: on} (``SrcValid+`` is on)."""
+    _, _, flags = line.partition(":")
+    return {name: sign == "+" for name, sign in re.findall(r"([A-Za-z]+)([+-])", flags)}
+
+
+def parse_lspci_acs(text: str) -> dict[str, dict]:
+    """``lspci -vvv``: {device (with its domain, 0000:03:08.0): {"description", "acs_cap", "acs_ctl"}}
+    for each device with an Access Control Services capability. Tabs or spaces before the fields, as
+    pciutils prints them or a paste leaves them."""
+    out: dict[str, dict] = {}
+    current: dict | None = None
+    for line in text.splitlines():
+        m = _BDF.match(line)
+        if m:
+            bdf = m.group(1) if m.group(1).count(":") == 2 else f"0000:{m.group(1)}"
+            current = {"description": m.group(2).strip()}
+            out[bdf] = current
+            continue
+        field = line.strip()
+        if current is not None and field.startswith(("ACSCap:", "ACSCtl:")):
+            current["acs_cap" if field.startswith("ACSCap:") else "acs_ctl"] = parse_acs_flags(field)
+    return {bdf: d for bdf, d in out.items() if "acs_ctl" in d}
+
+
+def acs_blocking(acs_ctl: dict[str, bool]) -> list[str]:
+    """The ACS controls on that would block or reroute GPU-NIC peer-to-peer traffic."""
+    return [f for f in ACS_BLOCKING if acs_ctl.get(f)]
+
+
 def parse_ibv_devinfo(text: str) -> dict[str, dict]:
     """``ibv_devinfo`` or ``ibv_devinfo -v``: {device: {port number: {state, active_mtu, link_layer,
     gids}}}, ``gids`` (from ``-v`` only) {index: {gid, ver, ipv4}}. Tabs or spaces alike."""
