@@ -286,3 +286,30 @@ def test_the_gates_line_and_plot_show_the_prediction_beside_the_measurement(tmp_
     (tmp_path / "sla.json").write_text(json.dumps(report))
     assert sla_plot.main(str(tmp_path / "sla.json"), str(tmp_path / "sla.png")) == 0
     assert (tmp_path / "sla.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_stack_aiconfigurator_cannot_model_validates_with_a_note_and_is_refused_under_strict_sla(capsys,
+                                                                                                   monkeypatch):
+    monkeypatch.setattr(prediction, "MODELS", {"nvidia/Some-Other-Model"})  # as for a checkpoint it carries no config of
+    assert main(["validate", "prod-b300"]) == 0
+    assert "note: no SLA prediction (prod-b300: cannot predict: glm-infra:model.repo: 'nvidia/GLM-5.2-NVFP4': " \
+           "aiconfigurator carries no config of it" in capsys.readouterr().err
+    assert main(["validate", "--strict-sla", "prod-b300"]) == 1
+    assert "glm-infra:sla: prod-b300: cannot predict: glm-infra:model.repo" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["validate", "--strict-sla", "--no-predict", "prod-b300"])
+    assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_the_gpu_model_as_nvidia_smi_names_it_finds_its_system():
+    cfg = {k.removeprefix("glm-infra:"): v for k, v in stack_config("prod-b300").items()}
+    for h in cfg["hosts"]:
+        h["gpuModel"] = "NVIDIA B300 SXM6 AC"
+    assert prediction.target(StackConfig.model_validate(cfg)).system == "b300_sxm"
+
+
+def test_predict_names_why_it_cannot_predict_a_stack(capsys, monkeypatch):
+    monkeypatch.setattr(prediction, "MODELS", set())
+    assert main(["predict", "prod-b300"]) == 2
+    assert "prod-b300: cannot predict: glm-infra:model.repo: 'nvidia/GLM-5.2-NVFP4': aiconfigurator carries no " \
+           "config of it" in capsys.readouterr().err

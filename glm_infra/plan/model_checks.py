@@ -22,6 +22,11 @@ GPU_COMPUTE_CAPABILITY = {"B300": 10.3, "GB300": 10.3, "B200": 10.0, "GB200": 10
 WEIGHT_FORMAT_NEEDS = {"nvfp4": 10.0, "fp8": 8.9, "bf16": 8.0}
 
 
+def gpu_family(gpu_model: str) -> str:
+    """``NVIDIA B300 SXM6 AC`` or ``B300`` → ``B300``: the name the tables here are keyed by."""
+    return gpu_model.removeprefix("NVIDIA ").split()[0].upper()
+
+
 def weight_format_problems(stack: StackConfig) -> list[Problem]:
     fmt = stack.model.weight_format
     out = []
@@ -30,7 +35,7 @@ def weight_format_problems(stack: StackConfig) -> list[Problem]:
     need = WEIGHT_FORMAT_NEEDS[fmt]
     serving = {h for _, pool in stack.pools() for h in pool.hosts} or {h.name for h in stack.hosts}
     for i, h in enumerate(stack.hosts):
-        cc = GPU_COMPUTE_CAPABILITY.get(h.gpu_model.removeprefix("NVIDIA ").split()[0].upper())
+        cc = GPU_COMPUTE_CAPABILITY.get(gpu_family(h.gpu_model))
         if h.name in serving and cc is not None and cc < need:
             out.append(Problem(key_path("hosts", f"[{i}].gpuModel"),
                                f"{h.name}'s {h.gpu_model} (compute capability {cc:g}) cannot run {stack.model.repo}'s "

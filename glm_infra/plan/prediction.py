@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from glm_infra.spec.config import PoolConfig, StackConfig
 
+from .model_checks import gpu_family
 from .problem import Problem, key_path
 
 # aiconfigurator's system (its systems/*.yaml) for each GPU model as nvidia-smi names it (hosts[].gpuModel).
@@ -93,9 +94,9 @@ def _shape(pool: PoolConfig, concurrency: int | None) -> PoolShape:
 
 def target(stack: StackConfig) -> Target | Problem:
     """aiconfigurator's system and model for the stack, or the key that has none."""
-    models = {h.gpu_model for h in stack.hosts}
+    models = {gpu_family(h.gpu_model) for h in stack.hosts}
     for i, h in enumerate(stack.hosts):
-        if h.gpu_model not in SYSTEMS:
+        if gpu_family(h.gpu_model) not in SYSTEMS:
             return Problem(key_path("hosts", f"[{i}].gpuModel"),
                            f"{h.gpu_model!r}: aiconfigurator has no system for it (known: {', '.join(sorted(SYSTEMS))})")
     if len(models) > 1:

@@ -72,6 +72,11 @@ def _predicted_misses(loaded: LoadedStack, required: bool) -> list[str] | None:
             return None
         print(f"  note: no SLA prediction (the planner extra is not installed: {planner.INSTALL})", file=sys.stderr)
         return []
+    except planner.CannotPredict as e:  # a stack aiconfigurator cannot model: advice missing, not a bad stack
+        if required:
+            return [str(e)]
+        print(f"  note: no SLA prediction ({e})", file=sys.stderr)
+        return []
     return [m for b in p.buckets for m in prediction.misses(loaded.config, b)]
 
 
@@ -180,9 +185,10 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("stacks", nargs="+", metavar="STACK", help="stack name (prod-b300) or path to a stack file")
     v.add_argument("--strict", action="store_true", help="also refuse a model.revision that is not a commit SHA "
                                                          "(a branch or tag deploys whatever it points to that day)")
-    v.add_argument("--strict-sla", action="store_true", help="also refuse a stack whose predicted TTFT or TPOT "
-                                                             "(glm-infra predict) misses its SLA in any bucket")
-    v.add_argument("--no-predict", action="store_true", help="skip the SLA prediction (it needs the planner extra)")
+    sla = v.add_mutually_exclusive_group()
+    sla.add_argument("--strict-sla", action="store_true", help="also refuse a stack whose predicted TTFT or TPOT "
+                                                               "(glm-infra predict) misses its SLA in any bucket")
+    sla.add_argument("--no-predict", action="store_true", help="skip the SLA prediction (it needs the planner extra)")
     v.set_defaults(func=cmd_validate)
     p = sub.add_parser("plan", help="print hosts × instances × GPUs × ports")
     p.add_argument("stack", metavar="STACK")

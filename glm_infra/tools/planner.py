@@ -17,13 +17,17 @@ from typing import Any
 
 from glm_infra.plan import prediction
 from glm_infra.spec.config import StackConfig
-from glm_infra.stack import StackError
 
 INSTALL = "pip install 'glm-infra[planner]'"
 
 
 class PlannerMissing(RuntimeError):
     """aiconfigurator is not installed."""
+
+
+class CannotPredict(RuntimeError):
+    """A stack aiconfigurator cannot model (its GPU, its model), or data it does not have: the message
+    names the key."""
 
 
 def api() -> Any:
@@ -87,8 +91,8 @@ def backend_version(aic: Any, t: prediction.Target) -> str:
 
     version = get_latest_database_version(system=t.system, backend=t.backend)
     if version is None:
-        raise StackError(f"aiconfigurator {metadata.version('aiconfigurator')} has no {t.backend} data for "
-                         f"{t.system}")
+        raise CannotPredict(f"aiconfigurator {metadata.version('aiconfigurator')} has no {t.backend} data for "
+                            f"{t.system}")
     return str(version)
 
 
@@ -96,7 +100,7 @@ def predict(stack: StackConfig, name: str) -> prediction.Prediction:
     """aiconfigurator's estimate of every SLA bucket of the stack (PlannerMissing without the extra)."""
     t = prediction.target(stack)
     if isinstance(t, prediction.Problem):
-        raise StackError(f"{name}: cannot predict: {t.path}: {t.message}")
+        raise CannotPredict(f"{name}: cannot predict: {t.path}: {t.message}")
     aic = api()
     version = backend_version(aic, t)
     buckets = []
@@ -124,7 +128,7 @@ def for_gate(stack: StackConfig, name: str, contexts: list[int], concurrency: in
         "contexts": contexts, "concurrency": concurrency, "output_tokens": output_tokens})})
     try:
         p = predict(asked, name)
-    except (PlannerMissing, StackError) as e:
+    except (PlannerMissing, CannotPredict) as e:
         return {"error": str(e), "buckets": {}}, f"no prediction to compare with: {e}"
     summary = f"predicted by {p.labels['predictor']} ({p.target.system}, {p.target.backend} " \
               f"{p.labels['backend_version']} data): " + "; ".join(

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     prefill_mtp = cfg.prefill.speculative_tokens if cfg.prefill else 1
     try:
         version = planner.backend_version(planner.api(), target)
-    except planner.PlannerMissing as e:
+    except (planner.PlannerMissing, planner.CannotPredict) as e:
         print(f"{loaded.source}: {e}", file=sys.stderr)
         return EXIT_USAGE
     total = gpus_per_host * len(hosts)
