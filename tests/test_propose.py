@@ -189,6 +189,12 @@ def test_bad_arguments_are_named_and_write_nothing(tmp_path, capsys, args, messa
     assert e.value.code == 2 and message in capsys.readouterr().err and not out.exists()
 
 
+def test_a_folder_that_is_not_there_is_named(tmp_path, capsys):
+    out = tmp_path / "nowhere" / "Pulumi.x.yaml"
+    assert main(["propose", "--from", "prod-b300", "--out", str(out)]) == 2
+    assert f"{out}: no folder {out.parent} to write it in" in capsys.readouterr().err
+
+
 def test_an_existing_file_is_kept_without_force(tmp_path, capsys):
     out = tmp_path / "Pulumi.kept.yaml"
     out.write_text("mine\n")

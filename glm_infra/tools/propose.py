@@ -29,6 +29,9 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and not args.force:
         print(f"{out}: exists (use --force to replace it)", file=sys.stderr)
         return EXIT_USAGE
+    if not out.parent.is_dir():
+        print(f"{out}: no folder {out.parent} to write it in", file=sys.stderr)
+        return EXIT_USAGE
     hosts = cfg.hosts[: args.hosts] if args.hosts else cfg.hosts
     if args.hosts and args.hosts > len(cfg.hosts):
         print(f"{loaded.source}: --hosts {args.hosts}: the stack has {len(cfg.hosts)}", file=sys.stderr)
