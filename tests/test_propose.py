@@ -100,8 +100,8 @@ def test_the_document_keeps_the_bases_keys_and_replaces_the_topology():
 @pytest.fixture(scope="module")
 def proposed(tmp_path_factory):
     out = tmp_path_factory.mktemp("propose") / "Pulumi.proposed.yaml"
-    p = subprocess.run([str(ROOT / "venv/bin/glm-infra"), "propose", "--from", "prod-b300", "--out", str(out)],
-                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    p = subprocess.run([str(ROOT / "venv/bin/glm-infra"), "propose", "--from", "prod-b300", "--out", str(out),
+                        "--fresh"], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     return out, p
 
@@ -124,6 +124,16 @@ def test_propose_writes_a_stack_that_validates_and_renders(proposed, tmp_path):
     assert (tmp_path / "render" / loaded.config.router.host).is_dir()
     # What propose wrote, predict reads back: the same TTFT and TPOT it printed for the ISL it searched.
     assert main(["predict", str(out), "--json"]) == 0
+
+
+def test_the_same_search_again_comes_from_the_cache(proposed, tmp_path, capsys):
+    out, first = proposed
+    assert "from the cache" not in first.stderr and "ranking of this same search" not in first.stderr
+    again = tmp_path / "Pulumi.proposed.yaml"
+    assert main(["propose", "--from", "prod-b300", "--out", str(again)]) == 0
+    err = capsys.readouterr().err
+    assert "aiconfigurator's ranking of this same search, from " in err and "/planner/search-" in err
+    assert again.read_text() == out.read_text()
 
 
 def test_the_proposal_previews_through_the_engine(proposed, tmp_path):

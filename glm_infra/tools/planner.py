@@ -7,12 +7,16 @@ against the SLA are glm_infra/plan/prediction.py's.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
+import json
 import logging
+import os
 import re
 import warnings
 from collections.abc import Iterator
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from glm_infra.plan import prediction
@@ -142,16 +146,34 @@ def for_gate(stack: StackConfig, name: str, contexts: list[int], concurrency: in
                                     "error": b.error} for b in p.buckets}}, summary
 
 
-def search(experiment: dict[str, Any], top_n: int) -> list[dict[str, Any]]:
+def search_cache(experiment: dict[str, Any], top_n: int) -> Path:
+    """Where a search's ranking is kept: by the experiment, the count and aiconfigurator's version (its data
+    and engine come with it), under $GLM_INFRA_CACHE/planner/ (default ~/.cache/glm-infra)."""
+    key = json.dumps({"experiment": experiment, "top_n": top_n, "predictor": predictor_label()}, sort_keys=True)
+    root = Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache" / "glm-infra"))
+    return root / "planner" / f"search-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+
+
+def search(experiment: dict[str, Any], top_n: int, fresh: bool = False) -> tuple[list[dict[str, Any]], Path | None]:
     """aiconfigurator's ranked configurations for one experiment (best first; empty when none meets its
-    SLA), each a row of its result table."""
+    SLA), each a row of its result table; and the cache file when they came from an earlier search of the
+    same (``fresh``: search again)."""
+    cached = search_cache(experiment, top_n)
+    if cached.is_file() and not fresh:
+        return json.loads(cached.read_text()), cached
     aic = api()
     from aiconfigurator.sdk.errors import NoFeasibleConfigError
 
     with _quiet():
         try:
             result = aic.cli_exp(config={"glm_infra": experiment}, top_n=top_n)
+            table = result.best_configs.get("glm_infra")
         except NoFeasibleConfigError:
-            return []
-    table = result.best_configs.get("glm_infra")
-    return [] if table is None else table.to_dict("records")
+            table = None
+    # Through pandas' JSON: numpy numbers become plain ones, a cached ranking reads back as the fresh one.
+    rows = [] if table is None else json.loads(table.to_json(orient="records", default_handler=str))
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(rows))
+    os.replace(tmp, cached)
+    return rows, None

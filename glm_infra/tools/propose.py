@@ -54,9 +54,12 @@ def run(args: argparse.Namespace) -> int:
                               round(cfg.prediction.mtp_acceptance_rate * decode_mtp, 4))
     print(f"searching {total} {hosts[0].gpu_model} GPUs ({len(hosts)} hosts of {loaded.source}) for ISL {args.isl}, "
           f"OSL {args.osl}, mean TTFT ≤ {ttft:g} s, mean TPOT ≤ {tpot * 1000:g} ms with "
-          f"{planner.predictor_label()} ({target.system}, {target.backend} {version} data); a minute or so…",
+          f"{planner.predictor_label()} ({target.system}, {target.backend} {version} data); half a minute or so…",
           file=sys.stderr)
-    rows = planner.search(exp, args.top)
+    rows, cached = planner.search(exp, args.top, fresh=args.fresh)
+    if cached is not None:
+        print(f"  aiconfigurator's ranking of this same search, from {cached} (--fresh searches again)",
+              file=sys.stderr)
     # The longest request the SLA promises, unless the base stack says: a prefill rank needs room for one.
     max_model_len = cfg.model.max_model_len or args.max_model_len or max(
         max(cfg.sla.contexts) + cfg.sla.output_tokens, args.isl + args.osl)
@@ -165,4 +168,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "promises: its longest context plus its output tokens, or ISL + OSL)")
     p.add_argument("--top", type=_positive, default=40, help="how many of aiconfigurator's ranking to consider")
     p.add_argument("--force", action="store_true", help="replace FILE if it exists")
+    p.add_argument("--fresh", action="store_true", help="search again rather than reuse the ranking of the same "
+                                                        "search (same hosts, SLA, ISL/OSL, MTP and aiconfigurator)")
     p.set_defaults(func=run)

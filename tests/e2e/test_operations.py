@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from e2e.harness import ROOT, UPGRADE_ADDS, cluster_first, on_host, previous_main_tree, sh
+from glm_infra.tools.sla_verdict import PROMETHEUS_FLOOR_S
 
 HOSTS = ("sim-1", "sim-2", "sim-3")
 PROMETHEUS = "http://10.88.0.13:9090"
@@ -240,8 +241,12 @@ def test_the_sla_gate_passes_inside_the_sla(stack, tokenizer, tmp_path):
         assert b["requests"] == 4 and b["errors"] == 0
         assert 0 < b["ttft_seconds"]["mean"] < 2.5 and 0 < b["tpot_seconds"]["mean"] < 0.02
         assert b["ttft_seconds"]["p50"] <= b["ttft_seconds"]["p99"]
-        # Prometheus's view of the same requests (prefill's plus decode's TTFT) agrees with the client's.
-        assert b["prometheus"]["agrees"] and abs(b["prometheus"]["difference"]) <= 0.15, b["prometheus"]
+        # Prometheus's view of the same requests (prefill's plus decode's TTFT) agrees with the client's:
+        # within 15 %, or within the client's own 50 ms (TLS, the front, the router's hop), which is more
+        # than 15 % of a short prompt's TTFT on a busy machine (seen: 0.152 s against 0.185 s at 16K).
+        p = b["prometheus"]
+        near = abs(p["ttft_mean"] - b["ttft_seconds"]["mean"]) <= PROMETHEUS_FLOOR_S
+        assert p["agrees"] and (abs(p["difference"]) <= 0.15 or near), p
     ttfts = [b["ttft_seconds"]["mean"] for b in report["buckets"]]
     assert ttfts == sorted(ttfts), "a longer prompt takes longer to prefill"
     # aiconfigurator's prediction of the same buckets and load beside each measurement (never the verdict):
