@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from glm_infra.plan.prediction import bucket_label
+
 
 def plot(report: dict[str, Any], png: Path, seed: dict[str, Any] | None = None) -> None:
     import matplotlib
@@ -38,7 +40,7 @@ def plot(report: dict[str, Any], png: Path, seed: dict[str, Any] | None = None) 
                 ax.hlines(seed["ttft_max_s"], lo, hi, colors="green", linestyles="--", linewidth=3, alpha=0.5,
                           label=f"seed, measured: ≤ {seed['ttft_max_s']:g} s")
         ax.set_xscale("log", base=2)
-        ax.set_xticks(contexts, [f"{c // 1024}K" if c % 1024 == 0 else str(c) for c in contexts])
+        ax.set_xticks(contexts, [bucket_label(c) for c in contexts])
         ax.set_xlabel("input tokens")
         ax.set_ylabel(unit)
         ax.set_title(title)

@@ -6,9 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-
-def bucket_name(tokens: int) -> str:
-    return f"{tokens // 1024}K" if tokens % 1024 == 0 else str(tokens)
+from glm_infra.plan.prediction import bucket_label as bucket_name  # noqa: F401  (the gate's name for it)
 
 
 @dataclass
