@@ -244,9 +244,9 @@ def test_the_sla_gate_passes_inside_the_sla(stack, tokenizer, tmp_path):
         # Prometheus's view of the same requests (prefill's plus decode's TTFT) agrees with the client's:
         # within 15 %, or within the client's own 50 ms (TLS, the front, the router's hop), which is more
         # than 15 % of a short prompt's TTFT on a busy machine (seen: 0.152 s against 0.185 s at 16K).
-        p = b["prometheus"]
-        near = abs(p["ttft_mean"] - b["ttft_seconds"]["mean"]) <= PROMETHEUS_FLOOR_S
-        assert p["agrees"] and (abs(p["difference"]) <= 0.15 or near), p
+        prom = b["prometheus"]
+        near = abs(prom["ttft_mean"] - b["ttft_seconds"]["mean"]) <= PROMETHEUS_FLOOR_S
+        assert prom["agrees"] and (abs(prom["difference"]) <= 0.15 or near), prom
     ttfts = [b["ttft_seconds"]["mean"] for b in report["buckets"]]
     assert ttfts == sorted(ttfts), "a longer prompt takes longer to prefill"
     # aiconfigurator's prediction of the same buckets and load beside each measurement (never the verdict):
