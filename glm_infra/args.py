@@ -334,6 +334,8 @@ class RdmaInput(TypedDict, total=False):
     """Signing key of the DOCA repository; None means the repository is trusted as is. Default: 'https://linux.mellanox.com/public/repo/doca/GPG-KEY-Mellanox.pub'."""
     remove_on_destroy: bool
     """Remove the RDMA packages glm-infra installed on destroy. Default: True."""
+    disable_acs: bool
+    """Turn PCIe ACS off on the switch ports between each GPU and its nearest compute NIC (setpci), now and at every boot (glm-infra-acs.service): with it on, GPUDirect RDMA goes up to the root complex or is refused, and the nic-affinity step fails naming the port. Off: the step only checks. Taking it away leaves ACS off until the next boot. Default: False."""
 
 
 class NixlInput(TypedDict, total=False):
@@ -341,6 +343,10 @@ class NixlInput(TypedDict, total=False):
 
     ucx_tls: str
     """UCX_TLS for NIXL. Default: 'rc,cuda_copy,cuda_ipc'."""
+    nic_per_rank: bool
+    """Each rank's KV traffic on the compute NIC nearest its GPU: vLLM's VLLM_GPU_NIC_PCIE_MAPPING, read from each host's nvidia-smi topo -m by the nic-affinity step, instead of every compute NIC for every rank (UCX_NET_DEVICES). Needs rdma.stack doca-ofed (ibdev2netdev). Default: True."""
+    max_nic_distance: str
+    """How far (nvidia-smi topo -m) a GPU's nearest compute NIC may be: a GPU farther fails the nic-affinity step and doctor. PXB: behind the same PCIe switch (HGX B300's ConnectX-8). Default: 'PXB'."""
 
 
 class MonitoringInput(TypedDict, total=False):

@@ -8,7 +8,7 @@ real values inside Pulumi (``Step.secret_render``).
 Step keys per host, in the order the steps run:
 
     preflight, <host files>, turn-acquire (local), host-drain, drivers-install, drivers-reboot,
-    drivers-wait (local), drivers-back, firewall, health-gate, rdma, ucx-env, host-return, turn-release (local),
+    drivers-wait (local), drivers-back, firewall, health-gate, rdma, nic-affinity, ucx-env, host-return, turn-release (local),
     facts, runtime, vllm-placement (what a re-laid-out pool moves off the host, before its instances start),
     weights-hf-cli (the seed, from the hub), weights-stage (serving the host's relay children while it runs),
     <instance>-unit, <instance>-service, <instance>-rollout, <instance>-stop, prune-weights,
@@ -79,6 +79,8 @@ def host_steps(stack: StackConfig, plan: Plan, h: HostPlan, secrets: Mapping[str
         around += [wall] if wall else []  # after the driver step: it adds the repository nftables may come from
         around.append(fabric.health_gate_step(stack, h))
         around.append(rdma.rdma_step(stack, h))
+        affinity = nixl.nic_affinity_step(stack, h)
+        around += [affinity] if affinity else []
         around.append(nixl.ucx_env_step(stack, h))
         before, after = roll.roll_steps(stack, plan, h, stack_name, around)
         steps += [*before, *around, *after]

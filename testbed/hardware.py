@@ -24,6 +24,8 @@ TOOLS = {
     "ib_write_bw": DEBS / "doca-ofed/usr/bin/ib_write_bw",
     "ibstat": DEBS / "infiniband-diags/usr/sbin/ibstat",
     "nv-fabricmanager": DEBS / "nvidia-fabricmanager/usr/bin/nv-fabricmanager",
+    "lspci": DEBS / "pciutils/usr/bin/lspci",
+    "setpci": DEBS / "pciutils/usr/bin/setpci",
 }
 
 

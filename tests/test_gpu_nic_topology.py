@@ -77,3 +77,65 @@ def test_unreadable_output_is_an_error_naming_what_is_wrong():
                     for line in B300.read_text().splitlines())
     with pytest.raises(ValueError, match="GPU3: .* cells for 17 columns"):
         hostcheck.parse_topo_m(cut)
+
+
+# --- each GPU's NIC, for vLLM's VLLM_GPU_NIC_PCIE_MAPPING ----------------------------------------------
+
+RDMA = FIXTURES / "rdma"
+
+
+def test_pci_addresses_are_written_as_vllm_and_sysfs_write_them():
+    assert hostcheck.normalize_bdf("00000000:1A:00.0") == "0000:1a:00.0"  # nvidia-smi's 8-digit domain
+    assert hostcheck.normalize_bdf("1a:00.0") == "0000:1a:00.0"  # lspci without -D
+    assert hostcheck.normalize_bdf("0001:C4:00.1") == "0001:c4:00.1"
+    for bad in ("1a:00", "0000:1a:00.8", "GPU0", ""):
+        with pytest.raises(ValueError, match="not a PCI address"):
+            hostcheck.normalize_bdf(bad)
+
+
+def test_ibdev2netdev_gives_each_rdma_device_its_pci_address():
+    assert hostcheck.parse_ibdev2netdev((RDMA / "ibdev2netdev-v-1.txt").read_text()) == {
+        "mlx5_0": "0000:01:00.0", "mlx5_1": "0000:41:00.0", "mlx5_2": "0000:8f:00.0", "mlx5_3": "0000:c4:00.0"}
+    vfs = hostcheck.parse_ibdev2netdev((RDMA / "ibdev2netdev-v-2.txt").read_text())
+    assert vfs["mlx5_1"] == "0000:81:00.0" and vfs["mlx5_4"] == "0000:02:00.3" and len(vfs) == 5
+    assert hostcheck.parse_ibdev2netdev("mlx5_0 port 1 ==> ib0 (Up)\n") == {}, "the short form has no address"
+
+
+def b300_inputs():
+    topo = hostcheck.parse_topo_m(B300.read_text())
+    gpus = {g: f"0000:{bus:02x}:00.0" for g, bus in enumerate((0x1A, 0x3C, 0x62, 0x73, 0x9A, 0xBC, 0xDF, 0xF0))}
+    nics = {f"mlx5_{10 + g}": f"0000:{bus - 2:02x}:00.0" for g, bus in enumerate((0x1A, 0x3C, 0x62, 0x73, 0x9A, 0xBC,
+                                                                                0xDF, 0xF0))}
+    return topo, gpus, nics, [f"mlx5_{i}" for i in range(10, 18)]
+
+
+def test_each_b300_gpu_gets_its_own_nic_in_vllms_pairs():
+    topo, gpus, nics, compute = b300_inputs()
+    nearest, problems = hostcheck.nic_affinity(topo, gpus, nics, compute, "PXB")
+    assert problems == [] and nearest == {g: (f"mlx5_{10 + g}", "PXB") for g in range(8)}
+    env = hostcheck.nic_affinity_env(nearest, gpus, nics, "b300-1")
+    assert env.splitlines()[-1] == ("VLLM_GPU_NIC_PCIE_MAPPING=0000:1a:00.0=0000:18:00.0,0000:3c:00.0=0000:3a:00.0,"
+                                    "0000:62:00.0=0000:60:00.0,0000:73:00.0=0000:71:00.0,0000:9a:00.0=0000:98:00.0,"
+                                    "0000:bc:00.0=0000:ba:00.0,0000:df:00.0=0000:dd:00.0,0000:f0:00.0=0000:ee:00.0")
+    assert "#   GPU 3 0000:73:00.0 -> mlx5_13 0000:71:00.0 (PXB)" in env
+    # Only PIX is asked for: every GPU fails, each named with its address and the key.
+    _, problems = hostcheck.nic_affinity(topo, gpus, nics, compute, "PIX")
+    assert len(problems) == 8 and problems[3] == (
+        "affinity", "GPU 3 (0000:73:00.0): its nearest compute NIC mlx5_13 is at PXB, farther than PIX "
+                    "(nixl.maxNicDistance): its rank's KV traffic would cross the host bridge")
+
+
+def test_a_gpu_without_a_near_compute_nic_fails_and_what_is_missing_is_named():
+    topo, gpus, nics, compute = b300_inputs()
+    # Only the bond (a management link here): every GPU is a host bridge or a socket away from it.
+    _, problems = hostcheck.nic_affinity(topo, gpus, {"mlx5_bond_0": "0000:aa:00.0"}, ["mlx5_bond_0"], "PXB")
+    assert [p[1].split("): ")[0] + ")" for p in problems] == [f"GPU {g} ({gpus[g]})" for g in range(8)]
+    assert "mlx5_bond_0 is at SYS" in problems[0][1] and "mlx5_bond_0 is at NODE" in problems[7][1]
+    _, problems = hostcheck.nic_affinity(topo, gpus, nics, ["mlx5_0"], "PXB")
+    assert problems[0] == ("affinity", "GPU 0: none of the compute NICs (mlx5_0) is in nvidia-smi topo -m")
+    _, problems = hostcheck.nic_affinity(topo, {g: b for g, b in gpus.items() if g != 5}, {
+        n: b for n, b in nics.items() if n != "mlx5_12"}, compute, "PXB")
+    assert problems == [("affinity", "mlx5_12: ibdev2netdev -v gives no PCI address"),
+                        ("affinity", "GPU 5: nvidia-smi --query-gpu gives no PCI address")]
+    _, problems = hostcheck.nic_affinity({g: r for g, r in topo.items() if g != 7}, gpus, nics, compute, "PXB")
+    assert problems == [("affinity", "GPU 7 is not in nvidia-smi topo -m")]

@@ -1314,3 +1314,98 @@ def test_the_gpu_summary_says_what_it_read_even_of_odd_rows():
     query = "index, name, driver_version\n0, NVIDIA B300, 580.159.04\n1, NVIDIA B300, 580.172.08\n"
     assert hc.gpu_summary(query, "", "", False) == "2 × NVIDIA B300, driver 580.159.04, 580.172.08; 0 pending row remaps on 0 GPUs"
     assert hc.gpu_summary("index\n0\n", "", "", False) == "1 × ?, driver ?; 0 pending row remaps on 0 GPUs"
+
+
+# --- nic-affinity: each GPU's nearest compute NIC into vLLM's EnvironmentFile ------------------------
+
+
+def affinity(monkeypatch, sim, capsys, env_file, *extra, fail: dict | None = None) -> tuple[int, str, str]:
+    """hostcheck.py nic-affinity on the stand-in tools (``fail``: a tool's (rc, output) instead)."""
+
+    def run(cmd: list[str]) -> tuple[int, str]:
+        if tuple(cmd) in (fail or {}):
+            return fail[tuple(cmd)]
+        r = sim.run(cmd[0], *cmd[1:])
+        return r.returncode, (r.stdout if r.returncode == 0 else r.stdout + r.stderr).strip()
+
+    monkeypatch.setattr(hc, "_run", run)
+    rc = hc.main(["nic-affinity", "--host", "sim-1", "--gpus", "8", "--nics", ",".join(f"mlx5_{i}" for i in range(8)),
+                  "--max-distance", "PXB", "--env-file", str(env_file), *extra])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_nic_affinity_writes_each_gpus_own_nic_once_and_checks_it(monkeypatch, sim, capsys, tmp_path):
+    env = tmp_path / "nic-affinity.env"
+    rc, out, err = affinity(monkeypatch, sim, capsys, env, "--check")
+    assert rc == 1 and f"sim-1: affinity: {env}: No such file or directory" in err and not env.exists()
+    rc, out, err = affinity(monkeypatch, sim, capsys, env)
+    assert rc == 0 and err == "" and out.startswith("sim-1: nearest NICs (GPU 0 0000:1a:00.0 -> mlx5_0 0000:18:00.0 (PXB);")
+    assert out.endswith("(PXB)); ACS off on the 16 switch ports between them\n")
+    text = env.read_text()
+    assert text.splitlines()[-1].startswith("VLLM_GPU_NIC_PCIE_MAPPING=0000:1a:00.0=0000:18:00.0,0000:3c:00.0=")
+    assert len(text.splitlines()[-1].split(",")) == 8 and oct(env.stat().st_mode & 0o777) == "0o644"
+    written = env.stat().st_mtime_ns
+    assert affinity(monkeypatch, sim, capsys, env)[0] == 0 and env.stat().st_mtime_ns == written, "unchanged: untouched"
+    assert affinity(monkeypatch, sim, capsys, env, "--check")[0] == 0
+    # A NIC moved to the other socket: the check says the file is stale, apply refuses and keeps it.
+    sim.fault(NIC_DISTANCE="3:SYS")
+    rc, out, err = affinity(monkeypatch, sim, capsys, env)
+    assert rc == 1 and out == "" and env.read_text() == text
+    assert err == ("sim-1: affinity: GPU 3 (0000:73:00.0): its nearest compute NIC mlx5_0 is at NODE, farther than PXB "
+                   "(nixl.maxNicDistance): its rank's KV traffic would cross the host bridge\n")
+    sim.fault(NIC_DISTANCE="3:PIX")
+    rc, out, err = affinity(monkeypatch, sim, capsys, env, "--check")
+    assert rc == 1 and "no longer matches the GPUs' nearest NICs" in err
+
+
+@pytest.mark.parametrize("tool, answer, says", [
+    (("ibdev2netdev", "-v"), (127, "ibdev2netdev: not installed"),
+     "ibdev2netdev -v failed (exit 127): ibdev2netdev: not installed"),
+    (("nvidia-smi", "topo", "-m"), (0, ""), "nvidia-smi topo -m printed nothing"),
+    (("nvidia-smi", "topo", "-m"), (0, "No devices were found\n"), "cannot read nvidia-smi: no header row"),
+])
+def test_nic_affinity_fails_closed_on_a_tool_it_cannot_read(monkeypatch, sim, capsys, tmp_path, tool, answer, says):
+    env = tmp_path / "nic-affinity.env"
+    rc, out, err = affinity(monkeypatch, sim, capsys, env, fail={tool: answer})
+    assert rc == 1 and says in err and not env.exists()
+
+
+def test_acs_on_between_a_gpu_and_its_nic_fails_unless_turned_off(monkeypatch, sim, capsys, tmp_path):
+    env = tmp_path / "nic-affinity.env"
+    sim.fault(PCIE_ACS_ON="1 6")
+    rc, out, err = affinity(monkeypatch, sim, capsys, env)
+    assert rc == 1 and not env.exists() and err.count("sim-1: acs: ") == 4
+    assert "sim-1: acs: 0000:39:01.0 (PCI bridge: " in err and "between GPU 1 (0000:3c:00.0) and mlx5_1" in err
+    rc, out, err = affinity(monkeypatch, sim, capsys, env, "--acs", "disable", "--check")
+    assert rc == 1 and err.count("sim-1: acs: ") == 4 and not (sim.root / "run/glm-sim/acs-off").exists(), \
+        "check changes nothing"
+    rc, out, err = affinity(monkeypatch, sim, capsys, env, "--acs", "disable")
+    assert rc == 0 and err == "" and out.endswith("; ACS turned off on 4 of the 16 switch ports between them\n")
+    assert sorted((sim.root / "run/glm-sim/acs-off").read_text().split()) == [
+        "0000:39:00.0", "0000:39:01.0", "0000:dc:00.0", "0000:dc:01.0"]
+    rc, out, err = affinity(monkeypatch, sim, capsys, env, "--check")
+    assert rc == 0 and out.endswith("; ACS off on the 16 switch ports between them\n")
+    # setpci refused (not root, say): named, and nothing written.
+    env.unlink()
+    (sim.root / "run/glm-sim/acs-off").unlink()
+    rc, out, err = affinity(monkeypatch, sim, capsys, env, "--acs", "disable", fail={
+        ("setpci", "-s", "0000:39:00.0", "ECAP_ACS+0x6.w=0000"): (1, "setpci: Unable to write: Permission denied")})
+    assert rc == 1 and not env.exists()
+    assert err == ("sim-1: acs: setpci -s 0000:39:00.0 ECAP_ACS+0x6.w=0000 failed (exit 1): setpci: Unable to write: "
+                   "Permission denied\n")
+
+
+def test_a_gpu_off_the_bus_writes_no_pairs_and_boot_leaves_the_file_alone(monkeypatch, sim, capsys, tmp_path):
+    env = tmp_path / "nic-affinity.env"
+    assert affinity(monkeypatch, sim, capsys, env)[0] == 0
+    pairs = env.read_text()
+    sim.fault(GPU_COUNT="7")
+    for extra in ((), ("--acs-only",), ("--check",)):
+        rc, out, err = affinity(monkeypatch, sim, capsys, env, *extra)
+        assert rc == 1 and err == "sim-1: affinity: 7 GPUs visible, stack expects 8\n" and env.read_text() == pairs
+    # At boot (--acs-only) ACS is turned off and the file neither written nor compared.
+    sim.fault(PCIE_ACS_ON="4", NIC_DISTANCE="")
+    env.write_text("stale\n")
+    rc, out, err = affinity(monkeypatch, sim, capsys, env, "--acs", "disable", "--acs-only")
+    assert rc == 0 and "ACS turned off on 2 of the 16" in out and env.read_text() == "stale\n"

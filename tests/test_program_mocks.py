@@ -11,6 +11,7 @@ from conftest import PROD_STACKS, stack_file
 from pulumi_harness import leaks, run_program, secret_fields
 
 from glm_infra.plan.topology import plan
+from glm_infra.roles import nixl
 from glm_infra.spec.config import SECRET_PATHS
 from glm_infra.stack import load_file
 
@@ -41,7 +42,9 @@ def _expected_commands(stack: str) -> int:
     cfg = load_file(stack_file(stack)).config
     monitoring = len(p.hosts) + (len(p.serving_hosts) if cfg.drivers.mode == "install" else 0) + 2
     firewall = len(p.hosts) if cfg.firewall.enabled else 0  # the nftables step on every host
-    return (len(p.serving_hosts) * per_serving_host + router_only + bare + len(p.instances) * per_instance + router
+    # With nixl.nicPerRank, each serving host with compute NICs writes each GPU's nearest one (nic-affinity).
+    affinity = sum(1 for h in p.serving_hosts if nixl.per_rank(cfg, h.name))
+    return (len(p.serving_hosts) * per_serving_host + affinity + router_only + bare + len(p.instances) * per_instance + router
             + weights + monitoring + firewall)
 
 
@@ -62,9 +65,10 @@ def test_resource_tree(stack, key_file):
     assert key.inputs["logging"] == "none"
     assert types.count("glm-infra:index:Drivers") == len(p.serving_hosts)
     runtimes = len({h.name for h in p.hosts if h.instances or h.runs_router})
-    # Per serving host: the health gate, RDMA and the UCX env file; per host that runs anything: the runtime
-    # and the placement; per host: the firewall.
-    assert types.count("glm-infra:index:HostStep") == 3 * len(p.serving_hosts) + 2 * runtimes + len(p.hosts)
+    # Per serving host: the health gate, RDMA, the nearest NICs (nixl.nicPerRank) and the UCX env file; per
+    # host that runs anything: the runtime and the placement; per host: the firewall.
+    affinity = sum(1 for h in p.serving_hosts if nixl.per_rank(load_file(stack_file(stack)).config, h.name))
+    assert types.count("glm-infra:index:HostStep") == 3 * len(p.serving_hosts) + affinity + 2 * runtimes + len(p.hosts)
     # Every resource hangs under the cluster; names carry their parent's name.
     cluster = run.get("glm")
     for r in run.resources:
@@ -130,7 +134,8 @@ def test_host_chain_order(key_file):
     needs(f"{h}-drivers-back", f"{h}-drivers-wait")
     needs(f"{h}-health-gate", f"{h}-drivers-back")
     needs(f"{h}-rdma-setup", f"{h}-health-gate")
-    needs(f"{h}-nixl-ucx-env", f"{h}-rdma-setup")
+    needs(f"{h}-nic-affinity-pairs", f"{h}-rdma-setup")
+    needs(f"{h}-nixl-ucx-env", f"{h}-nic-affinity-pairs")
     needs(f"{h}-host-return", f"{h}-nixl-ucx-env")
     needs(f"{h}-turn-release", f"{h}-host-return")
     needs(f"{h}-runtime-venv", f"{h}-turn-release")

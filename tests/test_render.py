@@ -282,7 +282,7 @@ def test_render_refuses_to_clobber(tmp_path, capsys):
 def test_template_errors_are_strict():
     import jinja2
 
-    with pytest.raises(jinja2.UndefinedError, match="'nixl' is undefined"):
+    with pytest.raises(jinja2.UndefinedError, match="'per_rank' is undefined"):
         render.render_template("ucx.env.j2", host={"name": "h", "compute_nics": []})
 
 

@@ -12,6 +12,13 @@ glm-infra installs this file on every host and runs it from the preflight and he
                                                  exit 1 with one "NAME: check: problem" line per failure;
                                                  a tool that fails, prints nothing or does not answer
                                                  within its limit (TOOL_TIMEOUT_S) is a failure
+    hostcheck.py nic-affinity --host NAME --gpus N --nics mlx5_0,... --max-distance PXB --env-file F
+                        [--acs check|disable] [--check | --acs-only]
+                                                 each GPU's nearest compute NIC (nvidia-smi topo -m,
+                                                 ibdev2netdev -v) as vLLM's VLLM_GPU_NIC_PCIE_MAPPING
+                                                 in F; exit 1 when one is farther than the distance,
+                                                 or when PCIe ACS is on between a GPU and its NIC
+                                                 (lspci -D -vvv; --acs disable turns it off: setpci)
 
 The parsers read what ``nvidia-smi``, ``ibv_devinfo [-v]``, ``show_gids`` and ``ibstat`` print; tests
 run them on captures from real machines (tests/fixtures).
@@ -36,6 +43,7 @@ QUERY_FIELDS = "index,name,uuid,pci.bus_id,driver_version,memory.total,compute_c
 # the step's own timeout. nvidia-smi answers in seconds (its first call after a boot initialises
 # every GPU, which takes longer); the RDMA tools read sysfs.
 TOOL_TIMEOUT_S: dict[str, float] = {"nvidia-smi": 60, "ibv_devinfo": 30, "show_gids": 30, "ibstat": 30,
+                                    "ibdev2netdev": 30, "lspci": 60, "setpci": 30,
                                     "systemd-detect-virt": 10}
 TIMED_OUT = 124  # the exit status of a tool stopped at its limit, as coreutils' timeout reports it
 REAP_S = 5  # how long a killed tool may take to go (one stuck in the driver goes only when it leaves it)
@@ -192,10 +200,11 @@ def parse_acs_flags(line: str) -> dict[str, bool]:
     return {name: sign == "+" for name, sign in re.findall(r"([A-Za-z]+)([+-])", flags)}
 
 
-def parse_lspci_acs(text: str) -> dict[str, dict]:
-    """``lspci -vvv``: {device (with its domain, 0000:03:08.0): {"description", "acs_cap", "acs_ctl"}}
-    for each device with an Access Control Services capability. Tabs or spaces before the fields, as
-    pciutils prints them or a paste leaves them."""
+def parse_lspci(text: str) -> dict[str, dict]:
+    """``lspci -vvv`` (``-D`` or not): {device (with its domain, 0000:03:08.0): {"description"; for a
+    bridge "secondary" and "subordinate" (its bus range); with an ACS capability "acs_cap" and "acs_ctl";
+    "denied" when lspci could not read its capabilities (not root)}}. Tabs or spaces before the fields,
+    as pciutils prints them or a paste leaves them."""
     out: dict[str, dict] = {}
     current: dict | None = None
     for line in text.splitlines():
@@ -206,14 +215,132 @@ def parse_lspci_acs(text: str) -> dict[str, dict]:
             out[bdf] = current
             continue
         field = line.strip()
-        if current is not None and field.startswith(("ACSCap:", "ACSCtl:")):
+        if current is None:
+            continue
+        if field.startswith(("ACSCap:", "ACSCtl:")):
             current["acs_cap" if field.startswith("ACSCap:") else "acs_ctl"] = parse_acs_flags(field)
-    return {bdf: d for bdf, d in out.items() if "acs_ctl" in d}
+        elif field.startswith("Bus: primary="):
+            bus = dict(re.findall(r"(secondary|subordinate)=([0-9a-fA-F]+)", field))
+            current["secondary"], current["subordinate"] = int(bus["secondary"], 16), int(bus["subordinate"], 16)
+        elif field == "Capabilities: <access denied>":
+            current["denied"] = True
+    return out
+
+
+def parse_lspci_acs(text: str) -> dict[str, dict]:
+    """The devices of ``parse_lspci`` with an Access Control Services capability."""
+    return {bdf: d for bdf, d in parse_lspci(text).items() if "acs_ctl" in d}
+
+
+def pci_ancestors(devices: dict[str, dict], bdf: str) -> list[str]:
+    """The bridges above ``bdf`` (its bus in their secondary..subordinate range), nearest first."""
+    domain, bus = bdf[:4], int(bdf[5:7], 16)
+    above = [(d["subordinate"] - d["secondary"], b) for b, d in devices.items()
+             if b != bdf and b[:4] == domain and "secondary" in d and d["secondary"] <= bus <= d["subordinate"]]
+    return [b for _, b in sorted(above)]
+
+
+def bridges_between(devices: dict[str, dict], a: str, b: str) -> list[str]:
+    """The bridges peer-to-peer traffic between ``a`` and ``b`` crosses below where their paths meet:
+    the downstream ports of the switch (or switches) they share, where ACS would redirect it upward."""
+    up_a, up_b = pci_ancestors(devices, a), pci_ancestors(devices, b)
+    return [x for x in up_a if x not in up_b] + [x for x in up_b if x not in up_a]
 
 
 def acs_blocking(acs_ctl: dict[str, bool]) -> list[str]:
     """The ACS controls on that would block or reroute GPU-NIC peer-to-peer traffic."""
     return [f for f in ACS_BLOCKING if acs_ctl.get(f)]
+
+
+def normalize_bdf(text: str) -> str:
+    """A PCI address as vLLM and sysfs write it: a 4-digit domain, lower case (nvidia-smi prints
+    ``00000000:1A:00.0``, lspci ``1a:00.0`` without a domain)."""
+    m = re.fullmatch(r"(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])", text.strip())
+    if not m:
+        raise ValueError(f"not a PCI address: {text!r}")
+    domain = int(m.group(1) or "0", 16)
+    return f"{domain:04x}:{m.group(2)}:{m.group(3)}.{m.group(4)}".lower()
+
+
+def parse_gpu_bus_ids(text: str) -> dict[int, str]:
+    """``nvidia-smi --query-gpu=index,pci.bus_id --format=csv,noheader``: {GPU index: PCI address}."""
+    out: dict[int, str] = {}
+    for line in text.splitlines():
+        if line.strip():
+            index, _, bus_id = line.partition(",")
+            out[int(index)] = normalize_bdf(bus_id)
+    return out
+
+
+def parse_ibdev2netdev(text: str) -> dict[str, str]:
+    """``ibdev2netdev -v`` (DOCA-OFED): {RDMA device: its PCI address}."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        m = re.match(r"^\s*((?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+(\S+)\s", line)
+        if m:
+            out[m.group(2)] = normalize_bdf(m.group(1))
+    return out
+
+
+def nic_affinity(topo: dict[int, dict[str, str]], gpu_bdfs: dict[int, str], nic_bdfs: dict[str, str],
+                 nics: list[str], max_distance: str) -> tuple[dict[int, tuple[str, str]], list[Problem]]:
+    """Each GPU's nearest compute NIC (``nearest_nics`` among ``nics``) and what keeps a GPU's rank from
+    one at ``max_distance`` or nearer: no compute NIC in the matrix, a farther one, a GPU or NIC whose
+    PCI address is unknown, a GPU the matrix leaves out."""
+    problems: list[Problem] = []
+    nearest = nearest_nics(topo, nics)
+    for gpu in sorted(set(gpu_bdfs) | set(topo)):
+        if gpu not in topo:
+            problems.append(("affinity", f"GPU {gpu} is not in nvidia-smi topo -m"))
+            continue
+        if gpu not in gpu_bdfs:
+            problems.append(("affinity", f"GPU {gpu}: nvidia-smi --query-gpu gives no PCI address"))
+        if gpu not in nearest:
+            problems.append(("affinity", f"GPU {gpu}: none of the compute NICs ({', '.join(nics)}) is in "
+                                         "nvidia-smi topo -m"))
+            continue
+        nic, level = nearest[gpu]
+        if TOPO_LEVELS.index(level) > TOPO_LEVELS.index(max_distance):
+            problems.append(("affinity", f"GPU {gpu} ({gpu_bdfs.get(gpu, '?')}): its nearest compute NIC {nic} is "
+                                         f"at {level}, farther than {max_distance} (nixl.maxNicDistance): its rank's "
+                                         "KV traffic would cross the host bridge"))
+        if nic not in nic_bdfs:
+            problems.append(("affinity", f"{nic}: ibdev2netdev -v gives no PCI address"))
+    return nearest, problems
+
+
+def nic_affinity_env(nearest: dict[int, tuple[str, str]], gpu_bdfs: dict[int, str], nic_bdfs: dict[str, str],
+                     host: str) -> str:
+    """The EnvironmentFile vLLM's units read: vLLM 0.33's GPU-to-NIC pairs (vllm/v1/executor/
+    vllm_net_devices.py; docs/research/vllm-0.33-nic-per-rank.md), one per GPU, nearest first."""
+    pairs = ",".join(f"{gpu_bdfs[g]}={nic_bdfs[nic]}" for g, (nic, _) in sorted(nearest.items()))
+    lines = [f"# Managed by glm-infra: each GPU of {host} and its nearest compute NIC (nvidia-smi topo -m):"]
+    lines += [f"#   GPU {g} {gpu_bdfs[g]} -> {nic} {nic_bdfs[nic]} ({level})" for g, (nic, level) in sorted(nearest.items())]
+    return "\n".join(lines + [f"VLLM_GPU_NIC_PCIE_MAPPING={pairs}"]) + "\n"
+
+
+def acs_problems(devices: dict[str, dict], pairs: list[tuple[int, str, str, str]]) -> tuple[dict[str, list[str]], list[Problem]]:
+    """({bridge: the ACS controls on that block}, problems) for each (GPU, its address, its NIC, the NIC's
+    address) of ``pairs``, from ``parse_lspci``: a GPU or NIC lspci does not list, a bridge on the way
+    whose capabilities lspci could not read, a bridge with ACS controls on that would send GPUDirect RDMA
+    between them up to the root complex (or refuse it). Fails closed: what cannot be read is a problem."""
+    blocking: dict[str, list[str]] = {}
+    problems: list[Problem] = []
+    for gpu, gpu_bdf, nic, nic_bdf in pairs:
+        missing = [f"{what} {bdf}" for what, bdf in ((f"GPU {gpu}", gpu_bdf), (nic, nic_bdf)) if bdf not in devices]
+        if missing:
+            problems.append(("acs", f"lspci -vvv does not list {' or '.join(missing)}"))
+            continue
+        for bridge in bridges_between(devices, gpu_bdf, nic_bdf):
+            d = devices[bridge]
+            if d.get("denied"):
+                problems.append(("acs", f"{bridge}: lspci cannot read its capabilities (not run as root?)"))
+            elif acs_blocking(d.get("acs_ctl", {})):
+                blocking[bridge] = acs_blocking(d["acs_ctl"])
+                problems.append(("acs", f"{bridge} ({d['description']}) has ACS {', '.join(blocking[bridge])} on, "
+                                        f"between GPU {gpu} ({gpu_bdf}) and {nic} ({nic_bdf}): GPUDirect RDMA between "
+                                        "them goes up to the root complex or is refused (rdma.disableAcs turns it off)"))
+    return blocking, list(dict.fromkeys(problems))
 
 
 def parse_ibv_devinfo(text: str) -> dict[str, dict]:
@@ -677,6 +804,98 @@ def health(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def _affinity(args: argparse.Namespace) -> tuple[str | None, list[Problem], str]:
+    """(the env file's text, problems, what the ACS check read) from the host's own tools; any that
+    fails is the problem."""
+    nics = args.nics.split(",")
+    results = {name: _run(cmd) for name, cmd in (
+        ("nvidia-smi topo -m", ["nvidia-smi", "topo", "-m"]),
+        ("nvidia-smi --query-gpu=index,pci.bus_id", ["nvidia-smi", "--query-gpu=index,pci.bus_id",
+                                                     "--format=csv,noheader"]),
+        ("ibdev2netdev -v", ["ibdev2netdev", "-v"]))}
+    problems = [p for name, (rc, out) in results.items() for p in [tool_problem("affinity", name, rc, out)] if p]
+    if problems:
+        return None, problems, ""
+    try:
+        topo = parse_topo_m(results["nvidia-smi topo -m"][1])
+        gpu_bdfs = parse_gpu_bus_ids(results["nvidia-smi --query-gpu=index,pci.bus_id"][1])
+    except ValueError as e:
+        return None, [("affinity", f"cannot read nvidia-smi: {e}")], ""
+    if len(gpu_bdfs) != args.gpus:  # a GPU off the bus: no pairs without it (nor ACS turned off for it)
+        return None, [("affinity", f"{len(gpu_bdfs)} GPUs visible, stack expects {args.gpus}")], ""
+    nic_bdfs = parse_ibdev2netdev(results["ibdev2netdev -v"][1])
+    nearest, problems = nic_affinity(topo, gpu_bdfs, nic_bdfs, nics, args.max_distance)
+    if problems:
+        return None, problems, ""
+    pairs = [(g, gpu_bdfs[g], nic, nic_bdfs[nic]) for g, (nic, _) in sorted(nearest.items())]
+    acs, problems = _acs(args, pairs)
+    return (None if problems else nic_affinity_env(nearest, gpu_bdfs, nic_bdfs, args.host)), problems, acs
+
+
+def _lspci() -> tuple[dict[str, dict] | None, list[Problem]]:
+    rc, text = _run(["lspci", "-D", "-vvv"])
+    problem = tool_problem("acs", "lspci -D -vvv", rc, text)
+    return (None, [problem]) if problem else (parse_lspci(text), [])
+
+
+def _acs(args: argparse.Namespace, pairs: list[tuple[int, str, str, str]]) -> tuple[str, list[Problem]]:
+    """What the ACS check read (or turned off), and its problems: ACS controls on between a GPU and its
+    NIC fail unless --acs disable turns them off (setpci, as NVIDIA's NCCL guide does: ECAP_ACS+0x6.w=0000,
+    the ACS Control register zeroed), which holds until the next boot."""
+    devices, problems = _lspci()
+    if devices is None:
+        return "", problems
+    blocking, problems = acs_problems(devices, pairs)
+    turned_off = []
+    if blocking and args.acs == "disable" and not args.check:
+        for bridge in blocking:
+            rc, out = _run(["setpci", "-s", bridge, "ECAP_ACS+0x6.w=0000"])
+            if rc != 0:
+                return "", [("acs", f"setpci -s {bridge} ECAP_ACS+0x6.w=0000 failed (exit {rc}): "
+                                    f"{_first_line(out) or 'no output'}")]
+            turned_off.append(bridge)
+        devices, problems = _lspci()  # read back: what setpci wrote is what counts
+        if devices is None:
+            return "", problems
+        _, problems = acs_problems(devices, pairs)
+    ports = sorted({b for _, g, _, n in pairs for b in bridges_between(devices, g, n)})
+    if turned_off:
+        return f"ACS turned off on {len(turned_off)} of the {len(ports)} switch ports between them", problems
+    return f"ACS off on the {len(ports)} switch ports between them", problems
+
+
+def affinity(args: argparse.Namespace) -> int:
+    """Each GPU's nearest compute NIC written to (or, with --check, compared with) --env-file; exit 1
+    with one line per problem, and then the file is left as it was."""
+    text, problems, acs = _affinity(args)
+    if text is not None and args.check and not args.acs_only:
+        try:
+            current = open(args.env_file).read()
+        except OSError as e:
+            current = None
+            problems = [("affinity", f"{args.env_file}: {e.strerror or e}")]
+        if current is not None and current != text:
+            problems = [("affinity", f"{args.env_file} no longer matches the GPUs' nearest NICs (apply writes it again)")]
+    for check, problem in problems:
+        print(f"{args.host}: {check}: {problem}", file=sys.stderr)
+    if problems or text is None:
+        return 1
+    if not args.check and not args.acs_only:
+        try:
+            changed = open(args.env_file).read() != text
+        except OSError:
+            changed = True
+        if changed:  # whole or not at all: a unit starting now reads the old file or the new one
+            tmp = f"{args.env_file}.tmp"
+            with open(tmp, "w") as out:
+                out.write(text)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, args.env_file)
+    pairs = [line[2:].strip() for line in text.splitlines() if line.startswith("#   ")]
+    print(f"{args.host}: nearest NICs ({'; '.join(pairs)}); {acs}")
+    return 0
+
+
 def _version_tuple(v: str) -> tuple[int, ...] | None:
     parts = re.findall(r"\d+", v)[:2]
     return tuple(int(x) for x in parts) if len(parts) == 2 else None
@@ -757,6 +976,17 @@ def parser() -> argparse.ArgumentParser:
     h.add_argument("--link-layer", choices=["Ethernet", "InfiniBand"])
     h.add_argument("--mtu", type=int)
     h.add_argument("--gid-index", type=int)
+    a = sub.add_parser("nic-affinity", help="each GPU's nearest compute NIC, into vLLM's EnvironmentFile")  # pragma: no mutate
+    a.add_argument("--host", required=True)
+    a.add_argument("--nics", required=True, help="the compute NICs, comma-separated")  # pragma: no mutate
+    a.add_argument("--max-distance", choices=TOPO_LEVELS, required=True)
+    a.add_argument("--env-file", required=True)
+    a.add_argument("--check", action="store_true", help="compare with --env-file, change nothing")  # pragma: no mutate
+    a.add_argument("--gpus", type=int, required=True, help="GPUs the stack expects on the host")  # pragma: no mutate
+    a.add_argument("--acs-only", action="store_true",
+                   help="only the reading and ACS: neither write nor compare --env-file (at boot)")  # pragma: no mutate
+    a.add_argument("--acs", choices=("check", "disable"), default="check",
+                   help="PCIe ACS between each GPU and its NIC: fail when on, or turn it off (setpci)")  # pragma: no mutate
     return ap
 
 
@@ -768,6 +998,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "preflight":
         return preflight(args)
+    if args.cmd == "nic-affinity":
+        return affinity(args)
     if not args.rdma_only and (args.gpus is None or not args.gpu_model):
         ap.error("health needs --gpus and --gpu-model (or --rdma-only)")
     if args.nics and None in (args.link_layer, args.mtu, args.gid_index):

@@ -87,8 +87,7 @@ class _Deployment(pulumi.ComponentResource):
         secrets = {k: inputs.checked_secret(k, v, source) for k, v in self._split.secrets.items() if k != "private_key"}
         self.secrets: dict[str, pulumi.Output[str]] = secrets
         """The secret values given (router_api_key, hf_token), as secret Outputs."""
-        self._secret_values = pulumi.Output.secret(pulumi.Output.all(**secrets)) if secrets else \
-            pulumi.Output.from_input({})
+        self._secret_values = pulumi.Output.secret(pulumi.Output.all(**secrets)) if secrets else pulumi.Output.from_input({})
         key = self._split.secrets.get("private_key")
         self._private_key = pulumi.Output.secret(key if key is not None else
                                                  _read_key(self._split.private_key_path or "", source))
@@ -185,8 +184,9 @@ class _Deployment(pulumi.ComponentResource):
             gate = self._host_step(f"{name}-{h.name}-health", "gate", conn, s["health-gate"], h.name,
                                    [drivers.ready.stdout], [after_drivers], "Fabric")
             rdma = self._host_step(f"{name}-{h.name}-rdma", "setup", conn, s["rdma"], h.name, [], [gate], "Rdma")
-            previous = self._host_step(f"{name}-{h.name}-nixl", "ucx-env", conn, s["ucx-env"], h.name, [], [rdma],
-                                       "Nixl")
+            kv = self._host_step(f"{name}-{h.name}-nic-affinity", "pairs", conn, s["nic-affinity"], h.name, [],
+                                 [rdma]) if "nic-affinity" in s else rdma  # nixl.nicPerRank: before ucx.env
+            previous = self._host_step(f"{name}-{h.name}-nixl", "ucx-env", conn, s["ucx-env"], h.name, [], [kv], "Nixl")
             if "host-return" in s:
                 # Back in service (healthy in the router), then the turn goes to the next host.
                 back = run_step(f"{name}-{h.name}-host-return", s["host-return"], conn, self,

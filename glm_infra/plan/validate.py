@@ -126,7 +126,10 @@ def _kv_nics(stack: StackConfig) -> list[Problem]:
     return [Problem(key_path("hosts", f"[{i}].computeNics"),
                     f"host {h.name} runs prefill/decode instances, which move the KV cache over RDMA: list its "
                     "compute NICs (never the NVSwitch-management ConnectX)")
-            for i, h in enumerate(stack.hosts) if h.name in kv_hosts and not h.compute_nics]
+            for i, h in enumerate(stack.hosts) if h.name in kv_hosts and not h.compute_nics] + (
+        [Problem(key_path("nixl", ".nicPerRank"), "needs rdma.stack doca-ofed: ibdev2netdev -v gives each compute "
+                                                  "NIC's PCI address (set nixl.nicPerRank: false with the inbox stack)")]
+        if stack.nixl.nic_per_rank and stack.rdma.stack != "doca-ofed" and kv_hosts else [])
 
 
 def _gpu_budget(stack: StackConfig) -> list[Problem]:
@@ -240,7 +243,9 @@ _ENV_OWNERS = {
     "CUDA_VISIBLE_DEVICES": "the plan (GPUs are handed out per instance)",
     "VLLM_NIXL_SIDE_CHANNEL_HOST": "the host's address", "VLLM_NIXL_SIDE_CHANNEL_PORT": "{role}.nixlSideChannelPort",
     "HOME": "runtime.stateDir", "HF_HUB_OFFLINE": "glm-infra (the weights are staged before the instances start)",
-    "UCX_NET_DEVICES": "hosts[].computeNics", "UCX_TLS": "nixl.ucxTls", "UCX_IB_GID_INDEX": "rdma.gidIndex",
+    "UCX_NET_DEVICES": "hosts[].computeNics and nixl.nicPerRank", "UCX_TLS": "nixl.ucxTls",
+    "UCX_IB_GID_INDEX": "rdma.gidIndex", "VLLM_GPU_NIC_PCIE_MAPPING": "nixl.nicPerRank (each host's topology)",
+    "VLLM_NIC_SELECTION_VARS": "nixl.nicPerRank", "CUDA_DEVICE_ORDER": "nixl.nicPerRank",
     "VLLM_API_KEY": "router.apiKey",
 }
 

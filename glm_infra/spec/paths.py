@@ -13,6 +13,7 @@ RUN = "/run/glm-infra"  # what must not (reboot-required markers)
 HOSTCHECK = f"{LIBEXEC}/hostcheck.py"
 WEIGHTS = f"{LIBEXEC}/weights.py"
 UCX_ENV = f"{ETC}/ucx.env"
+NIC_AFFINITY_ENV = f"{ETC}/nic-affinity.env"  # written on the host from its own topology (nixl.nicPerRank)
 VLLM_SECRETS = f"{SECRETS_DIR}/vllm.env"
 ROUTER_SECRETS = f"{SECRETS_DIR}/router.env"
 HF_SECRETS = f"{SECRETS_DIR}/hf.env"

@@ -121,6 +121,11 @@ class RdmaConfig(StrictModel):
         repositories.DOCA_REPOSITORY.keyring_url,
         description="Signing key of the DOCA repository; None means the repository is trusted as is.")
     remove_on_destroy: bool = Field(True, description="Remove the RDMA packages glm-infra installed on destroy.")
+    disable_acs: bool = Field(
+        False, description="Turn PCIe ACS off on the switch ports between each GPU and its nearest compute NIC "
+                           "(setpci), now and at every boot (glm-infra-acs.service): with it on, GPUDirect RDMA goes "
+                           "up to the root complex or is refused, and the nic-affinity step fails naming the port. "
+                           "Off: the step only checks. Taking it away leaves ACS off until the next boot.")
 
     @property
     def packages(self) -> list[str]:
@@ -140,3 +145,10 @@ class NixlConfig(StrictModel):
     """NIXL's transport (UCX) settings on every serving host."""
 
     ucx_tls: str = Field("rc,cuda_copy,cuda_ipc", pattern=r"^[a-z0-9_,]+$", description="UCX_TLS for NIXL.")
+    nic_per_rank: bool = Field(
+        True, description="Each rank's KV traffic on the compute NIC nearest its GPU: vLLM's VLLM_GPU_NIC_PCIE_MAPPING, "
+                          "read from each host's nvidia-smi topo -m by the nic-affinity step, instead of every "
+                          "compute NIC for every rank (UCX_NET_DEVICES). Needs rdma.stack doca-ofed (ibdev2netdev).")
+    max_nic_distance: Literal["PIX", "PXB", "PHB", "NODE", "SYS"] = Field(
+        "PXB", description="How far (nvidia-smi topo -m) a GPU's nearest compute NIC may be: a GPU farther fails the "
+                           "nic-affinity step and doctor. PXB: behind the same PCIe switch (HGX B300's ConnectX-8).")

@@ -147,6 +147,21 @@ def boot_id(host: str) -> str:
     return on_host(host, "cat /proc/sys/kernel/random/boot_id").strip()
 
 
+def reboot(host: str, ready, what: str, within: float = 180) -> None:
+    """Reboot ``host`` and wait until it is back (a new boot id) and ``ready()`` holds."""
+    was = boot_id(host)
+    on_host(host, "systemctl reboot", check=False)
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            if boot_id(host) != was and ready():
+                return
+        except AssertionError:  # not answering SSH yet
+            pass
+        assert time.monotonic() < deadline, what
+        time.sleep(2)
+
+
 def active_since(host: str, unit: str) -> int:
     """Monotonic µs since boot when ``unit`` became active (0: not since this boot)."""
     return int(on_host(host, f"systemctl show -p ActiveEnterTimestampMonotonic --value {unit}").strip() or 0)
@@ -155,6 +170,8 @@ def active_since(host: str, unit: str) -> int:
 def test_a_half_failed_first_up_then_destroy_twice_leaves_clean_hosts(stack, tmp_path):
     stack.config_set("glm-infra:ssh.dialAttempts", str(DIAL_ATTEMPTS))
     stack.config_set("glm-infra:ssh.dialTimeout", str(DIAL_TIMEOUT_S))
+    # PCIe ACS off between each GPU and its NIC, at every boot too (the reboot test below plants ACS on).
+    stack.config_set("glm-infra:rdma.disableAcs", "true")
     sh(f"pulumi config set -s sim --secret --path glm-infra:monitoring.webhookUrl {WEBHOOK}")
     on_host("sim-2", "mkdir -p /etc/glm-sim/hardware.conf.d && echo 'GPU_COUNT=7' > /etc/glm-sim/hardware.conf.d/50-test.conf")
     try:
@@ -163,7 +180,9 @@ def test_a_half_failed_first_up_then_destroy_twice_leaves_clean_hosts(stack, tmp
         on_host("sim-2", "rm -f /etc/glm-sim/hardware.conf.d/50-test.conf")
     assert_no_secret_anywhere("a failed up", tmp_path / "failed")
     assert out.returncode != 0 and "sim-2: gpus: 7 GPUs visible, stack expects 8" in out.stdout, out.stdout[-3000:]
-    assert "sim-1" not in "".join(l for l in out.stdout.splitlines() if "error:" in l.lower()), "only sim-2 failed"
+    # The steps that failed (not a step's log quoting a tool's "Error:", as the firewall's first apply does).
+    failed = [l for l in out.stdout.splitlines() if "creating failed**" in l and "Command glm-" in l]
+    assert failed and all("glm-sim-2-" in l for l in failed), ("only sim-2 failed", failed)
     for h in HOSTS:
         assert busy_steps(h) == "", f"{h}: a step still runs after the failed up"
     first = pulumi("destroy -s sim --yes --skip-preview --non-interactive")
@@ -217,27 +236,30 @@ def test_a_killed_instance_is_restarted_and_the_router_serves_within_a_bound(sta
 
 
 def test_a_rebooted_host_comes_back_in_order(stack):
-    was = boot_id("sim-3")
-    on_host("sim-3", "systemctl reboot", check=False)
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            if boot_id("sim-3") != was:
-                break
-        except AssertionError:
-            pass
-        assert time.monotonic() < deadline, "sim-3 came back"
-        time.sleep(2)
-    took = serves_within(180, "after sim-3 rebooted")
-    RECOVERY["router host rebooted: serving again after it answered SSH (s)"] = round(took, 1)
-    # The firewall before the network; vLLM after the health gate (its ExecStartPre) and the weights'
-    # mount (RequiresMountsFor); the router after its host's instance; nginx serving it.
-    order = {u: active_since("sim-3", u) for u in ("glm-infra-firewall", "glm-vllm-decode-0", "glm-vllm-router",
-                                                    "nginx")}
-    assert all(order.values()), order
-    assert order["glm-infra-firewall"] < order["glm-vllm-decode-0"] <= order["glm-vllm-router"], order
-    gate = on_host("sim-3", "journalctl -b -u glm-vllm-decode-0 --no-pager -o cat")
-    assert "sim-3: healthy (8 × NVIDIA B300" in gate, gate
+    # A BIOS that turns PCIe ACS on at every boot, on the switch ports between GPU 0 and its NIC: the
+    # ACS unit (rdma.disableAcs) turns it off again before the decode instance starts.
+    acs_ports = ["0000:17:00.0", "0000:17:01.0"]
+    assert on_host("sim-3", "systemctl is-enabled glm-infra-acs.service").strip() == "enabled"
+    on_host("sim-3", "mkdir -p /etc/glm-sim/hardware.conf.d && echo 'PCIE_ACS_ON=0' > /etc/glm-sim/hardware.conf.d/50-acs.conf")
+    try:
+        reboot("sim-3", lambda: True, "sim-3 came back")
+        took = serves_within(180, "after sim-3 rebooted")
+        RECOVERY["router host rebooted: serving again after it answered SSH (s)"] = round(took, 1)
+        # The firewall before the network; vLLM after the health gate (its ExecStartPre), ACS turned off and
+        # the weights' mount (RequiresMountsFor); the router after its host's instance; nginx serving it.
+        order = {u: active_since("sim-3", u) for u in ("glm-infra-firewall", "glm-infra-acs", "glm-vllm-decode-0",
+                                                        "glm-vllm-router", "nginx")}
+        assert all(order.values()), order
+        assert order["glm-infra-firewall"] < order["glm-vllm-decode-0"] <= order["glm-vllm-router"], order
+        assert order["glm-infra-acs"] <= order["glm-vllm-decode-0"], order
+        assert on_host("sim-3", "cat /run/glm-sim/acs-off").split() == acs_ports, "setpci at boot, on those two"
+        acs = on_host("sim-3", "journalctl -b -u glm-infra-acs --no-pager -o cat")
+        assert "ACS turned off on 2 of the 16 switch ports between them" in acs, acs
+        gate = on_host("sim-3", "journalctl -b -u glm-vllm-decode-0 --no-pager -o cat")
+        assert "sim-3: healthy (8 × NVIDIA B300" in gate, gate
+        assert "sim-3: nearest NICs (GPU 0 0000:1a:00.0 -> mlx5_0 0000:18:00.0 (PXB);" in gate, gate
+    finally:
+        on_host("sim-3", "rm -f /etc/glm-sim/hardware.conf.d/50-acs.conf")
     converged()
 
 
@@ -245,18 +267,8 @@ def test_a_gate_that_fails_at_boot_keeps_vllm_down_until_the_host_is_healthy(sta
     prefills = ("glm-vllm-prefill-2", "glm-vllm-prefill-3")
     on_host("sim-2", "mkdir -p /etc/glm-sim/hardware.conf.d && echo 'GPU_COUNT=7' > /etc/glm-sim/hardware.conf.d/50-test.conf")
     try:
-        was = boot_id("sim-2")
-        on_host("sim-2", "systemctl reboot", check=False)
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if boot_id("sim-2") != was and "7 GPUs visible" in on_host(
-                        "sim-2", f"journalctl -b -u {prefills[0]} --no-pager -o cat"):
-                    break
-            except AssertionError:
-                pass
-            assert time.monotonic() < deadline, "sim-2 came back and its gate refused to start vLLM"
-            time.sleep(2)
+        reboot("sim-2", lambda: "7 GPUs visible" in on_host("sim-2", f"journalctl -b -u {prefills[0]} --no-pager -o cat"),
+               "sim-2 came back and its gate refused to start vLLM")
         for unit in prefills:
             assert on_host("sim-2", f"systemctl is-active {unit} || true").strip() != "active", unit
         serves_within(60, "sim-2's prefill instances are down: the router uses sim-1's")
@@ -265,9 +277,46 @@ def test_a_gate_that_fails_at_boot_keeps_vllm_down_until_the_host_is_healthy(sta
     # Healthy again: systemd's next attempt passes the gate and starts them; nobody runs anything.
     start = time.monotonic()
     while any(on_host("sim-2", f"systemctl is-active {u} || true").strip() != "active" for u in prefills):
-        assert time.monotonic() - start < 60, "the instances start once the gate passes"
+        assert time.monotonic() - start < 60, "the instances start once the gate passes: " + on_host(
+            "sim-2", f"journalctl -b -u {prefills[0]} --no-pager -o cat | tail -n 30; systemctl status glm-infra-acs --no-pager | tail -n 20")
         time.sleep(1)
     RECOVERY["gate failing at boot: instances up after the fault cleared (s)"] = round(time.monotonic() - start, 1)
+    converged()
+
+
+def test_a_gpu_whose_nic_moved_away_keeps_its_instance_down_and_doctor_names_it(stack):
+    """nixl.nicPerRank: each rank's KV traffic on the compute NIC nearest its GPU. A NIC moved to the other
+    socket (GPU 0 of sim-2 then has no compute NIC nearer than NODE, farther than nixl.maxNicDistance PXB)
+    fails the instance's start before vLLM runs, and doctor names the host, the step and the GPU; the
+    router serves through the others, and the instance is back once the NIC is."""
+    unit = "glm-vllm-prefill-2"
+    pairs = on_host("sim-2", "cat /etc/glm-infra/nic-affinity.env")
+    assert "#   GPU 2 0000:62:00.0 -> mlx5_2 0000:60:00.0 (PXB)" in pairs, pairs
+    # Each rank of each instance on its GPU's own NIC (vLLM 0.33's VLLM_GPU_NIC_PCIE_MAPPING; the stand-in
+    # logs what it set per rank), and no global UCX_NET_DEVICES behind it.
+    logged = on_host("sim-2", f"journalctl -b -u {unit} --no-pager -o cat | grep -o 'DP rank .*' | tail -n 4")
+    assert re.findall(r"on GPU (\d): UCX_NET_DEVICES=mlx5_(\d):1$", logged, re.M) == [(g, g) for g in "0123"], logged
+    on_host("sim-2", "mkdir -p /etc/glm-sim/hardware.conf.d && echo 'NIC_DISTANCE=\"0:SYS\"' > "
+                     "/etc/glm-sim/hardware.conf.d/50-test.conf")
+    try:
+        on_host("sim-2", f"systemctl restart {unit} || true")
+        journal = on_host("sim-2", f"journalctl -u {unit} --no-pager -o cat -n 30")
+        assert "GPU 0 (0000:1a:00.0): its nearest compute NIC" in journal and "farther than PXB" in journal, journal
+        assert on_host("sim-2", f"systemctl is-active {unit} || true").strip() != "active"
+        serves_within(60, "prefill-2 is down: the router uses the other prefill instances")
+        d = subprocess.run([str(ROOT / "venv/bin/glm-infra"), "doctor", "sim", "--host", "sim-2", "--quick",
+                            *SSH_OPTIONS], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert d.returncode == 1 and re.search(
+            r"^sim-2 +nic-affinity +sim-2: affinity: GPU 0 \(0000:1a:00.0\): its nearest compute NIC mlx5_\d is at NODE, "
+            r"farther than PXB \(nixl.maxNicDistance\)", d.stdout, re.M), d.stdout[-3000:]
+    finally:
+        on_host("sim-2", "rm -f /etc/glm-sim/hardware.conf.d/50-test.conf")
+    # Back where it was: systemd's next attempt passes the check and starts it; nobody runs anything.
+    start = time.monotonic()
+    while on_host("sim-2", f"systemctl is-active {unit} || true").strip() != "active":
+        assert time.monotonic() - start < 60, "the instance starts once its GPU's NIC is near again"
+        time.sleep(1)
+    RECOVERY["NIC moved away: instance up after it came back (s)"] = round(time.monotonic() - start, 1)
     converged()
 
 

@@ -29,7 +29,16 @@ from pathlib import Path
 
 import pytest
 
-from e2e.harness import ROOT, UPGRADE_ADDS, cluster_first, on_host, previous_main_tree, sh
+from e2e.harness import (
+    ROOT,
+    UPGRADE_ADDS,
+    UPGRADE_RESTARTS,
+    UPGRADE_UPDATES,
+    cluster_first,
+    on_host,
+    previous_main_tree,
+    sh,
+)
 from glm_infra.tools.sla_verdict import PROMETHEUS_FLOOR_S
 
 HOSTS = ("sim-1", "sim-2", "sim-3")
@@ -143,7 +152,8 @@ def test_a_stack_deployed_by_the_previous_main_upgrades_without_replacing_or_del
     """The change a user makes when they update glm-infra under a running cluster: the module's stack is
     first deployed by the previous main (harness.PREVIOUS_MAIN), then `pulumi up` with this checkout's
     code. Moving code must not change a resource's URN or type: nothing is replaced or deleted, nothing
-    is added but what this checkout adds on purpose (harness.UPGRADE_ADDS), and no instance restarts.
+    is added but what this checkout adds on purpose (harness.UPGRADE_ADDS), and no instance restarts unless
+    this checkout says why (harness.UPGRADE_RESTARTS).
     The rest of the module runs on the upgraded stack."""
     configure(stack, webhook)
     mark = tmp_path / "imported-from"
@@ -169,14 +179,22 @@ def test_a_stack_deployed_by_the_previous_main_upgrades_without_replacing_or_del
     summary = preview["changeSummary"]
     assert not (DESTRUCTIVE - {"create"}) & set(summary) and summary.get("create", 0) == creates, summary
     assert summary.get("same", 0) + summary.get("update", 0) == len(deployed), summary
-    assert summary["same"] > 100, summary
+    updates = sorted(s["urn"].rsplit("::", 1)[-1] for s in preview["steps"] if s["op"] == "update")
+    if UPGRADE_RESTARTS is None:
+        assert summary["same"] > 100, "\n".join([str(summary), *updates])
+    else:  # only what this checkout changes on purpose, and nothing else
+        assert summary["same"] > 90 and all(u.endswith(UPGRADE_UPDATES) for u in updates), "\n".join([str(summary), *updates])
     out = stack.up()
     assert not re.search(r"[1-9]\d* (to )?(replace|delete)", out.stdout[out.stdout.rfind("Resources:"):]), out.stdout
     now = resources()
     assert sorted(r["urn"] for r in now if not added(r["urn"])) == sorted(r["urn"] for r in deployed), \
         "every URN as it was"
     assert len(now) - len(deployed) == creates
-    assert _starts() == started, "no instance restarted"
+    if UPGRADE_RESTARTS is None:
+        assert _starts() == started, "no instance restarted"
+    else:  # each instance rolled once, to pick up what this checkout changes for it
+        now_started = _starts()
+        assert all(now_started[u] != started[u] for u in started), (UPGRADE_RESTARTS, started, now_started)
     sh("pulumi preview -s sim --expect-no-changes --non-interactive")
 
 

@@ -21,16 +21,19 @@ from pathlib import Path
 
 import pytest
 
+from glm_infra.agent import hostcheck
 from testbed import STANDINS
 from testbed.hardware import DEBS, DRIVER, HW_LIB, TOOLS, Sim
 
 ROOT = Path(__file__).resolve().parents[2]
+B300_TOPO = ROOT / "tests/fixtures/nvidia-smi-topo/sglang-issue-26039-b300-8gpu-9nic-bond-tabs-ansi-remnants.txt"
 FIXTURES = ROOT / "tests" / "fixtures" / "h200x2-nvidia-smi"  # copied from shared/fixtures/nvidia-smi/h200x2
 SHELLCHECK = ROOT / "venv" / "bin" / "shellcheck"
 
 # The brief's package table.
 EXPECTED_VERSIONS = {
-    "glm-sim-hardware": "1.1-1",
+    "glm-sim-hardware": "1.2-1",
+    "pciutils": "1:3.10.0-2glmsim1",
     "glm-sim-rdma-tools": "1.0-1",
     "nvidia-driver-pinning-580": "580-5",
     "nvidia-driver-pinning-580.159.04": "580.159.04-1",
@@ -62,6 +65,7 @@ EXPECTED_CONTENTS = {
     "datacenter-gpu-manager-4-core": ["usr/bin/dcgmi", "usr/bin/nv-hostengine", "lib/systemd/system/nvidia-dcgm.service"],
     "doca-ofed": ["usr/bin/ibdev2netdev", "usr/sbin/show_gids", "usr/bin/ib_write_bw"],
     "glm-sim-rdma-tools": ["usr/bin/ibv_devinfo"],
+    "pciutils": ["usr/bin/lspci", "usr/bin/setpci"],
     "glm-sim-hardware": ["etc/glm-sim/hardware.conf", "usr/lib/glm-sim/glm_sim_hw.py"],
 }
 
@@ -398,10 +402,25 @@ def test_topology_matrix_has_the_captured_layout(sim):
     for i in range(9):
         cells = ours[9 + i].split("\t")
         assert cells[0] == f"NIC{i}" and cells[9 + i] == " X " and cells[-real_row_tail:] == [""] * real_row_tail
-    assert ours[1].split("\t")[9] == "PIX"  # compute NIC i shares GPU i's PCIe switch
+    # Each GPU to each compute NIC as on a real HGX B300 (its NICs are mlx5_10..17 there, mlx5_0..7 here):
+    # PXB to its own ConnectX-8 (behind the NIC's own PCIe switch), NODE on its socket, SYS across.
+    b300 = hostcheck.parse_topo_m(B300_TOPO.read_text())
+    mine = hostcheck.parse_topo_m("\n".join(ours))
+    assert {g: {f"mlx5_{i}": b300[g][f"mlx5_{10 + i}"] for i in range(8)} for g in b300} == \
+        {g: {n: d for n, d in row.items() if n != "mlx5_8"} for g, row in mine.items()}
     legend = real[real.index("Legend:") :]
     assert ours[18:19] == [""] and ours[19 : 19 + len(legend)] == legend
     assert ours[19 + len(legend) :] == ["", "NIC Legend:", ""] + [f"  NIC{i}: mlx5_{i}" for i in range(9)]
+
+
+def test_a_nic_moved_away_from_its_gpu_shows_in_the_matrix(sim):
+    sim.fault(NIC_DISTANCE="3:SYS 5:PIX")
+    topo = hostcheck.parse_topo_m(sim.out("nvidia-smi", "topo", "-m"))
+    assert topo[3]["mlx5_3"] == "SYS" and topo[5]["mlx5_5"] == "PIX" and topo[0]["mlx5_0"] == "PXB"
+    assert topo[3]["mlx5_0"] == "NODE", "the others keep their places"
+    sim.fault(NIC_DISTANCE="3:FAR")
+    r = sim.run("nvidia-smi", "topo", "-m")
+    assert r.returncode == 255 and "NIC_DISTANCE entries are gpu:level" in r.stderr and "'3:FAR'" in r.stderr
 
 
 def test_gpu_count_hides_gpus_everywhere(sim):

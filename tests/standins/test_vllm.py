@@ -25,10 +25,12 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, STACKS, stack_file
 
+from glm_infra.agent import hostcheck
 from glm_infra.plan.topology import plan
 from glm_infra.roles.vllm import vllm_args
 from glm_infra.stack import load_file
 from testbed import STANDINS
+from testbed.hardware import HW_LIB, TOOLS, Sim
 
 BUILD_WHEELS = STANDINS / "build-wheels"
 ROUTER = ROOT / "venv" / "bin" / "vllm-router"
@@ -543,3 +545,49 @@ def test_api_key_is_required_except_for_health_and_metrics(launch):
     assert status == 200
     assert request(instance.port, "GET", "/health")[0] == 200
     assert request(instance.port, "GET", "/metrics")[0] == 200
+
+
+# --- each rank's NIC (vLLM 0.33.0's VLLM_GPU_NIC_PCIE_MAPPING) ----------------------------------------
+
+
+@pytest.fixture
+def hardware(tmp_path) -> dict[str, str]:
+    """A simulated B300's nvidia-smi and ibdev2netdev on PATH, as on a sim host, and the pairs the
+    nic-affinity step writes for it (hostcheck.py's own reading of those tools)."""
+    sim = Sim(tmp_path / "hw")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("nvidia-smi", "ibdev2netdev"):
+        (bin_dir / tool).symlink_to(TOOLS[tool])
+    topo = hostcheck.parse_topo_m(sim.out("nvidia-smi", "topo", "-m"))
+    gpus = hostcheck.parse_gpu_bus_ids(sim.out("nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"))
+    nics = hostcheck.parse_ibdev2netdev(sim.out("ibdev2netdev", "-v"))
+    nearest, problems = hostcheck.nic_affinity(topo, gpus, nics, [f"mlx5_{i}" for i in range(8)], "PXB")
+    assert problems == []
+    mapping = hostcheck.nic_affinity_env(nearest, gpus, nics, "sim-1").splitlines()[-1].split("=", 1)[1]
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "GLM_SIM_ROOT": str(sim.root), "PYTHONPATH": str(HW_LIB),
+            "VLLM_GPU_NIC_PCIE_MAPPING": mapping, "VLLM_NIC_SELECTION_VARS": "UCX_NET_DEVICES:1",
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+def test_each_rank_gets_the_nic_of_its_gpu(launch, hardware):
+    env = {**nixl_env(free_port_range(2)), **hardware}
+    prefill = launch("--kv-transfer-config", PRODUCER, "-dp", "2", gpus="2,3", env=env).wait_healthy()
+    assert [l for l in prefill.lines() if "UCX_NET_DEVICES=" in l] == [
+        "glm-sim prefill: DP rank 0 TP rank 0 on GPU 2: UCX_NET_DEVICES=mlx5_2:1",
+        "glm-sim prefill: DP rank 1 TP rank 0 on GPU 3: UCX_NET_DEVICES=mlx5_3:1"]
+    # A global UCX_NET_DEVICES is kept behind the rank's NIC (so UCX would use every NIC again).
+    env = {**nixl_env(free_port_range(1)), **hardware, "UCX_NET_DEVICES": "mlx5_0:1,mlx5_1:1"}
+    tp2 = launch("--kv-transfer-config", CONSUMER, "-tp", "2", gpus="4,5", env=env).wait_healthy()
+    assert [l.split(": ", 1)[1] for l in tp2.lines() if "UCX_NET_DEVICES=" in l] == [
+        "DP rank 0 TP rank 0 on GPU 4: UCX_NET_DEVICES=mlx5_4:1,mlx5_0:1,mlx5_1:1",
+        "DP rank 0 TP rank 1 on GPU 5: UCX_NET_DEVICES=mlx5_5:1,mlx5_0:1,mlx5_1:1"]
+
+
+def test_a_gpu_without_a_nic_pair_fails_the_start(vllm_bin, model_dir, hardware):
+    pairs = hardware["VLLM_GPU_NIC_PCIE_MAPPING"].split(",")
+    env = {**nixl_env(free_port_range(2)), **hardware, "VLLM_GPU_NIC_PCIE_MAPPING": ",".join(pairs[:3])}
+    result = run_serve(vllm_bin, str(model_dir), "--kv-transfer-config", PRODUCER, "-dp", "2",
+                       CUDA_VISIBLE_DEVICES="2,3", **env)
+    assert result.returncode == 1
+    assert "RuntimeError: VLLM_GPU_NIC_PCIE_MAPPING has no NIC for GPU 3 (0000:73:00.0)" in result.stderr

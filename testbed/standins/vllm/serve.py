@@ -167,6 +167,72 @@ def listen(host: str, port: int, what: str) -> socket.socket:
         raise ServeError(f"cannot bind {what} on {host}:{port}: {e.strerror or e}") from None
 
 
+def _tool_lines(*cmd: str) -> list[str]:
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except OSError as e:
+        raise ServeError(f"{cmd[0]}: {e.strerror or e}") from None
+    if p.returncode != 0:
+        raise ServeError(f"{' '.join(cmd)} failed (exit {p.returncode}): {(p.stderr or p.stdout).strip()[:200]}")
+    return p.stdout.splitlines()
+
+
+def _bdf(text: str) -> str:
+    """A PCI address as vLLM's normalize_pci writes it: 4-digit domain, lower case."""
+    m = re.fullmatch(r"(?:([0-9a-fA-F]+):)?([0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])", text.strip())
+    if not m:
+        raise ServeError(f"not a PCI address: {text!r}")
+    return f"{int(m.group(1) or '0', 16):04x}:{m.group(2).lower()}"
+
+
+def nic_per_rank(args: argparse.Namespace) -> list[tuple[int, int, int, str]]:
+    """vLLM 0.33.0's per-worker NIC choice (vllm/v1/executor/vllm_net_devices.py, set_worker_gpu_nic_mapping;
+    docs/research/vllm-0.33-nic-per-rank.md): with VLLM_GPU_NIC_PCIE_MAPPING (GPU=NIC PCI address pairs)
+    and VLLM_NIC_SELECTION_VARS (here UCX_NET_DEVICES:1), each worker's GPU is CUDA_VISIBLE_DEVICES[tp rank +
+    local DP rank × TP] (an NVML index under CUDA_DEVICE_ORDER=PCI_BUS_ID); its NIC's RDMA name, with the
+    suffix, goes in front of any UCX_NET_DEVICES already set; a GPU without a pair is an error.
+    Returns (DP rank, TP rank, GPU, UCX_NET_DEVICES) per worker. The real vLLM reads bus ids from NVML and
+    RDMA names from /sys/class/infiniband; the stand-in asks nvidia-smi and ibdev2netdev -v."""
+    mapping_text = os.environ.get("VLLM_GPU_NIC_PCIE_MAPPING", "").strip()
+    selection = [v.strip() for v in os.environ.get("VLLM_NIC_SELECTION_VARS", "").split(",") if v.strip()]
+    if not mapping_text or not selection:
+        return []
+    pairs = {}
+    for pair in mapping_text.split(","):
+        gpu, sep, nic = pair.partition("=")
+        if not sep:
+            raise ServeError(f"VLLM_GPU_NIC_PCIE_MAPPING: {pair!r} is not GPU_BDF=NIC_BDF")
+        pairs[_bdf(gpu)] = _bdf(nic)
+    bus_ids = {}
+    for line in _tool_lines("nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"):
+        index, _, bus = line.partition(",")
+        bus_ids[int(index)] = _bdf(bus)
+    rdma_names = {}
+    for line in _tool_lines("ibdev2netdev", "-v"):
+        m = re.match(r"^(\S+)\s+(\S+)\s", line)
+        if m:
+            rdma_names[_bdf(m.group(1))] = m.group(2)
+    devices = [int(d) for d in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+    out = []
+    for dp in range(args.data_parallel_size):
+        for tp in range(args.tensor_parallel_size):
+            gpu = devices[tp + dp * args.tensor_parallel_size]
+            bus = bus_ids.get(gpu)
+            if bus not in pairs:
+                raise ServeError(f"RuntimeError: VLLM_GPU_NIC_PCIE_MAPPING has no NIC for GPU {gpu} ({bus})")
+            if pairs[bus] not in rdma_names:
+                raise ServeError(f"RuntimeError: no RDMA device at {pairs[bus]} (the NIC of GPU {gpu})")
+            values = []
+            for var in selection:
+                name, _, suffix = var.partition(":")
+                if name == "UCX_NET_DEVICES":
+                    existing = os.environ.get(name, "").strip()
+                    first = f"{rdma_names[pairs[bus]]}:{suffix}" if suffix else rdma_names[pairs[bus]]
+                    values.append(f"{first},{existing}" if existing else first)
+            out.append((dp, tp, gpu, values[0] if values else ""))
+    return out
+
+
 def bind_nixl_side_channel(args: argparse.Namespace) -> list[socket.socket]:
     """One listener per DP rank at base+rank, as the NIXL connector's side channel does."""
     host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "")
@@ -577,6 +643,8 @@ def serve(args: argparse.Namespace) -> int:
     role = ROLE_OF_KV_ROLE[role_key] if role_key else "colocated"
     simulation = Simulation.from_env()
     binary = simulator_binary()
+    for dp, tp, gpu, devices in nic_per_rank(args) if role_key else []:
+        log(f"glm-sim {role}: DP rank {dp} TP rank {tp} on GPU {gpu}: UCX_NET_DEVICES={devices}")
     # Held open for the process lifetime: a second instance on the same ports fails like vLLM.
     reserved = bind_nixl_side_channel(args) if role_key else []
     if args.data_parallel_rpc_port is not None:

@@ -38,6 +38,8 @@ DEFAULTS = {
     "RDMA_LINK_LAYER": "Ethernet",
     "RDMA_BW_GBPS": "785.42",
     "RDMA_HOST_OCTET": "",
+    "NIC_DISTANCE": "",
+    "PCIE_ACS_ON": "",
 }
 
 CONF = "/etc/glm-sim/hardware.conf"
@@ -46,6 +48,9 @@ INSTALLED_DRIVER = "/usr/share/glm-sim/driver-version"
 LOADED_DRIVER = "/run/glm-sim/loaded-driver-version"
 FABRICMANAGER_VERSION = "/usr/share/glm-sim/fabricmanager-version"
 FABRICMANAGER_ACTIVE = "/run/glm-sim/fabricmanager-active"  # stands in for systemd under GLM_SIM_ROOT
+# The switch ports setpci turned ACS off on, one per line: under /run, so gone at the next boot, as the
+# ACS Control register is reset then.
+ACS_OFF = "/run/glm-sim/acs-off"
 
 CUDA_VERSION = "13.0"  # what an R580 driver reports
 COMPUTE_CAP = "10.3"
@@ -334,6 +339,69 @@ class RdmaDevice:
     @property
     def ipv4(self) -> str | None:
         return f"10.{100 + self.compute_index}.0.{self.host_octet}" if self.ethernet else None
+
+
+# nvidia-smi topo -m's PCIe levels, nearest first.
+TOPO_LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")
+# On HGX B300 each GPU and its ConnectX-8 sit behind the ConnectX-8's own PCIe switch: PXB (nvidia-smi
+# topo -m of 8x B300 SXM6 AC, sgl-project/sglang#26039; tests/fixtures/nvidia-smi-topo).
+OWN_NIC_DISTANCE = "PXB"
+
+
+def nic_distances(conf: dict[str, str]) -> dict[int, str]:
+    """NIC_DISTANCE: {GPU index: the level between it and its own compute NIC} where a fault moves it."""
+    out: dict[int, str] = {}
+    for pair in conf["NIC_DISTANCE"].split():
+        m = re.fullmatch(r"(\d+):([A-Z]+)", pair)
+        if not m or int(m[1]) >= len(GPU_BUSES) or m[2] not in TOPO_LEVELS:
+            raise ConfigError(f"NIC_DISTANCE entries are gpu:level with level one of {', '.join(TOPO_LEVELS)}, "
+                              f"got {pair!r}")
+        out[int(m[1])] = m[2]
+    return out
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    """One device lspci lists: a bridge has its bus range; a switch's downstream port its ACS state
+    (None: no ACS capability)."""
+
+    bdf: str
+    description: str
+    bus_range: tuple[int, int] | None = None
+    acs_on: bool | None = None
+
+
+# The ConnectX-8's PCIe switch that joins each GPU and its NIC (PXB in nvidia-smi topo -m): its ports'
+# PCI ids were not found in any capture, so the description says it is simulated. The GPU's id is the
+# one this stand-in's nvidia-smi reports (0x3182, 10de); the NICs' are their vendor_part_id (ConnectX-8
+# 4131 = 0x1023, ConnectX-7 4129 = 0x1021), the way Mellanox numbers them. lspci prints "Device XXXX"
+# for an id its pci.ids does not name.
+SWITCH_PORT = "PCI bridge: Mellanox Technologies ConnectX-8 PCIe switch port [simulated] (prog-if 00 [Normal decode])"
+
+
+def pci_devices(conf: dict[str, str]) -> list[PciDevice]:
+    """Below each rail (GPU i and compute NIC i, on GPU_BUSES[i] = B): the switch's upstream port at
+    B-4:00.0 (buses B-3..B), its downstream ports B-3:00.0 to the NIC (bus B-2) and B-3:01.0 to the GPU
+    (bus B); ACS on the downstream ports of the rails PCIE_ACS_ON lists, until setpci turns it off."""
+    on = _ints(conf, "PCIE_ACS_ON")
+    if not on <= set(range(len(GPU_BUSES))):
+        raise ConfigError(f"PCIE_ACS_ON lists GPU indices 0..{len(GPU_BUSES) - 1}, got {conf['PCIE_ACS_ON']!r}")
+    off_path = sim_path(ACS_OFF)
+    off = set(off_path.read_text().split()) if off_path.is_file() else set()
+    present = {g.index: g for g in gpus(conf)}
+    out: list[PciDevice] = []
+    for dev in rdma_devices(conf):
+        kind = "Ethernet" if dev.ethernet else "Infiniband"
+        out.append(PciDevice(f"0000:{dev.pci_bus:02x}:00.0",
+                             f"{kind} controller: Mellanox Technologies Device {dev.vendor_part_id:04x}"))
+    for rail, bus in enumerate(GPU_BUSES):
+        nic, gpu = f"0000:{bus - 3:02x}:00.0", f"0000:{bus - 3:02x}:01.0"
+        out += [PciDevice(f"0000:{bus - 4:02x}:00.0", SWITCH_PORT, (bus - 3, bus)),
+                PciDevice(nic, SWITCH_PORT, (bus - 2, bus - 2), rail in on and nic not in off),
+                PciDevice(gpu, SWITCH_PORT, (bus, bus), rail in on and gpu not in off)]
+        if rail in present:
+            out.append(PciDevice(f"0000:{bus:02x}:00.0", "3D controller: NVIDIA Corporation Device 3182 (rev a1)"))
+    return sorted(out, key=lambda d: d.bdf)
 
 
 def rdma_devices(conf: dict[str, str]) -> list[RdmaDevice]:
