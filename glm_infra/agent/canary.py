@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""Canaries: a deterministic request to each vLLM instance (and through the router) whose answer must
+be the one recorded when the instance first answered (stdlib only; runs on a host).
+
+    canary.py run --targets FILE --state DIR [--metrics FILE] [--timeout SECONDS]
+
+FILE (JSON): {"identity": what the answers depend on (model revision, vLLM version), "model": the
+served model name, "api_key_file": an EnvironmentFile with VLLM_API_KEY= (read here, never on a command
+line; optional), "targets": [{"name", "role", "url", "requests"}]}. Each target gets ``requests``
+canaries at once (one per DP rank: vLLM spreads concurrent requests over its ranks, so a rank that hangs
+holds one of them past the timeout): POST URL/v1/completions with the fixed prompt, temperature 0 and a
+few tokens.
+
+The first answer of a target under an identity is recorded in DIR/<name>.json and is its reference
+from then on; a new identity (another model revision or vLLM) records it again. A target fails when a
+canary errs, times out, or answers other than its reference. One line per target on stdout
+("HOST: canary: NAME ok …") or stderr (what failed), the Prometheus text format in --metrics
+(replaced whole), and exit 1 when any target failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import http.client
+import json
+import os
+import re
+import socket
+import sys
+import time
+import urllib.parse
+
+PROMPT = "The capital of France is"  # short, and the same on every host and every run
+MAX_TOKENS = 8
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class CanaryError(Exception):
+    """A canary that did not answer: its reason, one line."""
+
+
+def read_env_value(path: str, name: str) -> str | None:
+    """NAME's value in an EnvironmentFile of NAME=value lines (quotes as systemd takes them)."""
+    with open(path) as f:
+        for line in f:
+            key, sep, value = line.strip().partition("=")
+            if sep and key == name:
+                return value.strip().strip('"').strip("'")
+    return None
+
+
+def complete(url: str, model: str, api_key: str | None, timeout: float) -> str:
+    """The text of one canary completion from ``url`` (an instance's or the router's base URL)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise CanaryError(f"not an http(s) URL: {url!r}")
+    conn_type = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = conn_type(parts.hostname, parts.port, timeout=timeout)
+    body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0}).encode()
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    try:
+        conn.request("POST", parts.path.rstrip("/") + "/v1/completions", body=body, headers=headers)
+        response = conn.getresponse()
+        data = response.read()
+    except (socket.timeout, TimeoutError):
+        raise CanaryError(f"no answer within {timeout:g} s") from None
+    except OSError as e:
+        raise CanaryError(f"{type(e).__name__}: {e}") from None
+    finally:
+        conn.close()
+    if response.status != 200:
+        raise CanaryError(f"HTTP {response.status}: {data[:200].decode(errors='replace').strip()}")
+    try:
+        return json.loads(data)["choices"][0]["text"]
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise CanaryError(f"not a completion: {data[:200].decode(errors='replace').strip()}") from None
+
+
+def reference_path(state: str, name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise ValueError(f"target name {name!r}: letters, digits, '.', '_' and '-' only")
+    return os.path.join(state, f"{name}.json")
+
+
+def write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def check_target(target: dict, identity: str, model: str, api_key: str | None, state: str,
+                 timeout: float) -> dict:
+    """{"name", "role", "ok", "seconds", "line"}: the target's canaries against its reference."""
+    start = time.monotonic()
+    n = int(target.get("requests", 1))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
+        futures = [pool.submit(complete, target["url"], model, api_key, timeout) for _ in range(n)]
+        answers: list[str | CanaryError] = []
+        for f in futures:
+            try:
+                answers.append(f.result())
+            except CanaryError as e:
+                answers.append(e)
+    seconds = time.monotonic() - start
+    name = target["name"]
+    out = {"name": name, "role": target["role"], "ok": False, "seconds": seconds}
+    failed = [a for a in answers if isinstance(a, CanaryError)]
+    if failed:
+        out["line"] = f"{name}: {len(failed)} of {n} canaries failed: {failed[0]}"
+        return out
+    texts = sorted(set(answers))  # type: ignore[arg-type]
+    path = reference_path(state, name)
+    try:
+        with open(path) as f:
+            reference = json.load(f)
+    except (OSError, ValueError):
+        reference = None
+    if len(texts) > 1:
+        out["line"] = f"{name}: its {n} canaries answered differently: {', '.join(repr(t) for t in texts)}"
+        return out
+    if reference is None or reference.get("identity") != identity:
+        write_atomic(path, json.dumps({"identity": identity, "text": texts[0], "recorded": int(time.time())}) + "\n")
+        out.update(ok=True, line=f"{name} ok: reference recorded ({texts[0]!r}, {seconds:.2f} s)")
+        return out
+    if texts[0] != reference.get("text"):
+        out["line"] = f"{name}: answered {texts[0]!r} where its reference is {reference.get('text')!r}"
+        return out
+    out.update(ok=True, line=f"{name} ok ({seconds:.2f} s)")
+    return out
+
+
+def metrics(results: list[dict], now: float) -> str:
+    """The results in Prometheus' text format (node exporter's textfile collector reads it)."""
+    lines = ["# HELP glm_canary_ok 1 when every canary of the target answered its reference in time.",
+             "# TYPE glm_canary_ok gauge"]
+    lines += [f'glm_canary_ok{{target="{r["name"]}",role="{r["role"]}"}} {int(r["ok"])}' for r in results]
+    lines += ["# HELP glm_canary_seconds How long the target's canaries took, all of them.",
+              "# TYPE glm_canary_seconds gauge"]
+    lines += [f'glm_canary_seconds{{target="{r["name"]}",role="{r["role"]}"}} {r["seconds"]:.3f}' for r in results]
+    lines += ["# HELP glm_canary_last_run_timestamp_seconds When the canaries last ran.",
+              "# TYPE glm_canary_last_run_timestamp_seconds gauge", f"glm_canary_last_run_timestamp_seconds {now:.0f}"]
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    host = socket.gethostname()
+    try:
+        with open(args.targets) as f:
+            spec = json.load(f)
+        targets = spec["targets"]
+        api_key = read_env_value(spec["api_key_file"], "VLLM_API_KEY") if spec.get("api_key_file") else None
+        for t in targets:
+            reference_path(args.state, t["name"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"{host}: canary: {args.targets}: {e}", file=sys.stderr)
+        return 2
+    os.makedirs(args.state, exist_ok=True)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(targets))) as pool:
+        results = list(pool.map(lambda t: check_target(t, spec["identity"], spec["model"], api_key, args.state,
+                                                       args.timeout), targets))
+    for r in results:
+        print(f"{host}: canary: {r['line']}", file=sys.stdout if r["ok"] else sys.stderr)
+    if args.metrics:
+        write_atomic(args.metrics, metrics(results, time.time()))
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="canary.py", description=__doc__,  # pragma: no mutate
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--targets", required=True)
+    r.add_argument("--state", required=True)
+    r.add_argument("--metrics")
+    r.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
