@@ -591,3 +591,53 @@ def test_a_gpu_without_a_nic_pair_fails_the_start(vllm_bin, model_dir, hardware)
                        CUDA_VISIBLE_DEVICES="2,3", **env)
     assert result.returncode == 1
     assert "RuntimeError: VLLM_GPU_NIC_PCIE_MAPPING has no NIC for GPU 3 (0000:73:00.0)" in result.stderr
+
+
+# --- greedy answers and the faults canaries catch -----------------------------------------------------
+
+
+def greedy(port: int, prompt: str = "The capital of France is", timeout: float = 30, **extra: object) -> tuple[int, dict]:
+    status, body = request(port, "POST", "/v1/completions",
+                           {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 8, "temperature": 0, **extra},
+                           timeout=timeout)
+    return status, json.loads(body) if status == 200 else {}
+
+
+def test_greedy_requests_answer_the_same_until_the_engine_breaks(launch, tmp_path):
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    vllm = launch(env={"GLM_SIM_VLLM_FAULTS": str(faults)}).wait_healthy()
+    first = greedy(vllm.port)[1]["choices"][0]["text"]
+    assert len(first.split()) == 8 and all(greedy(vllm.port)[1]["choices"][0]["text"] == first for _ in range(3))
+    assert greedy(vllm.port, "Another prompt")[1]["choices"][0]["text"] != first
+    # A broken engine: HTTP 200 and other words (what the P/D trackers report after a failed KV pull).
+    (faults / str(vllm.port)).write_text("wrong\n")
+    status, answer = greedy(vllm.port)
+    assert status == 200 and answer["choices"][0]["text"] != first and answer["usage"]["completion_tokens"] == 8
+    (faults / str(vllm.port)).unlink()
+    assert greedy(vllm.port)[1]["choices"][0]["text"] == first
+
+
+def test_a_hung_dp_rank_holds_its_requests_while_health_stays_ok(launch, tmp_path):
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    env = {**nixl_env(free_port_range(2)), "GLM_SIM_VLLM_FAULTS": str(faults)}
+    vllm = launch("--kv-transfer-config", PRODUCER, "-dp", "2", gpus="0,1", env=env).wait_healthy()
+    (faults / str(vllm.port)).write_text("hang-rank=1\n")
+    results: list[object] = []
+
+    def one() -> None:
+        try:
+            results.append(greedy(vllm.port, timeout=2)[0])
+        except OSError as e:
+            results.append(type(e).__name__)
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(map(str, results)) == ["200", "TimeoutError"], results
+    assert answers(vllm.port, "/health"), "vLLM's /health does not see a hung rank"
+    (faults / str(vllm.port)).unlink()
+    assert all(greedy(vllm.port, timeout=10)[0] == 200 for _ in range(2))

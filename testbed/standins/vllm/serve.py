@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import hashlib
 import hmac
 import http.client
 import json
@@ -45,6 +46,11 @@ HOP_BY_HOP = {
     "upgrade",
 }
 PR_SET_PDEATHSIG = 1
+# Faults a test plants for one instance, by its port (under /run: gone at the next boot).
+FAULTS_DIR = os.environ.get("GLM_SIM_VLLM_FAULTS", "/run/glm-sim/vllm-faults")
+# Words greedy answers are made of (llm-d-inference-sim ignores temperature: its text is random).
+GREEDY_WORDS = ("the", "capital", "of", "France", "is", "Paris", "and", "its", "river", "Seine", "runs", "through",
+                "city", "a", "large", "old", "in", "Europe")
 # After SIGTERM, keep-alive connections are still served this long (with Connection: close).
 KEEPALIVE_GRACE_S = 3.0
 
@@ -310,6 +316,27 @@ class Instance:
         self._lock = threading.Lock()
         self._in_flight = 0
         self.engine = EngineMetrics(args, role, simulation)
+        self.port = args.port
+        self.dp = args.data_parallel_size
+        self._next_rank = 0
+        # What greedy decoding depends on: the weights (their config and revision, as staged) and the prompt.
+        model = Path(args.model)
+        self.weights = hashlib.sha256(str(model.resolve()).encode() + (model / "config.json").read_bytes()).hexdigest()
+
+    def next_rank(self) -> int:
+        """The DP rank a request goes to: in turn, as vLLM's coordinator spreads concurrent requests."""
+        with self._lock:
+            rank = self._next_rank
+            self._next_rank = (rank + 1) % self.dp
+            return rank
+
+    def fault(self) -> str:
+        """What the test of a host asked this instance to do wrong (FAULTS_DIR/<port>: "wrong" answers
+        greedy requests wrongly, "hang-rank=N" holds every request DP rank N gets); "" when nothing."""
+        try:
+            return (Path(FAULTS_DIR) / str(self.port)).read_text().strip()
+        except OSError:
+            return ""
 
     def admit(self) -> None:
         """Count a request in flight (also while draining: it was accepted before the socket closed)."""
@@ -474,6 +501,41 @@ class ProxyServer(ThreadingHTTPServer):
     instance: Instance
 
 
+def greedy_request(body: bytes) -> tuple[str, int] | None:
+    """(the prompt, the tokens asked for) of a non-streamed request at temperature 0 (greedy
+    decoding, which never stops early here), else None."""
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(request, dict) or request.get("temperature") != 0 or request.get("stream"):
+        return None
+    prompt = request.get("prompt", request.get("messages"))
+    tokens = request.get("max_tokens") or request.get("max_completion_tokens") or 16
+    if prompt is None or not isinstance(tokens, int) or tokens < 1:
+        return None
+    return json.dumps(prompt, sort_keys=True), min(tokens, 256)
+
+
+def greedy_answer(data: bytes, weights: str, greedy: tuple[str, int], wrong: bool) -> bytes:
+    """The simulator's answer with vLLM's greedy text: the same for the same weights and prompt (the
+    simulator's own is random). With ``wrong``, the answer of a broken engine: other words, HTTP 200."""
+    answer = json.loads(data)
+    prompt, n = greedy
+    usage = answer.get("usage")
+    if isinstance(usage, dict):
+        usage["completion_tokens"] = n
+        usage["total_tokens"] = int(usage.get("prompt_tokens") or 0) + n
+    for choice in answer.get("choices", []):
+        seed = hashlib.sha256(f"{weights}\n{prompt}{chr(10) + 'wrong' if wrong else ''}".encode()).digest()
+        text = " " + " ".join(GREEDY_WORDS[seed[i % len(seed)] % len(GREEDY_WORDS)] for i in range(n))
+        if "text" in choice:
+            choice["text"] = text
+        elif isinstance(choice.get("message"), dict):
+            choice["message"]["content"] = text.strip()
+    return json.dumps(answer).encode()
+
+
 def kv_flags(body: bytes) -> str:
     try:
         params = json.loads(body).get("kv_transfer_params")
@@ -534,6 +596,18 @@ class ProxyHandler(BaseHTTPRequestHandler):
                 return self.metrics(instance), note
             try:
                 self.first_token_at: float | None = None
+                if path in GENERATION_PATHS and self.command == "POST":
+                    fault, rank = instance.fault(), instance.next_rank()
+                    if fault == f"hang-rank={rank}":  # a DP rank that stopped: /health stays 200
+                        while not instance.draining and instance.fault() == fault:
+                            time.sleep(0.1)
+                        if instance.draining:
+                            self.close_connection = True
+                            return 499, f"{note} (DP rank {rank} hung)"
+                    greedy = greedy_request(body)
+                    if greedy is not None:
+                        return self.forward(instance.upstream_port, body, rewrite=lambda answer: greedy_answer(
+                            answer, instance.weights, greedy, wrong=fault == "wrong")), note + f" rank={rank}"
                 status = self.forward(instance.upstream_port, body)
                 if path in GENERATION_PATHS and status == 200 and self.first_token_at is not None:
                     instance.engine.first_token(self.first_token_at - self.arrival)
@@ -568,7 +642,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
         given = self.headers.get("Authorization", "")
         return hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode())
 
-    def forward(self, upstream_port: int, body: bytes) -> int:
+    def forward(self, upstream_port: int, body: bytes, rewrite=None) -> int:
         conn = http.client.HTTPConnection("127.0.0.1", upstream_port)
         try:
             conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
@@ -583,7 +657,16 @@ class ProxyHandler(BaseHTTPRequestHandler):
             conn.close()
             return self.reply(502, {"error": f"engine unreachable: {e}"})
         try:
-            self.relay(upstream)
+            if rewrite is not None and upstream.status == 200:
+                data = rewrite(upstream.read())
+                self.send_response_only(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                self.first_token_at = time.monotonic()
+            else:
+                self.relay(upstream)
         finally:
             conn.close()
         return upstream.status
