@@ -641,3 +641,36 @@ def test_a_hung_dp_rank_holds_its_requests_while_health_stays_ok(launch, tmp_pat
     assert answers(vllm.port, "/health"), "vLLM's /health does not see a hung rank"
     (faults / str(vllm.port)).unlink()
     assert all(greedy(vllm.port, timeout=10)[0] == 200 for _ in range(2))
+
+
+def test_the_canary_program_catches_a_wrong_answer_and_a_hung_rank(launch, tmp_path, capsys):
+    from glm_infra.agent import canary
+
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    env = {**nixl_env(free_port_range(2)), "GLM_SIM_VLLM_FAULTS": str(faults), "VLLM_API_KEY": "k3y"}
+    vllm = launch("--kv-transfer-config", PRODUCER, "-dp", "2", gpus="0,1", env=env).wait_healthy()
+    (tmp_path / "vllm.env").write_text("VLLM_API_KEY=k3y\n")
+    spec = tmp_path / "targets.json"
+    spec.write_text(json.dumps({"identity": "rev1|0.33.0+glmsim", "model": MODEL_NAME,
+                                "api_key_file": str(tmp_path / "vllm.env"),
+                                "targets": [{"name": "prefill-0", "role": "prefill", "requests": 2,
+                                             "url": f"http://127.0.0.1:{vllm.port}"}]}))
+
+    def run() -> tuple[int, str]:
+        rc = canary.main(["run", "--targets", str(spec), "--state", str(tmp_path / "state"), "--timeout", "2"])
+        out = capsys.readouterr()
+        return rc, out.out + out.err
+
+    rc, said = run()
+    assert rc == 0 and "prefill-0 ok: reference recorded" in said
+    rc, said = run()
+    assert rc == 0 and "canary: prefill-0 ok (" in said, "the same greedy answer from both ranks, again"
+    (faults / str(vllm.port)).write_text("wrong\n")
+    rc, said = run()
+    assert rc == 1 and "prefill-0: answered '" in said and "where its reference is '" in said
+    (faults / str(vllm.port)).write_text("hang-rank=1\n")
+    rc, said = run()
+    assert rc == 1 and "prefill-0: 1 of 2 canaries failed: no answer within 2 s" in said
+    (faults / str(vllm.port)).unlink()
+    assert run()[0] == 0, "back once fixed"
