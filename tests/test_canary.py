@@ -153,7 +153,27 @@ def test_an_instance_that_is_down_fails_and_the_others_still_run(tmp_path, capsy
     assert 'target="prefill-0",role="prefill"} 0' in prom and 'target="prefill-1",role="prefill"} 1' in prom
 
 
+def test_an_empty_or_shapeless_answer_fails(tmp_path, capsys):
+    with serving(Fake("  ")) as url:
+        rc, out, err = run(tmp_path, targets(tmp_path, {"name": "decode-0", "role": "decode", "url": url}), capsys)
+    assert rc == 1 and "canary: decode-0: 1 of 1 canaries failed: answered nothing" in err
+    assert not (tmp_path / "state" / "decode-0.json").exists()
+
+
+def test_a_damaged_reference_fails_and_is_not_recorded_over(tmp_path, capsys):
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "decode-0.json").write_text('{"identity": "rev1|vllm 0.33.0", "te')
+    with serving(Fake(" garbage")) as url:
+        rc, out, err = run(tmp_path, targets(tmp_path, {"name": "decode-0", "role": "decode", "url": url}), capsys)
+    assert rc == 1 and "canary: decode-0: its reference " in err and "remove it to record again" in err
+    assert (tmp_path / "state" / "decode-0.json").read_text().endswith('"te'), "left as it was"
+
+
 @pytest.mark.parametrize("spec, says", [
+    (json.dumps({"identity": "x", "model": "m", "targets": []}), "no targets"),
+    (json.dumps({"identity": "x", "model": "m", "targets": [{"name": "a", "role": "r", "url": "u", "requests": 0}]}),
+     "requests is a whole number of at least 1"),
+    (json.dumps({"identity": "x", "model": "m", "targets": [{"name": "a", "role": "r"}]}), "'url'"),
     ("not json", "Expecting value"),
     (json.dumps({"identity": "x", "model": "m"}), "'targets'"),
     (json.dumps({"identity": "x", "model": "m", "targets": [{"name": "../etc", "role": "r", "url": "u"}]}),

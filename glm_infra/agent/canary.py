@@ -74,9 +74,14 @@ def complete(url: str, model: str, api_key: str | None, timeout: float) -> str:
     if response.status != 200:
         raise CanaryError(f"HTTP {response.status}: {data[:200].decode(errors='replace').strip()}")
     try:
-        return json.loads(data)["choices"][0]["text"]
+        text = json.loads(data)["choices"][0]["text"]
     except (ValueError, KeyError, IndexError, TypeError):
-        raise CanaryError(f"not a completion: {data[:200].decode(errors='replace').strip()}") from None
+        text = None
+    if not isinstance(text, str):
+        raise CanaryError(f"not a completion: {data[:200].decode(errors='replace').strip()}")
+    if not text.strip():
+        raise CanaryError("answered nothing")  # 8 greedy tokens of a fixed prompt are never empty
+    return text
 
 
 def reference_path(state: str, name: str) -> str:
@@ -117,8 +122,13 @@ def check_target(target: dict, identity: str, model: str, api_key: str | None, s
     try:
         with open(path) as f:
             reference = json.load(f)
-    except (OSError, ValueError):
+        if not isinstance(reference, dict) or not isinstance(reference.get("text"), str):
+            raise ValueError("no recorded text")
+    except FileNotFoundError:
         reference = None
+    except (OSError, ValueError) as e:  # a damaged reference is not replaced by whatever answers now
+        out["line"] = f"{name}: its reference {path} cannot be read ({e}): remove it to record again"
+        return out
     if len(texts) > 1:
         out["line"] = f"{name}: its {n} canaries answered differently: {', '.join(repr(t) for t in texts)}"
         return out
@@ -152,9 +162,17 @@ def run(args: argparse.Namespace) -> int:
         with open(args.targets) as f:
             spec = json.load(f)
         targets = spec["targets"]
-        api_key = read_env_value(spec["api_key_file"], "VLLM_API_KEY") if spec.get("api_key_file") else None
+        if not isinstance(targets, list) or not targets:
+            raise ValueError("no targets: a run that checks nothing passes nothing")
         for t in targets:
             reference_path(args.state, t["name"])
+            if not isinstance(t["role"], str) or not isinstance(t["url"], str):
+                raise ValueError(f"target {t['name']}: role and url are strings")
+            if not isinstance(t.get("requests", 1), int) or t.get("requests", 1) < 1:
+                raise ValueError(f"target {t['name']}: requests is a whole number of at least 1")
+        if not isinstance(spec["identity"], str) or not isinstance(spec["model"], str):
+            raise ValueError("identity and model are strings")
+        api_key = read_env_value(spec["api_key_file"], "VLLM_API_KEY") if spec.get("api_key_file") else None
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"{host}: canary: {args.targets}: {e}", file=sys.stderr)
         return 2
