@@ -128,6 +128,11 @@ def test_what_lspci_cannot_read_or_list_fails_closed(sim):
     devices = stand_in(sim) | hostcheck.parse_lspci(denied)
     _, problems = hostcheck.acs_problems(devices, B300_PAIRS[:1])
     assert problems == [("acs", "0000:17:01.0: lspci cannot read its capabilities (not run as root?)")]
+    # Cut short: the records without their Bus: lines leave the GPU and NIC with no port above them.
+    bare = {bdf: {k: v for k, v in d.items() if k not in ("secondary", "subordinate")} for bdf, d in stand_in(sim).items()}
+    _, problems = hostcheck.acs_problems(bare, B300_PAIRS[:1])
+    assert problems == [("acs", "lspci -vvv shows no bridge above GPU 0 0000:1a:00.0 or mlx5_0 0000:18:00.0 (no Bus: "
+                                "ranges?): cannot tell which ports lie between them")]
     sim.fault(GPU_COUNT="7")
     _, problems = hostcheck.acs_problems(stand_in(sim), B300_PAIRS)
     assert problems == [("acs", "lspci -vvv does not list GPU 7 0000:f0:00.0")]

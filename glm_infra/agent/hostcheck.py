@@ -276,9 +276,12 @@ def parse_ibdev2netdev(text: str) -> dict[str, str]:
     """``ibdev2netdev -v`` (DOCA-OFED): {RDMA device: its PCI address}."""
     out: dict[str, str] = {}
     for line in text.splitlines():
-        m = re.match(r"^\s*((?:[0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s+(\S+)\s", line)
-        if m:
-            out[m.group(2)] = normalize_bdf(m.group(1))
+        words = line.split()
+        try:
+            if len(words) > 2:
+                out[words[1]] = normalize_bdf(words[0])
+        except ValueError:  # the short form (no address) or another line
+            pass
     return out
 
 
@@ -330,6 +333,14 @@ def acs_problems(devices: dict[str, dict], pairs: list[tuple[int, str, str, str]
         missing = [f"{what} {bdf}" for what, bdf in ((f"GPU {gpu}", gpu_bdf), (nic, nic_bdf)) if bdf not in devices]
         if missing:
             problems.append(("acs", f"lspci -vvv does not list {' or '.join(missing)}"))
+            continue
+        # A discrete GPU or NIC always hangs below a port: none in lspci's output is output it cut short,
+        # not a path without ports.
+        lone = [f"{what} {bdf}" for what, bdf in ((f"GPU {gpu}", gpu_bdf), (nic, nic_bdf))
+                if not pci_ancestors(devices, bdf)]
+        if lone:
+            problems.append(("acs", f"lspci -vvv shows no bridge above {' or '.join(lone)} (no Bus: ranges?): "
+                                    "cannot tell which ports lie between them"))
             continue
         for bridge in bridges_between(devices, gpu_bdf, nic_bdf):
             d = devices[bridge]
