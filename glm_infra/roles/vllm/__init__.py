@@ -90,6 +90,7 @@ def vllm_unit(stack: StackConfig, inst: Instance) -> str:
     if stack.drivers.fabric_manager:
         requires.append("nvidia-fabricmanager.service")
     requires.append("nvidia-persistenced.service")
+    per_rank = nixl.per_rank(stack, inst.host)  # its GPU's nearest NIC, read and checked on the host
     return render_template(
         "vllm.service.j2",
         inst=inst,
@@ -97,10 +98,9 @@ def vllm_unit(stack: StackConfig, inst: Instance) -> str:
         stack=stack,
         exec_start=systemd_quote(vllm_args(stack, inst)),
         environment=vllm_environment(stack, inst),
-        environment_files=[UCX_ENV, *([paths.NIC_AFFINITY_ENV] if nixl.per_rank(stack, inst.host) else []),
-                           VLLM_SECRETS],
-        nic_affinity=paths.script(nixl.NIC_AFFINITY) if nixl.per_rank(stack, inst.host) else None,
-        acs_unit=nixl.ACS_UNIT if nixl.per_rank(stack, inst.host) and stack.rdma.disable_acs else None,
+        environment_files=[UCX_ENV, *([paths.NIC_AFFINITY_ENV] if per_rank else []), VLLM_SECRETS],
+        nic_affinity=paths.script(nixl.NIC_AFFINITY) if per_rank else None,
+        acs_unit=nixl.ACS_UNIT if per_rank and stack.rdma.disable_acs else None,
         requires=requires,
         timeout_stop=pool.shutdown_timeout + 30,
         gate=paths.script("health-gate"),
