@@ -858,8 +858,8 @@ def test_a_relay_waits_for_its_children_to_say_they_are_done(capsys):
         relay.seen("b", done=True)
 
     t = threading.Thread(target=later)
+    start = time.monotonic()  # before the thread starts: its 0.3 s sleep cannot begin earlier
     t.start()
-    start = time.monotonic()
     assert w.wait_for_children(relay, ["a", "b"], 5) == []
     t.join()
     assert 0.3 <= time.monotonic() - start < 2
@@ -894,8 +894,8 @@ def test_a_child_that_comes_back_after_it_was_left_is_waited_for_again(capsys):
         relay.seen("c", active=-1, done=True)
 
     t = threading.Thread(target=later)
-    t.start()
     start = time.monotonic()
+    t.start()
     assert w.wait_for_children(relay, ["a", "b", "c"], 0.2) == [], "a came back and finished"
     t.join()
     assert time.monotonic() - start >= 0.9
@@ -912,8 +912,8 @@ def test_a_child_still_receiving_is_waited_for_past_the_stall():
         relay.seen("a", active=-1, done=True)
 
     t = threading.Thread(target=later)
-    t.start()
     start = time.monotonic()
+    t.start()
     assert w.wait_for_children(relay, ["a"], 0.2) == []
     t.join()
     assert time.monotonic() - start >= 0.6
