@@ -254,6 +254,12 @@ class RouterInput(TypedDict, total=False):
     """Who may reach the public port besides the stack's hosts (the firewall); empty: nobody else, so it is opened on purpose."""
     health_check_interval: int
     """Seconds between worker health checks. Default: 10."""
+    gate_port: int
+    """First of the loopback ports (one per instance, in plan order) through which the router reaches its workers: nginx passes everything to the instance and answers /health 503 while the instance's canary fails, so the router's health checks take it out of rotation. Default: 8010."""
+    canary_interval: int
+    """Seconds between canary runs (a systemd timer on the router's host). Default: 60."""
+    canary_timeout: int
+    """Seconds a canary may take before it fails (a DP rank that hangs). Default: 30."""
 
 
 class RuntimeInput(TypedDict, total=False):

@@ -117,6 +117,10 @@ def weights_source() -> str:
     return (HOST_PROGRAMS / "weights.py").read_text()
 
 
+def canary_source() -> str:
+    return (HOST_PROGRAMS / "canary.py").read_text()
+
+
 # --- a service of a package, on glm-infra's files (the monitoring, the firewall) ---------------------
 
 PACKAGE_SERVICE_WAIT_S = 60

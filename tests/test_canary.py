@@ -184,3 +184,96 @@ def test_a_bad_targets_file_is_named_and_nothing_runs(tmp_path, capsys, spec, sa
     path.write_text(spec)
     rc, out, err = run(tmp_path, path, capsys)
     assert rc == 2 and f"canary: {path}: " in err and says in err and not (tmp_path / "canary.prom").exists()
+
+
+def test_a_failing_instance_is_flagged_out_of_rotation_and_back_once_it_passes(tmp_path, capsys):
+    flags = tmp_path / "flags"
+
+    def go(spec: Path) -> tuple[int, str, str]:
+        rc = canary.main(["run", "--targets", str(spec), "--state", str(tmp_path / "state"), "--metrics",
+                          str(tmp_path / "textfiles" / "canary.prom"), "--flags", str(flags), "--timeout", "0.5"])
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+
+    with serving(Fake(" Paris.")) as a, serving(Fake(" Paris.")) as b, serving(Fake(" Paris.")) as r:
+        entries = [{"name": "prefill-0", "role": "prefill", "url": a, "gate": True},
+                   {"name": "prefill-1", "role": "prefill", "url": b, "gate": True},
+                   {"name": "router", "role": "router", "url": r}]
+        assert go(targets(tmp_path, *entries))[0] == 0 and sorted(flags.iterdir()) == []
+    with serving(Fake(" Paris.")) as a, serving(Fake(" garbage")) as b, serving(Fake(" garbage")) as r:
+        entries = [{"name": "prefill-0", "role": "prefill", "url": a, "gate": True},
+                   {"name": "prefill-1", "role": "prefill", "url": b, "gate": True},
+                   {"name": "router", "role": "router", "url": r}]
+        rc, out, err = go(targets(tmp_path, *entries))
+        assert rc == 1 and "canary: prefill-1: out of the router's rotation until its canary passes" in out
+        assert [p.name for p in flags.iterdir()] == ["prefill-1.failing"], "the router target has no gate"
+        assert "answered ' garbage'" in (flags / "prefill-1.failing").read_text()
+        prom = (tmp_path / "textfiles" / "canary.prom").read_text()
+        assert 'glm_canary_out_of_rotation{target="prefill-1",role="prefill"} 1\n' in prom
+        assert 'glm_canary_out_of_rotation{target="prefill-0",role="prefill"} 0\n' in prom
+        rc, out, err = go(targets(tmp_path, *entries))
+        assert rc == 1 and "out of the router's rotation" not in out, "said once, when it leaves"
+    with serving(Fake(" Paris.")) as a, serving(Fake(" Paris.")) as b, serving(Fake(" Paris.")) as r:
+        entries = [{"name": "prefill-0", "role": "prefill", "url": a, "gate": True},
+                   {"name": "prefill-1", "role": "prefill", "url": b, "gate": True},
+                   {"name": "router", "role": "router", "url": r}]
+        rc, out, err = go(targets(tmp_path, *entries))
+    assert rc == 0 and "canary: prefill-1: back in the router's rotation" in out and list(flags.iterdir()) == []
+    assert 'glm_canary_out_of_rotation{target="prefill-1",role="prefill"} 0\n' in (
+        tmp_path / "textfiles" / "canary.prom").read_text()
+
+
+def test_a_canary_never_takes_a_whole_pool_out(tmp_path, capsys):
+    flags = tmp_path / "flags"
+    with serving(Fake(" Paris.")) as a:
+        spec = targets(tmp_path, {"name": "decode-0", "role": "decode", "url": a, "gate": True})
+        assert canary.main(["run", "--targets", str(spec), "--state", str(tmp_path / "state")]) == 0
+    flags.mkdir()
+    (flags / "decode-0.failing").write_text("an earlier run\n")  # out, from when another decode passed
+    with serving(Fake(" garbage")) as a:
+        spec = targets(tmp_path, {"name": "decode-0", "role": "decode", "url": a, "gate": True})
+        rc = canary.main(["run", "--targets", str(spec), "--state", str(tmp_path / "state"), "--flags", str(flags)])
+    out = capsys.readouterr()
+    assert rc == 1 and "answered ' garbage'" in out.err
+    assert "decode-0: back in the router's rotation" in out.out and not (flags / "decode-0.failing").exists()
+    assert "decode-0: left in rotation: no decode instance passes its canary" in out.out
+
+
+def test_check_judges_without_recording_or_writing(tmp_path, capsys):
+    flags, prom = tmp_path / "flags", tmp_path / "canary.prom"
+
+    def check(spec: Path) -> tuple[int, str]:
+        rc = canary.main(["run", "--check", "--targets", str(spec), "--state", str(tmp_path / "state"),
+                          "--metrics", str(prom), "--flags", str(flags)])
+        return rc, capsys.readouterr().err
+
+    with serving(Fake(" Paris.")) as a:
+        spec = targets(tmp_path, {"name": "decode-0", "role": "decode", "url": a, "gate": True})
+        rc, err = check(spec)
+        assert rc == 1 and "decode-0: no reference recorded yet" in err
+        assert not (tmp_path / "state").exists() and not prom.exists() and not flags.exists()
+        assert canary.main(["run", "--targets", str(spec), "--state", str(tmp_path / "state")]) == 0
+        assert check(spec)[0] == 0
+        rc, err = check(targets(tmp_path, {"name": "decode-0", "role": "decode", "url": a}, identity="rev2|vllm 0.33.0"))
+        assert rc == 1 and "its reference is of 'rev1|vllm 0.33.0', not 'rev2|vllm 0.33.0'" in err
+    with serving(Fake(" garbage")) as a:
+        spec = targets(tmp_path, {"name": "decode-0", "role": "decode", "url": a, "gate": True})
+        rc, err = check(spec)
+    assert rc == 1 and "answered ' garbage' where its reference is ' Paris.'" in err
+    assert not prom.exists() and not flags.exists()
+
+
+def test_the_api_key_is_read_under_the_name_the_file_gives_and_a_missing_one_is_named(tmp_path, capsys):
+    fake = Fake(" Paris.")
+    (tmp_path / "router.env").write_text("OPENAI_API_KEY=s3cret\n")
+    spec = {"identity": "x", "model": "glm-5.2", "api_key_file": str(tmp_path / "router.env"),
+            "api_key_name": "OPENAI_API_KEY", "targets": [{"name": "a", "role": "r", "url": ""}]}
+    with serving(fake) as url:
+        spec["targets"][0]["url"] = url
+        (tmp_path / "t.json").write_text(json.dumps(spec))
+        assert canary.main(["run", "--targets", str(tmp_path / "t.json"), "--state", str(tmp_path / "s")]) == 0
+    assert fake.seen[0]["auth"] == "Bearer s3cret"
+    spec["api_key_name"] = "VLLM_API_KEY"
+    (tmp_path / "t.json").write_text(json.dumps(spec))
+    assert canary.main(["run", "--targets", str(tmp_path / "t.json"), "--state", str(tmp_path / "s")]) == 2
+    assert f"{tmp_path / 'router.env'} has no VLLM_API_KEY" in capsys.readouterr().err

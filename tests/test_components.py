@@ -70,7 +70,10 @@ def test_host_addresses_may_come_from_another_resource():
     assert instances["prefill-0"]["url"] == "http://10.1.0.1:8100"
     assert "--host 10.1.0.1 --port 8100" in cmds["two-prefill-0-unit"].inputs["stdin"]
     assert "VLLM_NIXL_SIDE_CHANNEL_HOST=10.1.0.1" in cmds["two-prefill-0-unit"].inputs["stdin"]
-    assert "--prefill http://10.1.0.1:8100 --decode http://10.1.0.2:8200" in cmds["two-router-unit"].inputs["stdin"]
+    assert "--prefill http://127.0.0.1:8010 --decode http://127.0.0.1:8011" in cmds["two-router-unit"].inputs["stdin"]
+    gates = cmds["two-router-gates-conf"].inputs["stdin"]  # the gates pass to the resolved addresses
+    assert "server 10.1.0.1:8100 max_fails=0;" in gates and "server 10.1.0.2:8200 max_fails=0;" in gates
+    assert '"url": "http://10.1.0.1:8100"' in cmds["two-router-canary"].inputs["stdin"]
     assert "--peer http://10.1.0.1:8090" in cmds["two-weights-h2-stage"].inputs["create"]
     assert cmds["two-h1-preflight"].inputs["connection"]["host"] == "10.1.0.1"
     # Nothing of the stand-in addresses used for the shape reached a resource.

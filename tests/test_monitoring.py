@@ -128,10 +128,11 @@ def test_scrape_targets_and_labels_follow_the_plan():
         assert labels == {"stack": "prod-b300", "pool": i.role, "host": i.host, "instance": i.name}
     (router,) = jobs["vllm-router"]["static_configs"]
     assert router["targets"] == [f"{p.router.address}:{cfg.router.metrics_port}"]
-    # The router's per-worker series: worker URL → pool and instance name.
+    # The router's per-worker series: worker URL (its gate's) → pool and instance name.
     relabel = jobs["vllm-router"]["metric_relabel_configs"]
     for i in p.instances:
-        rules = [r for r in relabel if re.fullmatch(r["regex"], i.url)]
+        assert not [r for r in relabel if re.fullmatch(r["regex"], i.url)], "the router never sees this URL"
+        rules = [r for r in relabel if re.fullmatch(r["regex"], p.router.worker_url(i.name))]
         assert {(r["target_label"], r["replacement"]) for r in rules} == {("pool", i.role), ("backend", i.name)}
     assert [g["labels"]["host"] for g in jobs["node"]["static_configs"]] == [h.name for h in p.hosts]
     assert [g["targets"][0] for g in jobs["dcgm"]["static_configs"]] == [f"{h.address}:9400" for h in p.hosts]

@@ -33,7 +33,8 @@ def _expected_commands(stack: str) -> int:
     router_only = sum(1 for h in p.hosts if h.runs_router and not h.instances) * 3  # preflight, runtime, placement
     bare = sum(1 for h in p.hosts if not h.runs_router and not h.instances)  # preflight only
     per_instance = 4  # unit file, service (start), rollout (restart), stopper
-    router = 7 if p.router else 0  # secrets file, unit file, service, front conf, front keys, front TLS, front
+    # secrets file, gates conf, gates, unit file, service, canary, front conf, front keys, front TLS, front
+    router = 10 if p.router else 0
     # Weights (huggingface source in the committed stacks): the seed's token file and hf CLI; a staging
     # step (which also serves the host's relay children) and, after the services, a prune step per serving host.
     weights = 2 + 2 * len(p.serving_hosts)
@@ -401,7 +402,8 @@ def test_host_facts_are_read_after_the_host_is_provisioned(key_file):
 
 def test_a_rotated_secret_changes_only_what_reads_it(key_file, tmp_path):
     """The guide's rotations: a new HF token rewrites the seed's token file and restarts nothing; a
-    new API key rewrites the key files and restarts every instance and the router."""
+    new API key rewrites the key files and restarts every instance and the router, and runs the canaries
+    with it."""
     path = secret_stack(tmp_path)
 
     def sent(**rotated):
@@ -418,7 +420,7 @@ def test_a_rotated_secret_changes_only_what_reads_it(key_file, tmp_path):
     key_files = {n for n in changed if "-secrets-vllm-env" in n}
     assert len(key_files) == 3, key_files  # each serving host's vLLM env
     assert changed - rollouts - key_files == {"glm-router-secrets", "glm-router-service", "glm-router-front",
-                                              "glm-router-front-keys"}, changed
+                                              "glm-router-front-keys", "glm-router-canary"}, changed
 
 
 def test_the_program_installs_the_round_wait(key_file, monkeypatch):
@@ -590,7 +592,7 @@ def test_secret_triggers_are_keyed_and_the_others_are_as_they_were(key_file, tmp
     waits = {r.name for r in run.resources if key in r.dependencies}
     assert waits == {"glm-prefill-0-rollout", "glm-prefill-1-rollout", "glm-prefill-2-rollout",
                      "glm-prefill-3-rollout", "glm-decode-0-rollout", "glm-router-service", "glm-router-front",
-                     "glm-router-front-tls", "glm-monitoring-b300-3-alertmanager"}, waits
+                     "glm-router-front-tls", "glm-router-canary", "glm-monitoring-b300-3-alertmanager"}, waits
 
     def plain(*parts: str) -> str:  # steps.digest as it has always been: sha256 of NUL-ended parts
         return hashlib.sha256(b"".join(p.encode() + b"\0" for p in parts)).hexdigest()[:16]

@@ -257,8 +257,9 @@ def test_drain_and_return(router, tmp_path):
                             f"metrics_url={shlex.quote(metrics)}")
     for k in ("guard_s", "down_s", "up_s", "start_s"):
         script = script.replace(next(l for l in script.splitlines() if l.startswith(f"{k}=")), f"{k}=2")
-    mine = [i.url for i in p.instances if i.host == "b300-2"]
-    other = [i.url for i in p.instances if i.host == "b300-1"]
+    # The router knows each worker by its gate's URL.
+    mine = [p.router.worker_url(i.name) for i in p.instances if i.host == "b300-2"]
+    other = [p.router.worker_url(i.name) for i in p.instances if i.host == "b300-1"]
     s = StubPath(tmp_path / "stubs")
     s.add("systemctl", 'case "$1" in disable) rm -f "$STATE/active" ;; start) touch "$STATE/active" ;; esac; exit 0')
     s.add("journalctl")
@@ -396,7 +397,7 @@ def test_a_drain_that_cannot_disable_the_instances_stops(router, tmp_path, monke
     """Left enabled they would start with the boot, before RDMA is set up."""
     monkeypatch.delenv("GLM_INFRA_ROLL_FORCE", raising=False)
     stack = load_file(stack_file("prod-b300")).config
-    _Metrics.page = health_page({i.url: 1 for i in plan(stack).instances})
+    _Metrics.page = health_page({u: 1 for u in plan(stack).router.prefill_urls + plan(stack).router.decode_urls})
     host = RollHost(tmp_path, f"http://127.0.0.1:{router.server_address[1]}/metrics")
     (host.stubs.state / "disable-fails").touch()
     r = host.run("host-drain")
@@ -408,7 +409,7 @@ def test_a_return_after_a_drain_cut_short_starts_this_hosts_instances(router, tm
     """The drain records what it stops before stopping; cut short while writing, the record is empty."""
     monkeypatch.delenv("GLM_INFRA_ROLL_FORCE", raising=False)
     stack = load_file(stack_file("prod-b300")).config
-    _Metrics.page = health_page({i.url: 1 for i in plan(stack).instances})
+    _Metrics.page = health_page({u: 1 for u in plan(stack).router.prefill_urls + plan(stack).router.decode_urls})
     host = RollHost(tmp_path, f"http://127.0.0.1:{router.server_address[1]}/metrics")
     assert host.run("host-drain").returncode == 0
     drained = host.file("/var/lib/glm-infra/roll-drained")
@@ -481,7 +482,8 @@ def test_without_a_router_the_drain_asks_the_other_hosts_health(tmp_path, monkey
     monkeypatch.delenv("GLM_INFRA_ROLL_FORCE", raising=False)
     host = RollHost(tmp_path, "")
     stack = load_file(stack_file("prod-b300")).config
-    b300_1 = [i.url.split("//")[1] for i in plan(stack).instances if i.host == "b300-1"]
+    p = plan(stack)  # (the stack has a router, whose gates stand for the instances here)
+    b300_1 = [p.router.worker_url(i.name).split("//")[1] for i in p.instances if i.host == "b300-1"]
     host.stubs.add("curl", f'case "$*" in *{b300_1[0]}/health*|*{b300_1[1]}/health*) [ -e "$STATE/others-up" ] ;; '
                            '*) [ -e "$STATE/active" ] ;; esac')
     r = host.run("host-drain")
@@ -512,9 +514,9 @@ def test_the_drain_waits_for_the_other_host_and_the_return_for_the_router(router
     marks b300-2 healthy a moment after its instances answer: both steps wait and go on."""
     monkeypatch.delenv("GLM_INFRA_ROLL_FORCE", raising=False)
     host = RollHost(tmp_path, f"http://127.0.0.1:{router.server_address[1]}/metrics")
-    instances = plan(load_file(stack_file("prod-b300")).config).instances
-    other = [i.url for i in instances if i.host == "b300-1"]
-    mine = [i.url for i in instances if i.host == "b300-2"]
+    p = plan(load_file(stack_file("prod-b300")).config)
+    other = [p.router.worker_url(i.name) for i in p.instances if i.host == "b300-1"]
+    mine = [p.router.worker_url(i.name) for i in p.instances if i.host == "b300-2"]
 
     def later(page: str) -> threading.Timer:
         t = threading.Timer(1.0, lambda: setattr(_Metrics, "page", page))
@@ -528,14 +530,14 @@ def test_the_drain_waits_for_the_other_host_and_the_return_for_the_router(router
     finally:
         t.cancel()
     assert r.returncode == 0, r.stderr
-    assert "the router marks http://10.0.0.12:8100 http://10.0.0.12:8101 down" in r.stdout and "warning" not in r.stderr
+    assert "the router marks http://127.0.0.1:8012 http://127.0.0.1:8013 down" in r.stdout and "warning" not in r.stderr
     t = later(health_page({u: 1 for u in other + mine}))
     try:
         r = host.run("host-return")
     finally:
         t.cancel()
     assert r.returncode == 0, r.stderr
-    assert "the router marks http://10.0.0.12:8100 http://10.0.0.12:8101 healthy" in r.stdout
+    assert "the router marks http://127.0.0.1:8012 http://127.0.0.1:8013 healthy" in r.stdout
 
 
 def test_a_first_deploy_records_the_roll_and_returns_nothing(tmp_path, monkeypatch):
@@ -550,7 +552,7 @@ def test_a_first_deploy_records_the_roll_and_returns_nothing(tmp_path, monkeypat
 
 def test_the_return_waits_for_health_and_fails_when_it_never_comes(router, tmp_path, monkeypatch):
     monkeypatch.delenv("GLM_INFRA_ROLL_FORCE", raising=False)
-    _Metrics.page = health_page({i.url: 1 for i in plan(load_file(stack_file("prod-b300")).config).instances})
+    _Metrics.page = health_page({g.url: 1 for g in plan(load_file(stack_file("prod-b300")).config).router.gates})
     host = RollHost(tmp_path, f"http://127.0.0.1:{router.server_address[1]}/metrics")
     assert host.run("host-drain").returncode == 0
     host.stubs.add("curl", 'case "$*" in *metrics*) exec /usr/bin/curl "$@" ;; esac; exit 7')  # never

@@ -39,8 +39,16 @@ def test_prod_b300_layout():
     ]
     assert {i.host: i.nixl_host for i in p.instances} == {"b300-1": "10.0.0.11", "b300-2": "10.0.0.12", "b300-3": "10.0.0.13"}
     assert p.router.url == "https://10.0.0.13:8000"
-    assert p.router.prefill_urls == ("http://10.0.0.11:8100", "http://10.0.0.11:8101", "http://10.0.0.12:8100", "http://10.0.0.12:8101")
-    assert p.router.decode_urls == ("http://10.0.0.13:8200",)
+    # The router reaches each instance through its gate on loopback (router.gatePort on, in plan order).
+    assert [(g.instance, g.role, g.url, g.upstream, g.requests) for g in p.router.gates] == [
+        ("prefill-0", "prefill", "http://127.0.0.1:8010", "http://10.0.0.11:8100", 4),
+        ("prefill-1", "prefill", "http://127.0.0.1:8011", "http://10.0.0.11:8101", 4),
+        ("prefill-2", "prefill", "http://127.0.0.1:8012", "http://10.0.0.12:8100", 4),
+        ("prefill-3", "prefill", "http://127.0.0.1:8013", "http://10.0.0.12:8101", 4),
+        ("decode-0", "decode", "http://127.0.0.1:8014", "http://10.0.0.13:8200", 8),
+    ]
+    assert p.router.prefill_urls == tuple(f"http://127.0.0.1:{port}" for port in range(8010, 8014))
+    assert p.router.decode_urls == ("http://127.0.0.1:8014",) and p.router.worker_url("decode-0") == p.router.decode_urls[0]
     assert [h.gpus_used for h in p.hosts] == [8, 8, 8]
 
 
@@ -156,7 +164,8 @@ def test_a_colocated_pool_behind_the_router_round_robin(write_stack):
         "glm-infra:router": {"host": "b"},
     })).config
     p = plan(cfg)
-    assert p.router.worker_urls == ("http://10.0.0.1:8100", "http://10.0.0.2:8100")
+    assert p.router.worker_urls == ("http://127.0.0.1:8010", "http://127.0.0.1:8011")
+    assert [g.upstream for g in p.router.gates] == ["http://10.0.0.1:8100", "http://10.0.0.2:8100"]
     assert p.router.prefill_urls == () == p.router.decode_urls and not p.disaggregated
     assert [(i.name, i.slot, i.address, i.nixl_host) for i in p.instances] == [
         ("colocated-0", 0, "10.0.0.1", "10.0.0.1"), ("colocated-1", 0, "10.0.0.2", "10.0.0.2")]

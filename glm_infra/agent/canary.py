@@ -2,11 +2,12 @@
 """Canaries: a deterministic request to each vLLM instance (and through the router) whose answer must
 be the one recorded when the instance first answered (stdlib only; runs on a host).
 
-    canary.py run --targets FILE --state DIR [--metrics FILE] [--timeout SECONDS]
+    canary.py run --targets FILE --state DIR [--metrics FILE] [--flags DIR] [--timeout SECONDS] [--check]
 
 FILE (JSON): {"identity": what the answers depend on (model revision, vLLM version), "model": the
-served model name, "api_key_file": an EnvironmentFile with VLLM_API_KEY= (read here, never on a command
-line; optional), "targets": [{"name", "role", "url", "requests"}]}. Each target gets ``requests``
+served model name, "api_key_file": an EnvironmentFile with the API key (read here, never on a command
+line; optional), "api_key_name": its variable (default VLLM_API_KEY), "targets": [{"name", "role",
+"url", "requests", "gate"}]}. Each target gets ``requests``
 canaries at once (one per DP rank: vLLM spreads concurrent requests over its ranks, so a rank that hangs
 holds one of them past the timeout): POST URL/v1/completions with the fixed prompt, temperature 0 and a
 few tokens.
@@ -16,6 +17,15 @@ from then on; a new identity (another model revision or vLLM) records it again. 
 canary errs, times out, or answers other than its reference. One line per target on stdout
 ("HOST: canary: NAME ok …") or stderr (what failed), the Prometheus text format in --metrics
 (replaced whole), and exit 1 when any target failed.
+
+--flags DIR: for each target with "gate": true (an instance the router reaches through its gate), the
+file DIR/NAME.failing while its canary fails, so the gate answers the router's health checks with 503
+and the router takes it out of rotation until it passes again. A canary takes an instance out, never a
+whole pool: when no instance of a role passes, none of that role is flagged (the failure is still
+reported, and alerted on).
+
+--check: judge only (glm-infra doctor, the SLA gate): no reference recorded (a target without one
+fails), no metrics, no flags.
 """
 
 from __future__ import annotations
@@ -31,7 +41,9 @@ import sys
 import time
 import urllib.parse
 
-PROMPT = "The capital of France is"  # short, and the same on every host and every run
+# A count: its next tokens win by such margins that vLLM's greedy answer does not move with batching,
+# parallelism or kernels (its kernels are not batch-invariant), only when the model is served wrongly.
+PROMPT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
 MAX_TOKENS = 8
 DEFAULT_TIMEOUT_S = 30.0
 
@@ -98,7 +110,7 @@ def write_atomic(path: str, text: str) -> None:
 
 
 def check_target(target: dict, identity: str, model: str, api_key: str | None, state: str,
-                 timeout: float) -> dict:
+                 timeout: float, record: bool = True) -> dict:
     """{"name", "role", "ok", "seconds", "line"}: the target's canaries against its reference."""
     start = time.monotonic()
     n = int(target.get("requests", 1))
@@ -132,6 +144,13 @@ def check_target(target: dict, identity: str, model: str, api_key: str | None, s
     if len(texts) > 1:
         out["line"] = f"{name}: its {n} canaries answered differently: {', '.join(repr(t) for t in texts)}"
         return out
+    if not record and reference is None:
+        out["line"] = f"{name}: no reference recorded yet (the canary timer records it on its first run)"
+        return out
+    if not record and reference.get("identity") != identity:
+        out["line"] = (f"{name}: its reference is of {reference.get('identity')!r}, not {identity!r} (the canary "
+                       "timer records it again on its next run)")
+        return out
     if reference is None or reference.get("identity") != identity:
         write_atomic(path, json.dumps({"identity": identity, "text": texts[0], "recorded": int(time.time())}) + "\n")
         out.update(ok=True, line=f"{name} ok: reference recorded ({texts[0]!r}, {seconds:.2f} s)")
@@ -143,7 +162,7 @@ def check_target(target: dict, identity: str, model: str, api_key: str | None, s
     return out
 
 
-def metrics(results: list[dict], now: float) -> str:
+def metrics(results: list[dict], now: float, out_of_rotation: set[str] | frozenset[str] = frozenset()) -> str:
     """The results in Prometheus' text format (node exporter's textfile collector reads it)."""
     lines = ["# HELP glm_canary_ok 1 when every canary of the target answered its reference in time.",
              "# TYPE glm_canary_ok gauge"]
@@ -151,9 +170,37 @@ def metrics(results: list[dict], now: float) -> str:
     lines += ["# HELP glm_canary_seconds How long the target's canaries took, all of them.",
               "# TYPE glm_canary_seconds gauge"]
     lines += [f'glm_canary_seconds{{target="{r["name"]}",role="{r["role"]}"}} {r["seconds"]:.3f}' for r in results]
+    lines += ["# HELP glm_canary_out_of_rotation 1 while the target's gate keeps it out of the router's rotation.",
+              "# TYPE glm_canary_out_of_rotation gauge"]
+    lines += [f'glm_canary_out_of_rotation{{target="{r["name"]}",role="{r["role"]}"}} '
+              f'{int(r["name"] in out_of_rotation)}' for r in results]
     lines += ["# HELP glm_canary_last_run_timestamp_seconds When the canaries last ran.",
               "# TYPE glm_canary_last_run_timestamp_seconds gauge", f"glm_canary_last_run_timestamp_seconds {now:.0f}"]
     return "\n".join(lines) + "\n"
+
+
+def flag(results: list[dict], gated: set[str], folder: str) -> list[str]:
+    """Raise FOLDER/NAME.failing for each gated target that failed, drop it for each that passed, unless
+    no gated target of its role passed (a canary never takes a whole pool out). Lines saying what."""
+    os.makedirs(folder, exist_ok=True)
+    passing_roles = {r["role"] for r in results if r["name"] in gated and r["ok"]}
+    lines = []
+    for r in results:
+        if r["name"] not in gated:
+            continue
+        path = os.path.join(folder, f"{r['name']}.failing")
+        was = os.path.exists(path)
+        if not r["ok"] and r["role"] in passing_roles:
+            if not was:
+                write_atomic(path, r["line"] + "\n")
+                lines.append(f"{r['name']}: out of the router's rotation until its canary passes")
+        else:
+            if was:
+                os.remove(path)
+                lines.append(f"{r['name']}: back in the router's rotation")
+            if not r["ok"]:
+                lines.append(f"{r['name']}: left in rotation: no {r['role']} instance passes its canary")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
@@ -172,18 +219,28 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"target {t['name']}: requests is a whole number of at least 1")
         if not isinstance(spec["identity"], str) or not isinstance(spec["model"], str):
             raise ValueError("identity and model are strings")
-        api_key = read_env_value(spec["api_key_file"], "VLLM_API_KEY") if spec.get("api_key_file") else None
+        key_name = spec.get("api_key_name", "VLLM_API_KEY")
+        api_key = read_env_value(spec["api_key_file"], key_name) if spec.get("api_key_file") else None
+        if spec.get("api_key_file") and not api_key:
+            raise ValueError(f"{spec['api_key_file']} has no {key_name}")
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"{host}: canary: {args.targets}: {e}", file=sys.stderr)
         return 2
-    os.makedirs(args.state, exist_ok=True)
+    if not args.check:
+        os.makedirs(args.state, exist_ok=True)
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(targets))) as pool:
         results = list(pool.map(lambda t: check_target(t, spec["identity"], spec["model"], api_key, args.state,
-                                                       args.timeout), targets))
+                                                       args.timeout, record=not args.check), targets))
     for r in results:
         print(f"{host}: canary: {r['line']}", file=sys.stdout if r["ok"] else sys.stderr)
-    if args.metrics:
-        write_atomic(args.metrics, metrics(results, time.time()))
+    out: set[str] = set()
+    if args.flags and not args.check:
+        for line in flag(results, {t["name"] for t in targets if t.get("gate")}, args.flags):
+            print(f"{host}: canary: {line}")
+        out = {r["name"] for r in results if os.path.exists(os.path.join(args.flags, f"{r['name']}.failing"))}
+    if args.metrics and not args.check:
+        os.makedirs(os.path.dirname(args.metrics) or ".", exist_ok=True)
+        write_atomic(args.metrics, metrics(results, time.time(), out))
     return 0 if all(r["ok"] for r in results) else 1
 
 
@@ -195,7 +252,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--targets", required=True)
     r.add_argument("--state", required=True)
     r.add_argument("--metrics")
+    r.add_argument("--flags")
     r.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S)
+    r.add_argument("--check", action="store_true")
     return ap
 
 

@@ -1,5 +1,7 @@
 """The P/D router (vllm-router) as a systemd unit on loopback, behind an nginx front on the public
 port that speaks TLS, checks the API key and retries a request the router failed before answering.
+The router reaches each instance through a gate (nginx on loopback) that fails its health checks while
+the instance's canary fails; the canaries run on a timer on the same host.
 The steps come from the per-host plan (router.router_steps)."""
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ class RouterArgs:
     connection: remote.ConnectionArgs
     """SSH connection to the router's host."""
     steps: Mapping[str, Step]
-    """router-secrets, router-unit, router-service, router-front-conf, router-front-keys,
-    router-front-tls-given (only with the stack's own certificate), router-front-tls, router-front."""
+    """router-secrets, router-gates-conf, router-gates, router-unit, router-service, router-canary,
+    router-front-conf, router-front-keys, router-front-tls-given (only with the stack's own certificate),
+    router-front-tls, router-front."""
     url: pulumi.Input[str]
     """Public URL (the front)."""
     secret_files: Mapping[str, pulumi.Input[str]] = field(default_factory=dict)
@@ -38,6 +41,8 @@ class Router(pulumi.ComponentResource):
     empty when the stack gives its own)."""
 
     service: remote.Command
+    gates: remote.Command
+    canary: remote.Command
     front: remote.Command
     tls: remote.Command
 
@@ -56,9 +61,15 @@ class Router(pulumi.ComponentResource):
             return [pulumi.Output.from_input(secret[key]).apply(digest)] if key in secret else []
 
         secrets = step("router-secrets", depends_on=deps)
+        # The router reaches every instance through its gate (nginx on loopback): the gates listen first.
+        gates_conf = step("router-gates-conf", depends_on=deps)
+        self.gates = step("router-gates", depends_on=[gates_conf, *deps])
         unit_file = step("router-unit", depends_on=deps)
         self.service = step("router-service", triggers=digest_of("router-secrets"),
-                            depends_on=[unit_file, secrets, *deps, *args.after])
+                            depends_on=[unit_file, secrets, self.gates, *deps, *args.after])
+        # The canaries once the router serves (their first run records the references); a new API key
+        # re-runs them.
+        self.canary = step("router-canary", triggers=digest_of("router-secrets"), depends_on=[self.service])
         # The front goes up after the router and comes down before it.
         conf = step("router-front-conf", depends_on=[self.service])
         keys = step("router-front-keys", depends_on=[self.service])

@@ -4,7 +4,8 @@ reach it: one list, from which ``validate`` finds collisions and the firewall op
 Audiences: ``peers`` (the stack's hosts only: vLLM HTTP, DP RPC, NIXL side channels, the weights
 relay on the hosts that have relay children, the exporters, the router's own ports), ``router`` (the
 public port: the stack's hosts and ``router.allowedCidrs``), ``operators`` (Prometheus and
-Alertmanager: the stack's hosts and ``monitoring.allowedCidrs``).
+Alertmanager: the stack's hosts and ``monitoring.allowedCidrs``), ``loopback`` (the router's gates: its host
+only).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from dataclasses import dataclass
 
 from glm_infra.spec.config import StackConfig
 
-from .topology import allocate, weights_relay
+from .topology import allocate, gates, weights_relay
 
 PEERS, ROUTER, OPERATORS = "peers", "router", "operators"
+LOOPBACK = "loopback"  # the host itself only: the firewall opens nothing for it
 _INSTANCE_KEYS = {"http": ".httpPort", "dp-rpc": ".dpRpcPort", "nixl": ".nixlSideChannelPort"}
 
 
@@ -48,6 +50,8 @@ def listeners(stack: StackConfig, serve: bool = True) -> list[Listener]:
         out.append(Listener(r.host, r.port, "router http", _key("router", ".port"), ROUTER))
         out.append(Listener(r.host, r.metrics_port, "router metrics", _key("router", ".metricsPort"), PEERS))
         out.append(Listener(r.host, r.internal_port, "router internal", _key("router", ".internalPort"), PEERS))
+        for g in gates(stack, allocate(stack)):
+            out.append(Listener(r.host, g.port, f"router gate of {g.instance}", _key("router", ".gatePort"), LOOPBACK))
     m = stack.monitoring
     if m.enabled:  # Hosts (serve=False) monitor too: every host is provisioned there
         provisioned = {i.host for i in allocate(stack)} if serve else {h.name for h in stack.hosts}

@@ -6,6 +6,7 @@ produced (GPU budgets, port collisions); ``plan`` is what components consume onc
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from glm_infra.spec.config import PoolConfig, StackConfig
@@ -60,13 +61,47 @@ class Instance:
 
 
 @dataclass(frozen=True)
+class Gate:
+    """How the router reaches one instance: a loopback port of nginx on the router's host that passes
+    everything to the instance and answers ``/health`` 503 while the instance's canary fails (vllm-router
+    0.1.17 in P/D mode cannot take a worker out and back over HTTP; its health checks can)."""
+
+    instance: str  # the instance's name
+    role: str
+    port: int
+    upstream: str  # the instance's own URL
+    requests: int  # canaries per run: one per DP rank
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass(frozen=True)
 class RouterPlan:
     host: str
     address: str
     port: int
-    prefill_urls: tuple[str, ...]
-    decode_urls: tuple[str, ...]
-    worker_urls: tuple[str, ...]  # colocated mode
+    gates: tuple[Gate, ...]  # one per instance, in plan order
+
+    def _urls(self, role: str) -> tuple[str, ...]:
+        return tuple(g.url for g in self.gates if g.role == role)
+
+    @property
+    def prefill_urls(self) -> tuple[str, ...]:
+        return self._urls("prefill")
+
+    @property
+    def decode_urls(self) -> tuple[str, ...]:
+        return self._urls("decode")
+
+    @property
+    def worker_urls(self) -> tuple[str, ...]:  # colocated mode
+        return self._urls("colocated")
+
+    def worker_url(self, instance: str) -> str:
+        """The URL the router knows ``instance`` by (its series carry it as ``worker``)."""
+        return next(g.url for g in self.gates if g.instance == instance)
 
     @property
     def url(self) -> str:
@@ -119,6 +154,13 @@ class Plan:
     def serving_hosts(self) -> tuple[HostPlan, ...]:
         """Hosts that run at least one vLLM instance (they need the runtime and the weights)."""
         return tuple(h for h in self.hosts if h.instances)
+
+
+def gates(stack: StackConfig, instances: Sequence[Instance]) -> tuple[Gate, ...]:
+    """The router's gate of each instance: router.gatePort and on, in plan order."""
+    assert stack.router is not None
+    dp = {role: pool.dp for role, pool in stack.pools()}
+    return tuple(Gate(i.name, i.role, stack.router.gate_port + n, i.url, dp[i.role]) for n, i in enumerate(instances))
 
 
 def allocate(stack: StackConfig) -> list[Instance]:
@@ -236,9 +278,7 @@ def plan(stack: StackConfig, serve: bool = True, runtime: bool = False) -> Plan:
             host=r.host,
             address=stack.host(r.host).address,
             port=r.port,
-            prefill_urls=tuple(i.url for i in instances if i.role == "prefill"),
-            decode_urls=tuple(i.url for i in instances if i.role == "decode"),
-            worker_urls=tuple(i.url for i in instances if i.role == "colocated"),
+            gates=gates(stack, instances),
         )
     hosts = tuple(
         HostPlan(

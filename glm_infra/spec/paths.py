@@ -27,6 +27,14 @@ FRONT_KEY = f"{TLS_DIR}/front.key"
 FRONT_CA = f"{TLS_DIR}/ca.crt"
 FRONT_CA_KEY = f"{TLS_DIR}/ca.key"
 FRONT_TLS_GIVEN = f"{SECRETS_DIR}/router-tls.pem"  # router.tlsCertificate + tlsKey, when the stack sets them
+# Canaries (the router's host): the program, what it asks, the answers it recorded, and the flags of the
+# instances whose canary fails (the gates answer /health 503 for them; gone at reboot, the next run
+# writes them again).
+CANARY = f"{LIBEXEC}/canary.py"
+CANARY_TARGETS = f"{ETC}/canary-targets.json"
+CANARY_STATE = f"{STATE}/canary"
+CANARY_FLAGS = "/run/glm-canary"  # the canary unit's RuntimeDirectory (preserved between its runs)
+GATES_CONF = "/etc/nginx/conf.d/glm-infra-gates.conf"
 HF_ENV = f"{OPT}/hf"
 BOOT_BEFORE_REBOOT = f"{STATE}/boot-before-reboot"
 ROLLOUT_DIR = f"{STATE}/rollout"  # per unit, the triggers digest it last (re)started with
@@ -48,6 +56,8 @@ ALERTMANAGER_CONFIG = "/etc/prometheus/alertmanager.yml"
 PROMETHEUS_DEFAULTS = "/etc/default/prometheus"
 ALERTMANAGER_DEFAULTS = "/etc/default/prometheus-alertmanager"
 NODE_EXPORTER_DEFAULTS = "/etc/default/prometheus-node-exporter"
+NODE_EXPORTER_TEXTFILES = "/var/lib/prometheus/node-exporter"  # the textfile collector's folder (Debian's)
+CANARY_METRICS = f"{NODE_EXPORTER_TEXTFILES}/glm-canary.prom"
 DCGM_EXPORTER_COUNTERS = "/etc/dcgm-exporter/glm-infra-counters.csv"
 WEBHOOK_SECRET = f"{SECRETS_DIR}/alertmanager-webhook-url"
 

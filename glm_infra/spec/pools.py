@@ -157,3 +157,11 @@ class RouterConfig(StrictModel):
         default_factory=list, description="Who may reach the public port besides the stack's hosts (the firewall); "
                                           "empty: nobody else, so it is opened on purpose.")
     health_check_interval: int = Field(10, ge=1, le=600, description="Seconds between worker health checks.")
+    gate_port: Port = Field(
+        8010, description="First of the loopback ports (one per instance, in plan order) through which the router "
+                          "reaches its workers: nginx passes everything to the instance and answers /health 503 "
+                          "while the instance's canary fails, so the router's health checks take it out of rotation.")
+    canary_interval: int = Field(60, ge=5, le=3600, description="Seconds between canary runs (a systemd timer on "
+                                                                 "the router's host).")
+    canary_timeout: int = Field(30, ge=1, le=600, description="Seconds a canary may take before it fails (a DP rank "
+                                                              "that hangs).")

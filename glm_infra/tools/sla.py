@@ -4,6 +4,8 @@ concurrency; each bucket's mean/p50/p99 TTFT and TPOT are judged against the sta
 SLA is on the means), and Prometheus's view of the same run (prefill's plus decode's mean TTFT) is
 held against the client's. Writes ``sla.json`` and ``sla.png`` (latency against context length with
 the SLA lines); exits 1 naming each bucket and metric that failed.
+Before and after the buckets the canaries run once on the router's host over SSH (tools/canaries.py): a
+mismatch fails the gate, whatever the latencies (``--no-canary``: a machine without SSH to the hosts).
 
 AIPerf (and matplotlib for the plot) run in an environment of their own, made once under
 ``$GLM_INFRA_CACHE/sla/`` from ``sla-client.txt`` (exact versions). TPOT is AIPerf's inter-token
@@ -38,6 +40,7 @@ from glm_infra.spec import paths
 from glm_infra.spec.config import StackConfig
 
 from . import planner
+from .canaries import CanaryUnreachable, canary_check, canary_failures
 from .sla_verdict import (  # noqa: F401  (the gate's names)
     PROMETHEUS_FLOOR_S,
     Bucket,
@@ -280,6 +283,16 @@ def _seconds(duration: str) -> float:
     raise ValueError(duration)
 
 
+def canaries_now(stack: StackConfig, args: argparse.Namespace, when: str) -> dict[str, Any]:
+    try:
+        view = canary_check(stack, args.identity, args.ssh_option or [])
+    except CanaryUnreachable as e:
+        raise SlaError(f"{e} (--no-canary skips them)") from None
+    say(f"canaries {when}: " + ("every instance and the router answer their reference" if view["pass"]
+                               else "; ".join(view["lines"])))
+    return view
+
+
 def run(stack: StackConfig, stack_name: str, args: argparse.Namespace) -> int:
     s = settings(stack, stack_name, args)
     api_key = os.environ.get(args.api_key_env)
@@ -296,6 +309,9 @@ def run(stack: StackConfig, stack_name: str, args: argparse.Namespace) -> int:
         f"mean TPOT ≤ {s.tpot_target * 1000:g} ms" + (f"; Prometheus {s.prometheus}" if s.prometheus else ""))
     predicted, summary = planner.for_gate(stack, stack_name, s.contexts, s.concurrency, s.output_tokens)
     say(summary)
+    canaries: dict[str, Any] = {}
+    if stack.router is not None and not args.no_canary:
+        canaries["before"] = canaries_now(stack, args, "before")
     buckets: list[Bucket] = []
     started = time.time()
     for n, context in enumerate(s.contexts, 1):
@@ -318,7 +334,10 @@ def run(stack: StackConfig, stack_name: str, args: argparse.Namespace) -> int:
         b.predicted = predicted["buckets"].get(context)
         buckets.append(b)
         say(f"    {line(b, s)}  ({t1 - t0:.0f} s)")
+    if canaries:
+        canaries["after"] = canaries_now(stack, args, "after")
     failures = [f for b in buckets for f in b.failures]
+    failures += [f for when, view in canaries.items() for f in canary_failures(view, when)]
     report = {
         "stack": stack_name, "url": s.url, "model": s.model, "tokenizer": s.tokenizer,
         "started": started, "finished": time.time(),
@@ -330,6 +349,7 @@ def run(stack: StackConfig, stack_name: str, args: argparse.Namespace) -> int:
                      "prometheus": b.prometheus, "predicted": b.predicted, "pass": not b.failures,
                      "failures": b.failures} for b in buckets],
         "prediction": {k: v for k, v in predicted.items() if k != "buckets"},
+        "canaries": canaries or None,
         "pass": not failures,
         "failures": failures,
     }
@@ -375,3 +395,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prometheus", metavar="URL", help="Prometheus to compare with (default: the stack's)")
     p.add_argument("--no-prometheus", action="store_true", help="skip the comparison with Prometheus")
     p.add_argument("--quiet", action="store_true", help="no AIPerf progress display, a line every 15 s instead")
+    p.add_argument("--no-canary", action="store_true", help="skip the canaries (run over SSH on the router's host)")
+    p.add_argument("--identity", metavar="FILE", help="SSH key for the canaries (default: as glm-infra doctor)")
+    p.add_argument("--ssh-option", action="append", metavar="OPTION", help="an ssh -o option (repeatable)")

@@ -82,14 +82,14 @@ def scrape_configs(stack: StackConfig, plan: Plan, stack_name: str) -> list[dict
     ])
     if plan.router is not None and stack.router is not None:
         r = plan.router
-        # The router labels its per-worker series with the worker's URL: name its pool and instance.
+        # The router labels its per-worker series with the worker's URL (its gate's): name its pool and instance.
         relabel = [
             rule
-            for i in plan.instances
+            for g in r.gates
             for rule in (
-                {"source_labels": ["worker"], "regex": re.escape(i.url), "target_label": "pool", "replacement": i.role},
-                {"source_labels": ["worker"], "regex": re.escape(i.url), "target_label": "backend",
-                 "replacement": i.name},
+                {"source_labels": ["worker"], "regex": re.escape(g.url), "target_label": "pool", "replacement": g.role},
+                {"source_labels": ["worker"], "regex": re.escape(g.url), "target_label": "backend",
+                 "replacement": g.instance},
             )
         ]
         job("vllm-router", [{"targets": [_target(r.address, stack.router.metrics_port)],
@@ -133,6 +133,8 @@ def rules(stack: StackConfig) -> str:
     """Recording and alerting rules with the stack's SLA and alert thresholds."""
     return render_template("prometheus-rules.yml.j2", sla=stack.sla, m=stack.monitoring,
                            disaggregated=stack.disaggregated,
+                           canary={"interval": stack.router.canary_interval, "timeout": stack.router.canary_timeout}
+                           if stack.router is not None else None,
                            mtp=any(p.speculative_tokens > 0 for _, p in stack.pools()))
 
 
@@ -172,7 +174,8 @@ def alertmanager_defaults(stack: StackConfig) -> str:
 
 def node_exporter_defaults(stack: StackConfig) -> str:
     return _defaults(NODE_EXPORTER_UNIT, [f"--web.listen-address=:{stack.monitoring.node_exporter_port}",
-                                          "--collector.systemd"])
+                                          "--collector.systemd",
+                                          f"--collector.textfile.directory={paths.NODE_EXPORTER_TEXTFILES}"])
 
 
 def dcgm_counters() -> str:

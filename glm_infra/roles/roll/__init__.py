@@ -7,7 +7,7 @@ import os
 import shlex
 from collections.abc import Mapping
 
-from glm_infra.plan.topology import HostPlan, Plan, rolling
+from glm_infra.plan.topology import HostPlan, Instance, Plan, rolling
 from glm_infra.render import render_template
 from glm_infra.roles import vllm
 from glm_infra.spec import paths, pins
@@ -19,12 +19,16 @@ def roll_script(stack: StackConfig, plan: Plan, host: str, pools: list[tuple[str
     """roll.sh of ``host``: drain and return its instances around a disruptive change (roll_steps)."""
     mine = [i for i in plan.instances if i.host == host]
     roles = {p for p, _ in pools}
-    others = [(i.role, i.host, i.url) for i in plan.instances if i.host != host and i.role in roles]
+    # The router knows each worker by the URL of its gate; without a router, its own /health is asked.
+    def known_as(i: Instance) -> str:
+        return plan.router.worker_url(i.name) if plan.router is not None else i.url
+
+    others = [(i.role, i.host, known_as(i)) for i in plan.instances if i.host != host and i.role in roles]
     metrics = ""
     if plan.router is not None and stack.router is not None:
         metrics = f"http://{paths.url_host(plan.router.address)}:{stack.router.metrics_port}/metrics"
-    return render_template("roll.sh.j2", host=host, instances=mine, metrics_url=metrics, pools=pools, others=others,
-                           **bounds)
+    return render_template("roll.sh.j2", host=host, instances=mine, workers=[known_as(i) for i in mine],
+                           metrics_url=metrics, pools=pools, others=others, **bounds)
 
 
 def lease_script(host: str, folder: str, pools: list[tuple[str, int]], wait_s: int) -> str:

@@ -4,14 +4,20 @@ generated or the stack's own), with their units and secrets."""
 from __future__ import annotations
 
 import ipaddress
+import json
 from collections.abc import Mapping
 
 from glm_infra.plan.topology import Plan
-from glm_infra.render import render_template, systemd_quote
+from glm_infra.render import canary_source, render_template, systemd_quote
 from glm_infra.spec import paths
 from glm_infra.spec.config import API_KEY_MAX, StackConfig
 from glm_infra.spec.paths import FRONT_CONF, FRONT_KEYS, ROUTER_SECRETS
 from glm_infra.steps import TRIGGERS_TOKEN, ScriptStep, Step, digest, file_step
+
+CANARY_SCRIPT = "glm-canary"  # the canary step's script, under paths.LIBEXEC
+CANARY_SERVICE = "glm-canary.service"
+CANARY_TIMER = "glm-canary.timer"
+CANARY_ROUTER_TARGET = "router"  # the canary through the router (the P→D path): no gate, alerted on
 
 ROUTER_START_TIMEOUT_S = 300
 
@@ -126,7 +132,72 @@ def router_front_script(stack: StackConfig, plan: Plan) -> str:
     assert plan.router is not None
     return render_template(
         "router-front.sh.j2", host=plan.router.host, public_url=plan.router.url, conf_path=FRONT_CONF,
-        keys_path=FRONT_KEYS, generated=tls_generated(stack),
+        keys_path=FRONT_KEYS, generated=tls_generated(stack), gates_conf=paths.GATES_CONF,
+    )
+
+
+# --- the gates: how the router reaches each instance, and how a failing canary takes it out ----------
+
+
+def router_gates_conf(stack: StackConfig, plan: Plan) -> str:
+    assert plan.router is not None
+    return render_template("router-gates.conf.j2", host=plan.router.host, gates=plan.router.gates,
+                           flags=paths.CANARY_FLAGS)
+
+
+def router_gates_script(stack: StackConfig, plan: Plan) -> str:
+    assert plan.router is not None
+    return render_template("router-gates.sh.j2", host=plan.router.host, gates=plan.router.gates,
+                           conf_path=paths.GATES_CONF, front_conf=FRONT_CONF)
+
+
+# --- the canaries -----------------------------------------------------------------------------------
+
+
+def canary_identity(stack: StackConfig) -> str:
+    """What the canaries' answers depend on: the model at its revision and vLLM; a change records every
+    reference again. Not the serving flags: the prompt (a count) is answered the same by any setting
+    that serves the model correctly, and a flag change that breaks it is what a canary is for."""
+    return f"{stack.model.repo}@{stack.model.revision} vllm {stack.runtime.vllm_version}"
+
+
+def canary_targets(stack: StackConfig, plan: Plan) -> str:
+    """canary.py's targets file: every instance on its own URL (through no gate), then the router."""
+    assert plan.router is not None and stack.router is not None
+    spec: dict = {"identity": canary_identity(stack), "model": stack.model.served_model_name}
+    if stack.router.api_key is not None:  # the workers' key: vllm-router sends it as OPENAI_API_KEY
+        spec.update(api_key_file=ROUTER_SECRETS, api_key_name="OPENAI_API_KEY")
+    spec["targets"] = [{"name": g.instance, "role": g.role, "url": g.upstream, "requests": g.requests, "gate": True}
+                       for g in plan.router.gates]
+    spec["targets"].append({"name": CANARY_ROUTER_TARGET, "role": "router",
+                            "url": f"http://127.0.0.1:{stack.router.internal_port}",
+                            "requests": max(1, len(plan.router.prefill_urls), len(plan.router.decode_urls))})
+    return json.dumps(spec, indent=2) + "\n"
+
+
+def canary_args(stack: StackConfig) -> list[str]:
+    assert stack.router is not None
+    a = ["/usr/bin/python3", paths.CANARY, "run", "--targets", paths.CANARY_TARGETS, "--state", paths.CANARY_STATE,
+         "--flags", paths.CANARY_FLAGS, "--timeout", str(stack.router.canary_timeout)]
+    if stack.monitoring.enabled:
+        a += ["--metrics", paths.CANARY_METRICS]
+    return a
+
+
+def canary_script(stack: StackConfig, plan: Plan) -> str:
+    assert plan.router is not None and stack.router is not None
+    r = stack.router
+    service = render_template("canary.service.j2", timer=CANARY_TIMER, interval=r.canary_interval,
+                              model=stack.model.served_model_name, router_unit=plan.router.unit,
+                              exec_start=systemd_quote(canary_args(stack)),
+                              runtime_directory=paths.CANARY_FLAGS.removeprefix("/run/"), timeout=r.canary_timeout)
+    timer = render_template("canary.timer.j2", interval=r.canary_interval)
+    return render_template(
+        "canary.sh.j2", host=plan.router.host, interval=r.canary_interval, timeout=r.canary_timeout,
+        service=CANARY_SERVICE, timer=CANARY_TIMER, program=paths.CANARY, targets_path=paths.CANARY_TARGETS,
+        state=paths.CANARY_STATE, flags=paths.CANARY_FLAGS, metrics=paths.CANARY_METRICS if stack.monitoring.enabled
+        else "", program_source=canary_source(), targets_json=canary_targets(stack, plan), service_unit=service,
+        timer_unit=timer,
     )
 
 
@@ -144,13 +215,19 @@ def router_steps(stack: StackConfig, plan: Plan, secrets: Mapping[str, str]) -> 
     front = ScriptStep("router-front", router_front_script(stack, plan)).step("router-front")
     # nginx reads the certificate when it (re)loads: a new one (other names, the stack's own) reloads it.
     front = Step(**{**front.__dict__, "triggers": (digest(front_conf), digest(tls.stdin or ""))})
+    gates_conf = router_gates_conf(stack, plan)
+    gates = ScriptStep("router-gates", router_gates_script(stack, plan)).step("router-gates")
+    gates = Step(**{**gates.__dict__, "triggers": (digest(gates_conf),)})  # nginx reloads a changed gate
     given = [file_step("router-front-tls-given", paths.FRONT_TLS_GIVEN, router_front_tls_given(secrets),
                        0o600, True, router_front_tls_given)] if not tls_generated(stack) else []
     return [
         file_step("router-secrets", paths.ROUTER_SECRETS, router_secrets_env(secrets), 0o600, True,
                   router_secrets_env),
+        file_step("router-gates-conf", paths.GATES_CONF, gates_conf),
+        gates,
         file_step("router-unit", paths.unit(r.unit), unit),
         service,
+        ScriptStep(CANARY_SCRIPT, canary_script(stack, plan)).step("router-canary", timeout="10m"),
         file_step("router-front-conf", paths.FRONT_CONF, front_conf),
         file_step("router-front-keys", paths.FRONT_KEYS, router_front_keys(secrets), 0o600, True,
                   router_front_keys),

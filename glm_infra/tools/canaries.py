@@ -1,0 +1,38 @@
+"""The canaries, once, on the router's host over SSH (its canary script's check: every instance and the
+router answer the reference recorded when they first turned healthy; records nothing). The SLA gate
+runs it before and after its buckets; ``glm-infra doctor`` runs the same check as the router-canary
+step's."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+from glm_infra.roles import router
+from glm_infra.spec import paths
+from glm_infra.spec.config import StackConfig
+
+from .doctor import ssh_argv
+
+
+class CanaryUnreachable(Exception):
+    """The router's host could not be reached over SSH."""
+
+
+def canary_check(stack: StackConfig, identity: str | None, options: list[str]) -> dict[str, Any]:
+    """{"pass": every canary answered its reference, "lines": what the check said about each that did not
+    (or that all passed)}."""
+    assert stack.router is not None
+    script = paths.script(router.CANARY_SCRIPT)
+    proc = subprocess.run(ssh_argv(stack, stack.router.host, identity, options), input=f"{script} check\n",
+                          capture_output=True, text=True, timeout=600)
+    lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ": canary: " in ln]
+    if proc.returncode == 255 and not lines:
+        raise CanaryUnreachable(f"cannot reach {stack.router.host} over SSH for the canaries: "
+                                f"{(proc.stderr.strip().splitlines() or ['ssh failed'])[-1]}")
+    return {"pass": proc.returncode == 0, "lines": lines or [proc.stderr.strip()[-500:] or f"exit {proc.returncode}"]}
+
+
+def canary_failures(view: dict[str, Any], when: str) -> list[str]:
+    """The gate's failure lines for one check ("before" or "after" the buckets)."""
+    return [] if view["pass"] else [f"canary ({when}): " + "; ".join(view["lines"])]
