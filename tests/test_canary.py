@@ -277,3 +277,22 @@ def test_the_api_key_is_read_under_the_name_the_file_gives_and_a_missing_one_is_
     (tmp_path / "t.json").write_text(json.dumps(spec))
     assert canary.main(["run", "--targets", str(tmp_path / "t.json"), "--state", str(tmp_path / "s")]) == 2
     assert f"{tmp_path / 'router.env'} has no VLLM_API_KEY" in capsys.readouterr().err
+
+
+def test_an_instance_that_refuses_the_connection_keeps_its_flag_as_it_was(tmp_path, capsys):
+    """Stopped or restarting: the router's health checks see it; the canary neither raises nor drops a flag."""
+    flags = tmp_path / "flags"
+    with serving(Fake(" 11, 12")) as a, serving(Fake(" 11, 12")) as b, serving(Fake(" 11, 12")) as c:
+        spec = targets(tmp_path, *({"name": f"prefill-{n}", "role": "prefill", "url": u, "gate": True}
+                                   for n, u in enumerate((a, b, c))))
+        assert canary.main(["run", "--targets", str(spec), "--state", str(tmp_path / "s"), "--flags", str(flags)]) == 0
+    flags.joinpath("prefill-1.failing").write_text("wrong before it restarted\n")
+    with serving(Fake(" 11, 12")) as a:
+        with serving(Fake(" 11, 12")) as gone:
+            pass  # nothing listens there now
+        spec = targets(tmp_path, *({"name": f"prefill-{n}", "role": "prefill", "url": u, "gate": True}
+                                   for n, u in enumerate((a, gone, gone))))
+        rc = canary.main(["run", "--targets", str(spec), "--state", str(tmp_path / "s"), "--flags", str(flags)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "prefill-2: 1 of 1 canaries failed: ConnectionRefusedError" in err
+    assert sorted(p.name for p in flags.iterdir()) == ["prefill-1.failing"], "kept; none raised for prefill-2"

@@ -57,7 +57,10 @@ def test_cluster_from_inventory_under_mocks(tmp_path):
                                                              "small-router-unit"}
     prefill = cmds["small-prefill-0-unit"].inputs["stdin"]
     assert "-tp 1 -dp 8" in prefill and "--host 10.88.0.11 --port 8100" in prefill
-    assert "--prefill http://10.88.0.11:8100 --decode http://10.88.0.12:8200" in cmds["small-router-unit"].inputs["stdin"]
+    # The router reaches them through its gates, which pass to the addresses the inventory gave.
+    assert "--prefill http://127.0.0.1:8010 --decode http://127.0.0.1:8011" in cmds["small-router-unit"].inputs["stdin"]
+    gates = cmds["small-router-gates-conf"].inputs["stdin"]
+    assert "server 10.88.0.11:8100 max_fails=0;" in gates and "server 10.88.0.12:8200 max_fails=0;" in gates
 
 
 def test_hosts_only_under_mocks(tmp_path):

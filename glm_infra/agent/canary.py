@@ -22,7 +22,8 @@ canary errs, times out, or answers other than its reference. One line per target
 file DIR/NAME.failing while its canary fails, so the gate answers the router's health checks with 503
 and the router takes it out of rotation until it passes again. A canary takes an instance out, never a
 whole pool: when no instance of a role passes, none of that role is flagged (the failure is still
-reported, and alerted on).
+reported, and alerted on). An instance that refuses the connection or answers 503 (stopped, starting,
+draining) is the router's own health checks' to see: its flag stays as it was.
 
 --check: judge only (glm-infra doctor, the SLA gate): no reference recorded (a target without one
 fails), no metrics, no flags.
@@ -49,7 +50,12 @@ DEFAULT_TIMEOUT_S = 30.0
 
 
 class CanaryError(Exception):
-    """A canary that did not answer: its reason, one line."""
+    """A canary that did not answer: its reason, one line; ``down`` when nothing took the connection (the
+    router's own health checks see that: no flag needed)."""
+
+    def __init__(self, reason: str, down: bool = False) -> None:
+        super().__init__(reason)
+        self.down = down
 
 
 def read_env_value(path: str, name: str) -> str | None:
@@ -79,12 +85,15 @@ def complete(url: str, model: str, api_key: str | None, timeout: float) -> str:
         data = response.read()
     except (socket.timeout, TimeoutError):
         raise CanaryError(f"no answer within {timeout:g} s") from None
+    except (ConnectionRefusedError, ConnectionResetError) as e:
+        raise CanaryError(f"{type(e).__name__}: {e}", down=True) from None
     except OSError as e:
         raise CanaryError(f"{type(e).__name__}: {e}") from None
     finally:
         conn.close()
-    if response.status != 200:
-        raise CanaryError(f"HTTP {response.status}: {data[:200].decode(errors='replace').strip()}")
+    if response.status != 200:  # 503: not serving (starting, stopping, its engine gone), as /health says
+        raise CanaryError(f"HTTP {response.status}: {data[:200].decode(errors='replace').strip()}",
+                          down=response.status == 503)
     try:
         text = json.loads(data)["choices"][0]["text"]
     except (ValueError, KeyError, IndexError, TypeError):
@@ -128,6 +137,7 @@ def check_target(target: dict, identity: str, model: str, api_key: str | None, s
     failed = [a for a in answers if isinstance(a, CanaryError)]
     if failed:
         out["line"] = f"{name}: {len(failed)} of {n} canaries failed: {failed[0]}"
+        out["down"] = any(e.down for e in failed)
         return out
     texts = sorted(set(answers))  # type: ignore[arg-type]
     path = reference_path(state, name)
@@ -190,6 +200,8 @@ def flag(results: list[dict], gated: set[str], folder: str) -> list[str]:
             continue
         path = os.path.join(folder, f"{r['name']}.failing")
         was = os.path.exists(path)
+        if r.get("down"):
+            continue  # the router sees a stopped instance itself; a flag it had stays until it passes
         if not r["ok"] and r["role"] in passing_roles:
             if not was:
                 write_atomic(path, r["line"] + "\n")

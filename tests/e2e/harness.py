@@ -238,15 +238,20 @@ def up_in_background(keep_output: bool = False):
 # bump it when a change is meant to replace or delete something on upgrade, and say so in the change.
 PREVIOUS_MAIN = "e192ba4139e7430261395709342f0098020e44e2"
 # The resources this checkout adds to a stack PREVIOUS_MAIN deployed (by name suffix): the per-host
-# placement step (issue 29: a proposal re-lays a pool out) and the nearest-NIC step (issue 30).
-UPGRADE_ADDS = ("-vllm-placement", "-vllm-placement-placement", "-nic-affinity", "-nic-affinity-pairs")
+# placement step (issue 29: a proposal re-lays a pool out), the nearest-NIC step, and the router's gates
+# and canaries (issue 30).
+UPGRADE_ADDS = ("-vllm-placement", "-vllm-placement-placement", "-nic-affinity", "-nic-affinity-pairs",
+                "-router-gates-conf", "-router-gates", "-router-canary")
 # Why an upgrade from PREVIOUS_MAIN restarts the instances (each through its rollout, one at a time per
 # pool), or None where it must restart none. Set it only for a change that must reach running instances.
 # With UPGRADE_RESTARTS, the steps the upgrade may update (by name suffix): the instances' units and
 # rollouts, ucx.env, preflight (it installs hostcheck.py) and the roll steps (their bounds count every step
-# between the drain and the return, the new one too; they drain nothing when no disruptive step changed).
+# between the drain and the return, the new one too; they drain nothing when no disruptive step changed);
+# the router (its workers are its gates now: a new unit, one restart) and its front (nginx shared with
+# the gates); the node exporter (its textfile folder named) and Prometheus (the canary rules, the
+# workers' gate URLs).
 UPGRADE_UPDATES = ("-unit", "-rollout", "-nixl-ucx-env", "-preflight", "-host-drain", "-host-return", "-turn-acquire",
-                   "-turn-release")
+                   "-turn-release", "-router-service", "-router-front", "-node-exporter", "-prometheus")
 UPGRADE_RESTARTS: str | None = ("nixl.nicPerRank: ucx.env no longer lists every compute NIC for every rank, and each "
                                 "unit reads its GPU's nearest NIC (nic-affinity.env) and checks it before it starts")
 

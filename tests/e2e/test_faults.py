@@ -1,7 +1,8 @@
 """Faults operators meet most, on the simulated cluster through the real engine, each ending in a
 converged cluster with no manual step (`glm-infra doctor` finds no drift, `preview` no change):
 a half-failed first `up` then `destroy` twice; a host unreachable during `up`; a vLLM instance
-killed; a host rebooted, healthy or not; the SSH connection cut in the middle of weights staging;
+killed; a host rebooted, healthy or not; instances that answer wrongly or hang a DP rank (canaries);
+the SSH connection cut in the middle of weights staging;
 a delete sent more stdin than it reads (the command provider's EOF).
 After the failed `up`, the whole `up` with its `preview`, and `destroy`, no secret value (the API
 key, the webhook URL, the SSH private key) is anywhere: state, pulumi's output, journals, units,
@@ -36,6 +37,9 @@ SSH_OPTIONS = ["--ssh-option", "StrictHostKeyChecking=no", "--ssh-option", "User
 # + the provider's backoff, at most 5 s).
 DIAL_ATTEMPTS, DIAL_TIMEOUT_S = 3, 5
 DIAL_BOUND_S = DIAL_ATTEMPTS * (DIAL_TIMEOUT_S + 5)
+CANARY_INTERVAL_S, CANARY_TIMEOUT_S = 5, 5
+# The sim stack's router: a check every 2 s, each up to vllm-router's 5 s timeout; out after 3 failed, back after 2.
+ROUTER_CHECK_S = 2 + 5
 RECOVERY: dict[str, float] = {}  # measured, printed for docs/DEVELOPING.md ("Reliability")
 SECRETS: dict[str, str] = {}
 OUTPUTS: list[str] = []  # what every pulumi command of this module printed
@@ -172,6 +176,9 @@ def test_a_half_failed_first_up_then_destroy_twice_leaves_clean_hosts(stack, tmp
     stack.config_set("glm-infra:ssh.dialTimeout", str(DIAL_TIMEOUT_S))
     # PCIe ACS off between each GPU and its NIC, at every boot too (the reboot test below plants ACS on).
     stack.config_set("glm-infra:rdma.disableAcs", "true")
+    # Canaries every 5 s, a hung rank counted after 5 s: the canary test below waits for them.
+    stack.config_set("glm-infra:router.canaryInterval", str(CANARY_INTERVAL_S))
+    stack.config_set("glm-infra:router.canaryTimeout", str(CANARY_TIMEOUT_S))
     sh(f"pulumi config set -s sim --secret --path glm-infra:monitoring.webhookUrl {WEBHOOK}")
     on_host("sim-2", "mkdir -p /etc/glm-sim/hardware.conf.d && echo 'GPU_COUNT=7' > /etc/glm-sim/hardware.conf.d/50-test.conf")
     try:
@@ -317,6 +324,66 @@ def test_a_gpu_whose_nic_moved_away_keeps_its_instance_down_and_doctor_names_it(
         assert time.monotonic() - start < 60, "the instance starts once its GPU's NIC is near again"
         time.sleep(1)
     RECOVERY["NIC moved away: instance up after it came back (s)"] = round(time.monotonic() - start, 1)
+    converged()
+
+
+def router_workers() -> dict[str, bool]:
+    """The router's view of its workers (GET /workers on its loopback port): URL → healthy."""
+    workers = json.loads(on_host("sim-3", "curl -fsS --max-time 5 http://127.0.0.1:8001/workers"))["workers"]
+    return {w["url"].split("@")[0]: w["is_healthy"] for w in workers}  # a DP-expanded worker: URL@rank
+
+
+def in_rotation_within(gates: dict[str, str], healthy: bool, seconds: float) -> float:
+    """Seconds until the router reports every gate in ``gates`` (instance → gate URL) as ``healthy``."""
+    start = time.monotonic()
+    while True:
+        seen = router_workers()
+        if all(seen.get(url) is healthy for url in gates.values()):
+            return time.monotonic() - start
+        assert time.monotonic() - start < seconds, f"the router marks {sorted(gates)} healthy={healthy} within {seconds} s: {seen}"
+        time.sleep(0.5)
+
+
+def test_a_wrong_answer_or_a_hung_rank_takes_the_instance_out_of_rotation_until_fixed(stack):
+    """Canaries (every 5 s on the router's host): prefill-0 answers wrongly with HTTP 200, and DP rank 1 of
+    prefill-2 holds its requests; both keep answering /health with 200, so the router alone would keep
+    sending them requests. The canaries catch both within their bound, the instances' gates fail the
+    router's health checks and it takes them out; requests keep succeeding through prefill-1 and -3;
+    the metrics and doctor name both. Fixed, both are back in rotation with nobody running anything."""
+    gates = {"prefill-0": "http://127.0.0.1:8010", "prefill-2": "http://127.0.0.1:8012"}
+    faults = {"sim-1": (8100, "wrong"), "sim-2": (8100, "hang-rank=1")}  # the stand-in's GLM_SIM_VLLM_FAULTS
+    assert all(router_workers().get(url) is True for url in gates.values()), router_workers()
+    # A run, its timeout, then the router's failure threshold of checks (and one more), and a margin.
+    out_bound = CANARY_INTERVAL_S + CANARY_TIMEOUT_S + 4 * ROUTER_CHECK_S + 10
+    back_bound = CANARY_INTERVAL_S + CANARY_TIMEOUT_S + 3 * ROUTER_CHECK_S + 10
+    try:
+        for host, (port, what) in faults.items():
+            on_host(host, f"mkdir -p /run/glm-sim/vllm-faults && echo {what} > /run/glm-sim/vllm-faults/{port}")
+        took = in_rotation_within(gates, False, out_bound)
+        RECOVERY["canary: wrong answer and hung rank out of rotation after (s)"] = round(took, 1)
+        journal = on_host("sim-3", "journalctl -u glm-canary --no-pager -o cat -n 200")
+        assert re.search(r"canary: prefill-0: answered '.*' where its reference is '.*'", journal), journal[-3000:]
+        assert f"canary: prefill-2: 1 of 4 canaries failed: no answer within {CANARY_TIMEOUT_S} s" in journal, journal[-3000:]
+        for name in gates:
+            assert f"canary: {name}: out of the router's rotation until its canary passes" in journal
+        for n in range(8):  # served by the other two prefill instances, each at once
+            chat(f"while prefill-0 and prefill-2 are out of rotation ({n})", timeout=15)
+        metrics = on_host("sim-3", "curl -fsS --max-time 5 http://127.0.0.1:9100/metrics")
+        for name in gates:
+            assert f'glm_canary_ok{{role="prefill",target="{name}"}} 0' in metrics
+            assert f'glm_canary_out_of_rotation{{role="prefill",target="{name}"}} 1' in metrics
+        assert 'glm_canary_ok{role="prefill",target="prefill-1"} 1' in metrics
+        d = subprocess.run([str(ROOT / "venv/bin/glm-infra"), "doctor", "sim", "--host", "sim-3", "--quick",
+                            *SSH_OPTIONS], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert d.returncode == 1 and re.search(r"^sim-3 +router-canary +.*prefill-0: answered", d.stdout, re.M), \
+            d.stdout[-3000:]
+        assert "prefill-2: 1 of 4 canaries failed" in d.stdout, d.stdout[-3000:]
+    finally:
+        for host, (port, _) in faults.items():
+            on_host(host, f"rm -f /run/glm-sim/vllm-faults/{port}")
+    took = in_rotation_within(gates, True, back_bound)
+    RECOVERY["canary: back in rotation after the fix (s)"] = round(took, 1)
+    assert "back in the router's rotation" in on_host("sim-3", "journalctl -u glm-canary --no-pager -o cat -n 50")
     converged()
 
 

@@ -67,7 +67,9 @@ def roll_steps(stack: StackConfig, plan: Plan, h: HostPlan, stack_name: str,
     # Down after the failure threshold's checks, up after the success threshold's, each with one more
     # check and half a minute of margin (a loaded or restarting router is late).
     down_s = (pins.ROUTER_HEALTH_FAILURE_THRESHOLD + 1) * check + 30
-    up_s = (pins.ROUTER_HEALTH_SUCCESS_THRESHOLD + 1) * check + 30
+    # A returning instance its canary had taken out comes back after that canary's next pass.
+    canary = r.canary_interval + r.canary_timeout if r is not None else 0
+    up_s = (pins.ROUTER_HEALTH_SUCCESS_THRESHOLD + 1) * check + 30 + canary
     start_s = vllm.SERVICE_START_TIMEOUT_S
     turn_s = stop_s + down_s + sum(seconds(x.timeout, UNTIMED_STEP_S) for x in around) + start_s + up_s
     wait_s = turn_s + 300  # another host's whole turn, from the timeouts of its steps
