@@ -181,10 +181,10 @@ def launch(vllm_bin, model_dir, tmp_path):
     started: list[Instance] = []
 
     def start(*flags: str, gpus: str = "0", env: dict[str, str] | None = None, startup: str = "0.2",
-              name: str = "vllm") -> Instance:
+              name: str = "vllm", model: Path | None = None) -> Instance:
         port = free_port()
         log = tmp_path / f"{name}-{port}.log"
-        argv = [str(vllm_bin), "serve", str(model_dir), "--served-model-name", MODEL_NAME,
+        argv = [str(vllm_bin), "serve", str(model or model_dir), "--served-model-name", MODEL_NAME,
                 "--host", "127.0.0.1", "--port", str(port), *flags]
         environment = clean_env(CUDA_VISIBLE_DEVICES=gpus, GLM_SIM_STARTUP_SECONDS=startup, **(env or {}))
         with log.open("w") as out:
@@ -616,6 +616,18 @@ def test_greedy_requests_answer_the_same_until_the_engine_breaks(launch, tmp_pat
     assert status == 200 and answer["choices"][0]["text"] != first and answer["usage"]["completion_tokens"] == 8
     (faults / str(vllm.port)).unlink()
     assert greedy(vllm.port)[1]["choices"][0]["text"] == first
+
+
+def test_another_revision_of_the_same_model_answers_the_same_and_another_model_does_not(launch, model_dir, tmp_path):
+    first = greedy(launch().wait_healthy().port)[1]["choices"][0]["text"]
+    revision = tmp_path / "GLM-5.2-NVFP4.revisions" / "rev2"  # staged elsewhere, the same config
+    revision.mkdir(parents=True)
+    (revision / "config.json").write_bytes((model_dir / "config.json").read_bytes())
+    assert greedy(launch(model=revision).wait_healthy().port)[1]["choices"][0]["text"] == first
+    other = tmp_path / "another-model"
+    other.mkdir()
+    (other / "config.json").write_text('{"architectures": ["GlmMoeDsaForCausalLM"], "num_hidden_layers": 4}')
+    assert greedy(launch(model=other).wait_healthy().port)[1]["choices"][0]["text"] != first
 
 
 def test_a_hung_dp_rank_holds_its_requests_while_health_stays_ok(launch, tmp_path):
