@@ -622,7 +622,8 @@ def test_another_revision_of_the_same_model_answers_the_same_and_another_model_d
     first = greedy(launch().wait_healthy().port)[1]["choices"][0]["text"]
     revision = tmp_path / "GLM-5.2-NVFP4.revisions" / "rev2"  # staged elsewhere, the same config
     revision.mkdir(parents=True)
-    (revision / "config.json").write_bytes((model_dir / "config.json").read_bytes())
+    config = json.loads((model_dir / "config.json").read_text())
+    (revision / "config.json").write_text(json.dumps({**config, "revision": "rev2"}))  # as make-checkpoint stamps it
     assert greedy(launch(model=revision).wait_healthy().port)[1]["choices"][0]["text"] == first
     other = tmp_path / "another-model"
     other.mkdir()

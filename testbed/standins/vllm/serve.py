@@ -322,7 +322,10 @@ class Instance:
         # What greedy decoding depends on here: the model (its config) and the prompt. Another revision of the
         # same model answers a fixed count the same, as a real one does (canary.py's prompt); a broken engine
         # does not (the faults below).
-        self.weights = hashlib.sha256((Path(args.model) / "config.json").read_bytes()).hexdigest()
+        # (The test bed's checkpoint stamps its revision into config.json, make-checkpoint; a real one does not.)
+        config = json.loads((Path(args.model) / "config.json").read_bytes())
+        config.pop("revision", None)
+        self.weights = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
 
     def next_rank(self) -> int:
         """The DP rank a request goes to: in turn, as vLLM's coordinator spreads concurrent requests."""
