@@ -208,3 +208,31 @@ def test_a_host_whose_ssh_quits_before_reading_the_checks_is_named(capsys, tmp_p
     assert cli(["doctor", str(path)]) == doctor.EXIT_UNREACHABLE
     out = capsys.readouterr().out
     assert "lone: cannot reach lone over SSH: ssh: connect to host 10.9.9.9 port 22: Connection refused" in out, out
+
+
+def _fake_ssh(tmp_path, monkeypatch, body: str) -> Path:
+    fake = tmp_path / "bin" / "ssh"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text("#!/bin/sh\n" + body)
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    return tmp_path / "ssh-stdin"
+
+
+def test_the_gates_canaries_run_on_the_router_host_and_a_mismatch_is_a_failure(tmp_path, monkeypatch):
+    from glm_infra.tools import canaries
+
+    cfg = load_file(stack_file("prod-b300")).config
+    seen = _fake_ssh(tmp_path, monkeypatch, f'cat > {tmp_path}/ssh-stdin; echo "$@" > {tmp_path}/ssh-args\n'
+                     "echo 'b300-3: canary: prefill-0 ok (0.21 s)'\n"
+                     "echo \"b300-3: canary: decode-0: answered ' 12, 13' where its reference is ' 11, 12'\" >&2\n"
+                     "exit 1\n")
+    view = canaries.canary_check(cfg, None, [])
+    assert seen.read_text() == "/usr/local/libexec/glm-infra/glm-canary.sh judge\n"
+    assert "@10.0.0.13 bash -s" in (tmp_path / "ssh-args").read_text(), "the router host"
+    assert not view["pass"] and view["lines"][-1].endswith("where its reference is ' 11, 12'")
+    (failure,) = canaries.canary_failures(view, "before")
+    assert failure.startswith("canary (before): b300-3: canary: prefill-0 ok") and "decode-0: answered" in failure
+    _fake_ssh(tmp_path, monkeypatch, "echo 'ssh: connect to host 10.0.0.13 port 22: No route to host' >&2; exit 255\n")
+    with pytest.raises(canaries.CanaryUnreachable, match="cannot reach b300-3 over SSH for the canaries: ssh: connect"):
+        canaries.canary_check(cfg, None, [])

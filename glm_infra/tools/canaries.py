@@ -1,7 +1,7 @@
-"""The canaries, once, on the router's host over SSH (its canary script's check: every instance and the
-router answer the reference recorded when they first turned healthy; records nothing). The SLA gate
-runs it before and after its buckets; ``glm-infra doctor`` runs the same check as the router-canary
-step's."""
+"""The canaries, once, on the router's host over SSH (its canary script's ``judge``: every instance and
+the router answer the reference recorded when they first turned healthy; records nothing). The SLA
+gate runs it before and after its buckets; ``glm-infra doctor`` runs the same as part of the
+router-canary step's check."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def canary_check(stack: StackConfig, identity: str | None, options: list[str]) -
     (or that all passed)}."""
     assert stack.router is not None
     script = paths.script(router.CANARY_SCRIPT)
-    proc = subprocess.run(ssh_argv(stack, stack.router.host, identity, options), input=f"{script} check\n",
+    proc = subprocess.run(ssh_argv(stack, stack.router.host, identity, options), input=f"{script} judge\n",
                           capture_output=True, text=True, timeout=600)
     lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ": canary: " in ln]
     if proc.returncode == 255 and not lines:

@@ -190,7 +190,7 @@ def test_a_stack_deployed_by_the_previous_main_upgrades_without_replacing_or_del
     if UPGRADE_RESTARTS is None:
         assert summary["same"] > 100, "\n".join([str(summary), *updates])
     else:  # only what this checkout changes on purpose, and nothing else
-        assert summary["same"] > 90 and all(u.endswith(UPGRADE_UPDATES) for u in updates), "\n".join([str(summary), *updates])
+        assert summary["same"] > 80 and all(u.endswith(UPGRADE_UPDATES) for u in updates), "\n".join([str(summary), *updates])
     out = stack.up()
     assert not re.search(r"[1-9]\d* (to )?(replace|delete)", out.stdout[out.stdout.rfind("Resources:"):]), out.stdout
     now = resources()
