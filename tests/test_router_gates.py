@@ -11,14 +11,13 @@ import re
 
 import pytest
 import yaml
+from conftest import stack_file
+from stubs import shellcheck
 
 from glm_infra.plan.topology import plan
 from glm_infra.roles import monitoring, router
 from glm_infra.spec import paths
 from glm_infra.stack import StackError, load_dict, load_file
-from conftest import stack_file
-from stubs import shellcheck
-
 
 
 def _raw(stack: str) -> dict:

@@ -330,7 +330,7 @@ def test_doctor_finds_each_planted_drift_and_changes_nothing(stack):
     on_host("sim-2", "apt-mark unhold nvidia-fabricmanager >/dev/null")
     # The router notices the stopped instance after its failed checks (3 × router.healthCheckInterval),
     # and from then on its /health answers 503 naming it: waited for, so doctor meets one state.
-    stopped = "Prefill: http://10.88.0.11:8101"
+    stopped = "Prefill: http://127.0.0.1:8011"  # the router knows prefill-1 by its gate
     try:
         eventually(lambda: stopped in on_host("sim-3", "curl -s http://127.0.0.1:8001/health || true"), 60,
                    "the router to mark prefill-1 unhealthy")
@@ -347,8 +347,11 @@ def test_doctor_finds_each_planted_drift_and_changes_nothing(stack):
         # What the stopped instance does to the router: its /health, and the front's, answer 503.
         assert re.search(r"^sim-3 +router-service +sim-3: glm-vllm-router.service does not answer", out, re.M), out
         assert re.search(r"^sim-3 +router-front +curl: \(22\) The requested URL returned error: 503", out, re.M), out
+        # ... and to its canary, which names it (a stopped instance: down, left to the router's checks).
+        assert re.search(r"^sim-3 +router-canary +sim-3: canary: prefill-1: 4 of 4 canaries failed: ConnectionRefusedError",
+                         out, re.M), out
         assert re.search(r"^sim-3 +prometheus +ok$", out, re.M) and re.search(r"^sim-2 +prefill-2-service +ok$", out, re.M)
-        assert "7 of " in drift.stderr and "steps drifted on 3 of 3 hosts" in drift.stderr, drift.stderr[-500:]
+        assert "8 of " in drift.stderr and "steps drifted on 3 of 3 hosts" in drift.stderr, drift.stderr[-500:]
         # It changed nothing: every drift is still there.
         assert on_host("sim-3", f"tail -n 1 {unit}").strip() == "# tuned by hand"
         assert on_host("sim-1", "systemctl is-active glm-vllm-prefill-1 || true").strip() == "inactive"
