@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.server
 import itertools
 import json
+import re
 import threading
 import time
 from contextlib import contextmanager
@@ -31,7 +32,8 @@ class Fake:
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with fake.lock:
-                    fake.seen.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
+                    fake.seen.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization"),
+                                      "rank": self.headers.get("X-data-parallel-rank")})
                     answer = next(fake.answers)
                 if answer == "HANG":
                     time.sleep(1.5)
@@ -89,6 +91,7 @@ def test_the_first_answer_is_the_reference_and_the_same_answer_passes(tmp_path, 
         rc, out, err = run(tmp_path, spec, capsys)
         assert rc == 0 and "canary: prefill-0 ok (" in out
     assert len(fake.seen) == 8 and {s["path"] for s in fake.seen} == {"/v1/completions"}
+    assert {s["rank"] for s in fake.seen} == {None}, "no rank named without per_rank (the router's target)"
     assert fake.seen[0]["body"] == {"model": "glm-5.2", "prompt": canary.PROMPT, "max_tokens": canary.MAX_TOKENS,
                                     "temperature": 0}
     assert {s["auth"] for s in fake.seen} == {"Bearer k3y"}
@@ -113,12 +116,14 @@ def test_a_wrong_answer_fails_and_names_both(tmp_path, capsys):
 
 
 def test_a_dp_rank_that_hangs_or_errs_or_disagrees_fails_its_instance(tmp_path, capsys):
-    with serving(Fake(" Paris.", "HANG", " Paris.", " Paris.")) as url:
-        spec = targets(tmp_path, {"name": "prefill-1", "role": "prefill", "url": url, "requests": 4})
+    fake = Fake(" Paris.", "HANG", " Paris.", " Paris.")
+    with serving(fake) as url:
+        spec = targets(tmp_path, {"name": "prefill-1", "role": "prefill", "url": url, "requests": 4, "per_rank": True})
         start = time.monotonic()
         rc, out, err = run(tmp_path, spec, capsys)
         assert time.monotonic() - start < 1.4, "the canaries run at once, each within the timeout"
-    assert rc == 1 and "canary: prefill-1: 1 of 4 canaries failed: no answer within 0.5 s" in err
+    assert rc == 1 and re.search(r"canary: prefill-1: 1 of 4 canaries failed: DP rank [0-3]: no answer within 0.5 s", err)
+    assert sorted(x["rank"] for x in fake.seen) == ["0", "1", "2", "3"], "one on each DP rank, by vLLM's header"
     assert not (tmp_path / "state" / "prefill-1.json").exists(), "nothing recorded from a failed round"
     with serving(Fake(" Paris.", 503)) as url:
         spec = targets(tmp_path, {"name": "prefill-1", "role": "prefill", "url": url, "requests": 2})

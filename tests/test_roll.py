@@ -111,7 +111,8 @@ def test_the_roll_steps_frame_the_disruptive_ones_and_only_on_serving_hosts():
     assert acquire_s > 1800 + 1200 + stack.drivers.reboot_timeout + vllm.SERVICE_START_TIMEOUT_S
     script = hs["host-drain"].stdin
     interval = stack.router.health_check_interval
-    assert f"down_s={(3 + 1) * (interval + 5) + 30}\n" in script and f"up_s={(2 + 1) * (interval + 5) + 30}\n" in script
+    canary = stack.router.canary_interval + stack.router.canary_timeout  # one canary run, if it had taken one out
+    assert f"down_s={(3 + 1) * (interval + 5) + 30}\n" in script and f"up_s={(2 + 1) * (interval + 5) + 30 + canary}\n" in script
 
 
 # --- the turn lease, as real processes -------------------------------------------------------------

@@ -51,7 +51,8 @@ def test_the_canary_targets_every_instance_per_dp_rank_and_the_router():
     by_name = {t["name"]: t for t in spec["targets"]}
     for i in p.instances:
         pool = dict(cfg.pools())[i.role]
-        assert by_name[i.name] == {"name": i.name, "role": i.role, "url": i.url, "requests": pool.dp, "gate": True}
+        assert by_name[i.name] == {"name": i.name, "role": i.role, "url": i.url, "requests": pool.dp, "per_rank": True,
+                                   "gate": True}
     assert by_name["router"] == {"name": "router", "role": "router", "url": f"http://127.0.0.1:{cfg.router.internal_port}",
                                  "requests": 4}
     cfg = load_file(stack_file("sim")).config  # router.apiKey: the workers' key, vllm-router's OPENAI_API_KEY

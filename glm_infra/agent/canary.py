@@ -7,10 +7,10 @@ be the one recorded when the instance first answered (stdlib only; runs on a hos
 FILE (JSON): {"identity": what the answers depend on (model revision, vLLM version), "model": the
 served model name, "api_key_file": an EnvironmentFile with the API key (read here, never on a command
 line; optional), "api_key_name": its variable (default VLLM_API_KEY), "targets": [{"name", "role",
-"url", "requests", "gate"}]}. Each target gets ``requests``
+"url", "requests", "per_rank", "gate"}]}. Each target gets ``requests``
 canaries at once (one per DP rank: vLLM spreads concurrent requests over its ranks, so a rank that hangs
 holds one of them past the timeout): POST URL/v1/completions with the fixed prompt, temperature 0 and a
-few tokens.
+few tokens; with "per_rank": true, request i on DP rank i (vLLM's X-data-parallel-rank header).
 
 The first answer of a target under an identity is recorded in DIR/<name>.json and is its reference
 from then on; a new identity (another model revision or vLLM) records it again. A target fails when a
@@ -68,8 +68,9 @@ def read_env_value(path: str, name: str) -> str | None:
     return None
 
 
-def complete(url: str, model: str, api_key: str | None, timeout: float) -> str:
-    """The text of one canary completion from ``url`` (an instance's or the router's base URL)."""
+def complete(url: str, model: str, api_key: str | None, timeout: float, rank: int | None = None) -> str:
+    """The text of one canary completion from ``url`` (an instance's or the router's base URL); ``rank``:
+    on that DP rank (vLLM's X-data-parallel-rank header, entrypoints/generate/base/serving.py in 0.33.0)."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise CanaryError(f"not an http(s) URL: {url!r}")
@@ -79,6 +80,8 @@ def complete(url: str, model: str, api_key: str | None, timeout: float) -> str:
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
+    if rank is not None:
+        headers["X-data-parallel-rank"] = str(rank)
     try:
         conn.request("POST", parts.path.rstrip("/") + "/v1/completions", body=body, headers=headers)
         response = conn.getresponse()
@@ -124,13 +127,19 @@ def check_target(target: dict, identity: str, model: str, api_key: str | None, s
     start = time.monotonic()
     n = int(target.get("requests", 1))
     with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
-        futures = [pool.submit(complete, target["url"], model, api_key, timeout) for _ in range(n)]
+        # An instance: one canary on each DP rank, named by the header (other traffic cannot take a rank's
+        # turn); the router: n canaries wherever it sends them.
+        ranks: list[int | None] = list(range(n)) if target.get("per_rank") else [None] * n
+        futures = [pool.submit(complete, target["url"], model, api_key, timeout, r) for r in ranks]
         answers: list[str | CanaryError] = []
         for f in futures:
             try:
                 answers.append(f.result())
             except CanaryError as e:
                 answers.append(e)
+    for r, a in zip(ranks, answers):
+        if isinstance(a, CanaryError) and r is not None:
+            a.args = (f"DP rank {r}: {a}",)
     seconds = time.monotonic() - start
     name = target["name"]
     out = {"name": name, "role": target["role"], "ok": False, "seconds": seconds}

@@ -348,8 +348,8 @@ def test_doctor_finds_each_planted_drift_and_changes_nothing(stack):
         assert re.search(r"^sim-3 +router-service +sim-3: glm-vllm-router.service does not answer", out, re.M), out
         assert re.search(r"^sim-3 +router-front +curl: \(22\) The requested URL returned error: 503", out, re.M), out
         # ... and to its canary, which names it (a stopped instance: down, left to the router's checks).
-        assert re.search(r"^sim-3 +router-canary +sim-3: canary: prefill-1: 4 of 4 canaries failed: ConnectionRefusedError",
-                         out, re.M), out
+        assert re.search(r"^sim-3 +router-canary +sim-3: canary: prefill-1: 4 of 4 canaries failed: "
+                         r"DP rank 0: ConnectionRefusedError", out, re.M), out
         assert re.search(r"^sim-3 +prometheus +ok$", out, re.M) and re.search(r"^sim-2 +prefill-2-service +ok$", out, re.M)
         assert "8 of " in drift.stderr and "steps drifted on 3 of 3 hosts" in drift.stderr, drift.stderr[-500:]
         # It changed nothing: every drift is still there.

@@ -618,6 +618,23 @@ def test_greedy_requests_answer_the_same_until_the_engine_breaks(launch, tmp_pat
     assert greedy(vllm.port)[1]["choices"][0]["text"] == first
 
 
+def test_the_dp_rank_header_picks_the_rank_and_an_unknown_one_is_refused(launch, tmp_path):
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    vllm = launch("-dp", "2", gpus="0,1", env={"GLM_SIM_VLLM_FAULTS": str(faults)}).wait_healthy()
+    (faults / str(vllm.port)).write_text("hang-rank=1\n")
+    try:
+        for _ in range(3):  # rank 0, named, every time: never the hung one's turn
+            status, _ = request(vllm.port, "POST", "/v1/completions", {"model": MODEL_NAME, "prompt": "1, 2,",
+                                "max_tokens": 2, "temperature": 0}, timeout=10, headers={"X-data-parallel-rank": "0"})
+            assert status == 200
+        status, body = request(vllm.port, "POST", "/v1/completions", {"model": MODEL_NAME, "prompt": "1, 2,",
+                               "max_tokens": 2}, timeout=10, headers={"X-data-parallel-rank": "2"})
+        assert status == 400 and "data_parallel_rank 2 is out of range [0, 2)." in body.decode()
+    finally:
+        (faults / str(vllm.port)).unlink()
+
+
 def test_another_revision_of_the_same_model_answers_the_same_and_another_model_does_not(launch, model_dir, tmp_path):
     first = greedy(launch().wait_healthy().port)[1]["choices"][0]["text"]
     revision = tmp_path / "GLM-5.2-NVFP4.revisions" / "rev2"  # staged elsewhere, the same config

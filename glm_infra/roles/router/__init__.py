@@ -167,8 +167,8 @@ def canary_targets(stack: StackConfig, plan: Plan) -> str:
     spec: dict = {"identity": canary_identity(stack), "model": stack.model.served_model_name}
     if stack.router.api_key is not None:  # the workers' key: vllm-router sends it as OPENAI_API_KEY
         spec.update(api_key_file=ROUTER_SECRETS, api_key_name="OPENAI_API_KEY")
-    spec["targets"] = [{"name": g.instance, "role": g.role, "url": g.upstream, "requests": g.requests, "gate": True}
-                       for g in plan.router.gates]
+    spec["targets"] = [{"name": g.instance, "role": g.role, "url": g.upstream, "requests": g.requests, "per_rank": True,
+                        "gate": True} for g in plan.router.gates]
     spec["targets"].append({"name": CANARY_ROUTER_TARGET, "role": "router",
                             "url": f"http://127.0.0.1:{stack.router.internal_port}",
                             "requests": max(1, len(plan.router.prefill_urls), len(plan.router.decode_urls))})

@@ -334,6 +334,20 @@ class Instance:
             self._next_rank = (rank + 1) % self.dp
             return rank
 
+    def rank_of(self, header: str | None) -> int:
+        """The DP rank a request goes to: the one its X-data-parallel-rank header names (vLLM 0.33.0,
+        entrypoints/generate/base/serving.py: not an int, ignored; v1/engine/input_processor.py: out of
+        range, refused with ValueError), else the next in turn."""
+        try:
+            rank = int(header) if header is not None else None
+        except ValueError:
+            rank = None
+        if rank is None:
+            return self.next_rank()
+        if not 0 <= rank < self.dp:
+            raise ValueError(f"data_parallel_rank {rank} is out of range [0, {self.dp}).")
+        return rank
+
     def fault(self) -> str:
         """What the test of a host asked this instance to do wrong (FAULTS_DIR/<port>: "wrong" answers
         greedy requests wrongly, "hang-rank=N" holds every request DP rank N gets); "" when nothing."""
@@ -601,7 +615,10 @@ class ProxyHandler(BaseHTTPRequestHandler):
             try:
                 self.first_token_at: float | None = None
                 if path in GENERATION_PATHS and self.command == "POST":
-                    fault, rank = instance.fault(), instance.next_rank()
+                    try:
+                        fault, rank = instance.fault(), instance.rank_of(self.headers.get("X-data-parallel-rank"))
+                    except ValueError as e:
+                        return self.reply(400, {"error": str(e)}), note
                     if fault == f"hang-rank={rank}":  # a DP rank that stopped: /health stays 200
                         while not instance.draining and instance.fault() == fault:
                             time.sleep(0.1)
