@@ -188,7 +188,8 @@ def test_the_wait_for_a_turn_is_bounded_and_names_the_holder(leases):
     assert leases("b300-1", "acquire").returncode == 0  # held by this test's process: alive
     t0 = time.monotonic()
     r = leases("b300-2", "acquire", wait_s=3)
-    assert r.returncode == 1 and 3 <= time.monotonic() - t0 < 60, (r.stdout, r.stderr)
+    # lease.sh counts whole seconds (date +%s): 3 of them can pass in a little over 2 s of real time.
+    assert r.returncode == 1 and 2 <= time.monotonic() - t0 < 60, (r.stdout, r.stderr)
     assert f"b300-2: turn: no turn in prefill after 3s (one roll's step timeouts): slot-0: b300-1 (pid {os.getpid()}" \
         in r.stderr
     assert "rm " in r.stderr and str(leases.root) in r.stderr
