@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 
 from glm_infra.agent import weights as w
 
@@ -1829,7 +1830,9 @@ def test_a_peer_needs_a_source(tmp_path, capsys):
 @pytest.mark.parametrize("revision", ["", ".", "..", "../x", "a/b", "-rf", ".lock", "a" * 101, "x\n"])
 def test_a_revision_that_is_not_a_folder_name_is_refused(tmp_path, capsys, revision):
     for argv in (["stage", "--role", "seed", "--url", "http://127.0.0.1:9", "--path", str(tmp_path / "m")],
-                 ["verify", "--path", str(tmp_path / "m")], ["prune", "--path", str(tmp_path / "m")]):
+                 ["verify", "--path", str(tmp_path / "m")], ["prune", "--path", str(tmp_path / "m")],
+                 ["install", "--path", str(tmp_path / "m"), "--into", str(tmp_path / "i")],
+                 ["stage", "--source", "directory", "--from", str(tmp_path), "--path", str(tmp_path / "m")]):
         assert run(*argv, f"--revision={revision}") == 1
         assert capsys.readouterr().err.endswith(f": weights: {revision!r} is not a revision\n")
     assert os.listdir(tmp_path) == []
@@ -2083,3 +2086,362 @@ def test_after_moving_a_source_that_does_not_answer_yet_gets_the_stall(tmp_path,
     out = capsys.readouterr().out
     assert f"c: weights: {seed_url}: did not answer within 0.2s; copying from {up} (its parent) now" in out
     assert f"{seed_url}: failed" not in out
+
+
+# --- the directory source (a host's warm-start caches, for the others) and install -----------------------
+
+
+KEY = "5e" * 32  # a cache's revision: a hex key of what built it
+
+CACHE = {
+    ".cache/vllm/torch_compile_cache/ab12/rank_0_0/backbone/computation_graph.py": b"def f(x): return x\n",
+    ".cache/vllm/modelinfos/glm.json": b'{"arch": "GlmMoeDsaForCausalLM"}\n',
+    ".triton/cache/XYZ/_fwd_kernel.cubin": bytes(range(256)) * 20,
+    ".triton/cache/XYZ/__grp___fwd_kernel.json": b"{}",
+}
+INCLUDES = (".cache/vllm", ".triton/cache", ".cache/flashinfer")  # flashinfer's: not built on this host
+
+
+def home_of(d: Path, files: dict[str, bytes] = CACHE) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
+        (d / name).write_bytes(data)
+    return d
+
+
+def cache_seed(home: Path, path: Path, *more: str, includes: tuple = INCLUDES) -> int:
+    argv = ["stage", "--role", "seed", "--source", "directory", "--from", str(home), "--revision", KEY, "--path",
+            str(path), "--margin-gb", "0", "--name", "s"]
+    for rel in includes:
+        argv += ["--include", rel]
+    return run(*argv, *more)
+
+
+def cache_manifest(path: Path) -> dict:
+    return json.loads((path.parent / f"{path.name}.revisions" / KEY / ".glm-manifest.json").read_text())
+
+
+def entries(files: dict[str, bytes]) -> list[dict]:
+    return sorted((entry(n, b) for n, b in files.items()), key=lambda e: e["path"])
+
+
+def install(path: Path, into: Path) -> int:
+    return run("install", "--revision", KEY, "--path", str(path), "--into", str(into))
+
+
+def test_the_directory_source_and_install_on_the_command_line():
+    a = w.parser().parse_args(["stage", "--path", "/m"])
+    assert (a.from_dir, a.include) == (None, [])
+    a = w.parser().parse_args(["stage", "--path", "/m", "--source", "directory", "--from", "/root", "--include",
+                               ".cache/vllm", "--include", ".triton"])
+    assert (a.source, a.from_dir, a.include) == ("directory", "/root", [".cache/vllm", ".triton"])
+    a = w.parser().parse_args(["install", "--revision", "r", "--path", "/m", "--into", "/root"])
+    assert (a.cmd, a.revision, a.path, a.into) == ("install", "r", "/m", "/root")
+    for bad in (["install", "--revision", "r", "--path", "/m"], ["install", "--path", "/m", "--into", "/d"],
+                ["install", "--revision", "r", "--into", "/d"]):
+        with pytest.raises(SystemExit):
+            w.parser().parse_args(bad)
+
+
+def test_the_directory_seed_stages_the_regular_files_under_its_includes_at_their_paths(tmp_path, capsys):
+    home = home_of(tmp_path / "home", {**CACHE, ".ssh/id_ed25519": b"secret\n", ".cache/other/x": b"x"})
+    (home / ".cache/vllm/key").symlink_to(home / ".ssh/id_ed25519")
+    (home / ".cache/vllm/to-ssh").symlink_to(home / ".ssh", target_is_directory=True)
+    os.mkfifo(home / ".triton/cache/fifo")
+    (home / ".triton/cache/XYZ/x.partial").write_bytes(b"cut")
+    (home / ".cache/vllm/bad\nname").write_bytes(b"b")
+    path = tmp_path / "h" / "warm"
+    assert cache_seed(home, path) == 0
+    out = capsys.readouterr().out
+    root = tmp_path / "h" / "warm.revisions" / KEY
+    assert cache_manifest(path) == {"revision": KEY, "files": entries(CACHE)}, "paths under --from, no commit"
+    for name, data in CACHE.items():
+        assert (path / name).read_bytes() == data
+    copied = [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and not p.name.startswith(".glm-")]
+    assert sorted(copied) == sorted(CACHE), "nothing else: not the symlinks' targets, nor what is outside the includes"
+    for line in (f"{home}: '.cache/vllm/key' skipped (a symlink, not followed)",
+                 f"{home}: '.cache/vllm/to-ssh' skipped (a symlink, not followed)",
+                 f"{home}: '.triton/cache/fifo' skipped (not a regular file)",
+                 f"{home}: '.triton/cache/XYZ/x.partial' skipped (the name of a transfer in progress)",
+                 f"{home}: '.cache/vllm/bad\\nname' skipped (a control character)",
+                 f"{home / '.cache/flashinfer'}: not there, skipped",
+                 "seed: 4 files from the directory source, 0 already here and verified"):
+        assert f"s: weights: {line}\n" in out, out
+    total = sum(len(d) for d in CACHE.values())
+    assert (root / ".glm-complete").read_text() == f"4 files, {total} bytes\n"
+    assert f"s: weights: {KEY}: 4 files, 0.00 GB verified at {path}" in out
+    progress = json.loads((root / ".glm-progress.json").read_text())
+    assert progress == {"revision": KEY, "files": entries(CACHE), "published": sorted(CACHE), "complete": True,
+                        "received": total}
+    assert os.readlink(path) == f"warm.revisions/{KEY}"
+
+
+def test_without_an_include_the_whole_folder_is_staged_but_never_through_a_symlink_or_its_own_staging(tmp_path, capsys):
+    home = home_of(tmp_path / "home")
+    outside = home_of(tmp_path / "scratch", {"vllm/x": b"x"})
+    (home / ".cache/link").symlink_to(outside / "vllm", target_is_directory=True)
+    path = home / ".cache" / "glm" / "warm"  # the staging under the folder it reads
+    assert cache_seed(home, path, includes=()) == 0
+    assert cache_seed(home, path, includes=()) == 0  # again: its own copies are not read into it
+    out = capsys.readouterr().out
+    assert cache_manifest(path) == {"revision": KEY, "files": entries(CACHE)}
+    assert f"s: weights: {home}: '.cache/link' skipped (a symlink, not followed)" in out
+    assert f"s: weights: {home}: '.cache/glm/warm' skipped (a symlink, not followed)" in out
+    assert "seed: 0 files from the directory source, 4 already here and verified" in out
+    # An include reached through a symlink is not followed, one file can be an include, overlaps count once.
+    other = tmp_path / "h" / "warm"
+    cubin = ".triton/cache/XYZ/_fwd_kernel.cubin"
+    assert cache_seed(home, other, includes=(".cache/link", ".cache/link/x", ".cache/vllm", ".cache/vllm/modelinfos",
+                                             cubin)) == 0
+    out = capsys.readouterr().out
+    assert f"s: weights: {home}: '.cache/link' skipped (reached through a symlink, not followed)" in out
+    assert f"s: weights: {home}: '.cache/link/x' skipped (reached through a symlink, not followed)" in out
+    assert cache_manifest(other)["files"] == entries({n: b for n, b in CACHE.items()
+                                                      if n.startswith(".cache/vllm/") or n == cubin})
+    assert "seed: 3 files from the directory source, 0 already here and verified" in out
+
+
+def test_the_directory_seed_again_keeps_what_matches_and_stages_what_changed_anew(tmp_path, capsys, counted):
+    home = home_of(tmp_path / "home")
+    path = tmp_path / "h" / "warm"
+    assert cache_seed(home, path) == 0
+    capsys.readouterr()
+    counted.clear()
+    graph = ".cache/vllm/torch_compile_cache/ab12/rank_0_0/backbone/computation_graph.py"
+    info = ".cache/vllm/modelinfos/glm.json"
+    changed = {graph: b"def g(y): return y\n",  # the same size, other bytes
+               info: b'{"arch": "GlmMoeDsaForCausalLM", "v": 2}\n', ".triton/cache/NEW/k.cubin": b"new"}
+    assert len(changed[graph]) == len(CACHE[graph])
+    home_of(home, changed)
+    (home / ".triton/cache/XYZ/__grp___fwd_kernel.json").unlink()
+    assert cache_seed(home, path) == 0
+    out = capsys.readouterr().out
+    now = {n: b for n, b in {**CACHE, **changed}.items() if n != ".triton/cache/XYZ/__grp___fwd_kernel.json"}
+    assert cache_manifest(path) == {"revision": KEY, "files": entries(now)}, "made anew, with the new sha256s"
+    for name, data in now.items():
+        assert (path / name).read_bytes() == data
+    assert "s: weights: seed: 3 files from the directory source, 1 already here and verified" in out
+    assert counted == [], "what it copied was hashed on the way, what it kept came from the cache"
+    progress = json.loads((path / ".glm-progress.json").read_text())
+    assert progress["published"] == sorted(now), "a file gone from the source is not served"
+
+
+def test_the_manifest_lists_the_bytes_copied_even_when_the_source_changes_meanwhile(tmp_path, capsys, monkeypatch):
+    home = home_of(tmp_path / "home")
+    name = ".cache/vllm/modelinfos/glm.json"
+    real, inode = w.copy_hashed, (home / name).stat().st_ino
+
+    def rewritten_while_copied(src, dst, on_bytes=None):
+        got = real(src, dst, on_bytes)
+        if os.fstat(src.fileno()).st_ino == inode:  # (vLLM writes it again just as it was read)
+            (home / name).write_bytes(b"written by vLLM meanwhile\n")
+        return got
+
+    monkeypatch.setattr(w, "copy_hashed", rewritten_while_copied)
+    path = tmp_path / "h" / "warm"
+    assert cache_seed(home, path) == 0
+    assert (path / name).read_bytes() == CACHE[name]
+    assert entry(name, CACHE[name]) in cache_manifest(path)["files"]
+
+
+def test_a_file_gone_between_listing_and_copying_is_skipped(tmp_path, capsys, monkeypatch):
+    home = home_of(tmp_path / "home")
+    name = ".triton/cache/XYZ/_fwd_kernel.cubin"
+    real = w.directory_files
+
+    def listed_then_evicted(args):
+        found = real(args)
+        (home / name).unlink()
+        return found
+
+    monkeypatch.setattr(w, "directory_files", listed_then_evicted)
+    path = tmp_path / "h" / "warm"
+    assert cache_seed(home, path) == 0
+    out = capsys.readouterr().out
+    assert f"s: weights: {home}: '{name}' skipped (cannot read it: No such file or directory)" in out
+    assert cache_manifest(path)["files"] == entries({n: b for n, b in CACHE.items() if n != name})
+    assert "seed: 3 files from the directory source" in out
+
+
+def test_a_directory_source_with_nothing_to_stage_stages_an_empty_manifest(tmp_path, capsys):
+    home = home_of(tmp_path / "home", {})
+    path = tmp_path / "h" / "warm"
+    assert cache_seed(home, path) == 0
+    out = capsys.readouterr().out
+    assert cache_manifest(path) == {"revision": KEY, "files": []}
+    assert (path / ".glm-complete").read_text() == "0 files, 0 bytes\n"
+    for rel in INCLUDES:
+        assert f"s: weights: {home / rel}: not there, skipped" in out
+    assert "s: weights: seed: 0 files from the directory source, 0 already here and verified" in out
+
+
+@pytest.mark.parametrize(("more", "said"), [
+    (["--role", "peer", "--peer", "http://127.0.0.1:9", "--from", "{home}"],
+     "--source directory is the seed's (--role seed): a peer copies from its --peer hosts"),
+    (["--include", ".cache/vllm"], "--source directory needs --from DIR: the folder whose files it stages"),
+    (["--from", "{home}/none"], "--from {home}/none: not a directory"),
+    (["--from", "{home}/.cache/vllm/modelinfos/glm.json"],
+     "--from {home}/.cache/vllm/modelinfos/glm.json: not a directory"),
+    (["--from", "{home}", "--include", "../etc"],
+     "--include '../etc': a '..' component (it names a path under --from)"),
+    (["--from", "{home}", "--include", "/etc"], "--include '/etc': an absolute path (it names a path under --from)"),
+    (["--from", "{home}", "--include", ".cache/"],
+     "--include '.cache/': an empty or '.' component (it names a path under --from)"),
+], ids=["peer", "no-from", "from-missing", "from-a-file", "include-dotdot", "include-absolute", "include-slash"])
+def test_the_directory_source_is_the_seeds_and_reads_the_folder_it_is_given(tmp_path, capsys, more, said):
+    home = home_of(tmp_path / "home")
+    argv = [a.format(home=home) for a in more]
+    assert run("stage", "--source", "directory", "--revision", KEY, "--path", str(tmp_path / "m"), "--name", "s",
+               *argv) == 1
+    assert capsys.readouterr().err == f"s: weights: {said.format(home=home)}\n"
+    assert not (tmp_path / "m.revisions").exists()
+
+
+@pytest.mark.parametrize("files", [CACHE, {}], ids=["cache", "empty"])
+def test_a_directory_seed_serves_a_peer_that_verifies_every_file(tmp_path, capsys, files):
+    home = home_of(tmp_path / "home", files)
+    bind = f"127.0.0.1:{free_port()}"
+    rc: list[int] = []
+    t = threading.Thread(target=lambda: rc.append(cache_seed(home, tmp_path / "s" / "warm", "--serve", bind,
+                                                             "--children", "c", "--stall", "5")))
+    t.start()
+    path = tmp_path / "c" / "warm"
+    try:
+        assert run("stage", "--role", "peer", "--peer", f"http://{bind}/", "--revision", KEY, "--path", str(path),
+                   "--margin-gb", "0", "--name", "c", "--stall", "5", "--timeout", "30") == 0
+    finally:
+        t.join()
+    assert rc == [0]
+    out = capsys.readouterr().out
+    assert cache_manifest(path) == cache_manifest(tmp_path / "s" / "warm") == {"revision": KEY, "files": entries(files)}
+    for name, data in files.items():
+        assert (path / name).read_bytes() == data
+    copied = f"{len(files)} from http://{bind}" if files else "none"
+    assert f"peer: {len(files)} files copied ({copied}), 0 already here and verified" in out
+    assert f"relay on {bind} stopped: every host copying from here is done or left" in out
+    assert (path / ".glm-complete").exists()
+    assert run("verify", "--revision", KEY, "--path", str(path)) == 0
+
+
+def test_a_staged_revision_is_relayed_by_a_process_of_its_own_until_its_children_are_done(tmp_path, capsys):
+    """weights.py relay (the pool's first host's transient unit): a staged revision served as a relay parent
+    serves it, every file published and the revision complete, until each child said it has every file."""
+    seed = tmp_path / "s" / "warm"
+    assert cache_seed(home_of(tmp_path / "home"), seed) == 0
+    bind = f"127.0.0.1:{free_port()}"
+    rc: list[int] = []
+    t = threading.Thread(target=lambda: rc.append(run("relay", "--revision", KEY, "--path", str(seed), "--bind", bind,
+                                                      "--children", "c", "--stall", "5")))
+    t.start()
+    path = tmp_path / "c" / "warm"
+    try:
+        assert run("stage", "--role", "peer", "--peer", f"http://{bind}/", "--revision", KEY, "--path", str(path),
+                   "--margin-gb", "0", "--name", "c", "--stall", "5", "--timeout", "30") == 0
+    finally:
+        t.join(30)
+    assert rc == [0]
+    assert cache_manifest(path) == cache_manifest(seed)
+    out = capsys.readouterr().out
+    assert f"serving {len(CACHE)} files on {bind} to c" in out
+    assert f"relay on {bind} stopped: every host copying from here is done or left" in out
+
+
+def test_a_relay_of_a_revision_not_staged_whole_or_of_a_child_that_never_came_ends(tmp_path, capsys):
+    seed = tmp_path / "s" / "warm"
+    bind = f"127.0.0.1:{free_port()}"
+    assert run("relay", "--revision", KEY, "--path", str(seed), "--bind", bind, "--children", "c") == 1
+    assert f"{KEY} is not staged at {seed} (no .glm-complete): nothing to serve" in capsys.readouterr().err
+    assert cache_seed(home_of(tmp_path / "home"), seed) == 0
+    started = time.monotonic()
+    assert run("relay", "--revision", KEY, "--path", str(seed), "--bind", bind, "--children", "c", "--stall", "1") == 0
+    assert time.monotonic() - started < 10
+    assert "c never came for 1s: not waiting for it any longer" in capsys.readouterr().out
+
+
+def staged_cache(tmp_path: Path) -> Path:
+    path = tmp_path / "h" / "warm"
+    assert cache_seed(home_of(tmp_path / "built"), path) == 0
+    return path
+
+
+def test_install_puts_what_is_missing_in_place_and_leaves_what_the_host_has(tmp_path, capsys):
+    path = staged_cache(tmp_path)
+    into = tmp_path / "home"
+    own = ".cache/vllm/modelinfos/glm.json"
+    home_of(into, {own: b"the host's own\n"})
+    os.chmod(into / own, 0o600)
+    capsys.readouterr()
+    assert install(path, into) == 0
+    out = capsys.readouterr().out
+    size = sum(len(d) for n, d in CACHE.items() if n != own)
+    assert out.endswith(f": weights: installed 3 files ({size} bytes) into {into}, 1 already there\n")
+    assert out.count("\n") == 1
+    for name, data in CACHE.items():
+        if name != own:
+            assert (into / name).read_bytes() == data
+            assert stat_mode(into / name) == 0o644
+    assert (into / own).read_bytes() == b"the host's own\n" and stat_mode(into / own) == 0o600
+    assert not list(into.rglob(".glm-install-*")), "no temporary file left"
+    before = {p: (p.stat().st_mtime_ns, p.stat().st_ino) for p in into.rglob("*")}
+    assert install(path, into) == 0
+    assert capsys.readouterr().out.endswith(f": weights: installed 0 files (0 bytes) into {into}, 4 already there\n")
+    assert {p: (p.stat().st_mtime_ns, p.stat().st_ino) for p in into.rglob("*")} == before, "idempotent"
+
+
+def stat_mode(p: Path) -> int:
+    return p.stat().st_mode & 0o777
+
+
+def test_install_refuses_a_revision_that_is_not_staged_whole(tmp_path, capsys):
+    into = tmp_path / "home"
+    path = tmp_path / "h" / "warm"
+    said = f": weights: {KEY} is not staged at {path} (no .glm-complete): nothing installed\n"
+    assert install(path, into) == 1
+    assert capsys.readouterr().err.endswith(said)
+    staged_cache(tmp_path)
+    (tmp_path / "h" / "warm.revisions" / KEY / ".glm-complete").unlink()  # a staging cut short
+    capsys.readouterr()
+    assert install(path, into) == 1
+    assert capsys.readouterr().err.endswith(said)
+    assert not into.exists()
+
+
+def test_install_refuses_a_manifest_that_would_write_outside_its_folder(tmp_path, capsys):
+    path = staged_cache(tmp_path)
+    manifest_path = tmp_path / "h" / "warm.revisions" / KEY / ".glm-manifest.json"
+    good = json.loads(manifest_path.read_text())
+    into = tmp_path / "home"
+    into.mkdir()
+    manifest_path.write_text(json.dumps({**good, "files": good["files"] + [{**good["files"][0], "path": "../escape"}]}))
+    capsys.readouterr()
+    assert install(path, into) == 1
+    assert capsys.readouterr().err.endswith(f": weights: refusing the manifest from {manifest_path}: unsafe file name "
+                                            f"'../escape' (a '..' component)\n")
+    assert os.listdir(into) == [] and not (tmp_path / "escape").exists()
+    manifest_path.write_text(json.dumps(good))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (into / ".triton").symlink_to(outside, target_is_directory=True)  # a link in the folder that leads out
+    assert install(path, into) == 1
+    err = capsys.readouterr().err
+    real = os.path.realpath(outside / "cache" / "XYZ" / "__grp___fwd_kernel.json")
+    assert err.endswith(f": weights: refusing the manifest from {manifest_path}: "
+                        f"'.triton/cache/XYZ/__grp___fwd_kernel.json' would land at {real}, outside "
+                        f"{os.path.realpath(into)} (through a symlink)\n"), err
+    assert os.listdir(outside) == [] and os.listdir(into) == [".triton"], "nothing written before the check"
+
+
+def test_install_takes_only_the_bytes_the_manifest_lists(tmp_path, capsys):
+    path = staged_cache(tmp_path)
+    name = ".triton/cache/XYZ/_fwd_kernel.cubin"
+    blob = bytearray((path / name).read_bytes())
+    blob[7] ^= 0xFF  # its disk went bad since it was staged: the same size, other bytes
+    (path / name).write_bytes(bytes(blob))
+    into = tmp_path / "home"
+    capsys.readouterr()
+    assert install(path, into) == 1
+    src = f"{tmp_path}/h/warm.revisions/{KEY}/{name}"
+    assert capsys.readouterr().err.endswith(f": weights: {src}: not the bytes its manifest lists (changed since it "
+                                            f"was staged)\n")
+    assert not (into / name).exists() and not list(into.rglob(".glm-install-*"))

@@ -15,6 +15,8 @@ Layout under the model path P (what vLLM serves):
     weights.py stage --role seed --source mirror --url URL --revision R --path P [RELAY] [COMMON]
     weights.py stage --role seed --source huggingface --repo ORG/NAME --revision R --path P
                      [--hf-python PY] [--token-file F] [RELAY] [COMMON]
+    weights.py stage --role seed --source directory --from DIR [--include REL ...] --revision R --path P
+                     [RELAY] [COMMON]
     weights.py stage --role peer --peer URL [--peer URL ...] --revision R --path P [RELAY] [COMMON]
         RELAY: --name HOST [--serve ADDR:PORT --children HOST,HOST] [--stall SECONDS] [--relay-key-file F]
         COMMON: [--margin-gb GB] [--timeout SECONDS]
@@ -24,10 +26,19 @@ Layout under the model path P (what vLLM serves):
                                                          exit 1 naming bad files)
     weights.py prune --revision R --path P         (remove every other revision)
     weights.py remove --path P                     (remove the checkpoint and its revisions)
+    weights.py install --revision R --path P --into DIR   (copy each file of the staged revision that DIR
+                                                           lacks to DIR/<its path>; exit 1 if not staged)
+    weights.py relay --revision R --path P --bind ADDR:PORT --children HOST,HOST [--name HOST] [--stall SECONDS]
+                     [--relay-key-file F]   (serve a staged revision to the relay children until each has
+                                             every file or went silent; a process of its own, not a staging)
 
     --url            the mirror: files under URL/REVISION/, with URL/REVISION/manifest.json
     --hf-python      python of the venv with the hf CLI (default /opt/glm-infra/hf/bin/python)
     --token-file     EnvironmentFile with HF_TOKEN= (read by this program: never on a command line)
+    --from           (directory) the folder whose regular files are staged, each at its path under it
+    --include        (directory) a path under --from to stage, repeated (default: all of --from); one
+                     that is not there is skipped
+    --into           (install) the folder the files go to, each at its path in the manifest
     --peer           a host to copy from, repeated: the parent first, then each ancestor up to the seed
     --name           this host's name in the relay (default: its hostname)
     --serve          serve the verified files here while staging (hosts with --children, comma-separated)
@@ -45,6 +56,13 @@ or went silent for ``--stall`` seconds. A peer copies each file as soon as the f
 ``--peer`` hosts (its parent; then each ancestor up to the seed) has published it, verifies it
 against the sha256 there, and moves to the next one when its source fails: refused or reset after
 it answered, a short body, bad bytes, no progress for ``--stall`` seconds.
+
+The directory source moves what one host built to the others (vLLM's warm-start caches under its
+HOME: JIT, autotune and compile caches). The seed copies each regular file under the includes into
+the revision directory, hashing the bytes it copies (a cache file may change while it is read), and
+writes the manifest anew on every run (paths relative to --from, no commit); the relay carries it
+like a checkpoint. ``install`` then puts each file at DIR/<path> on every host where DIR has none
+there: a file the host has is left as it is (vLLM keys its caches itself).
 """
 
 from __future__ import annotations
@@ -68,6 +86,7 @@ import socketserver
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -785,12 +804,123 @@ def hf_download(args: argparse.Namespace, root: str, entries: list[dict]) -> Non
             del e["git_blob"]
 
 
+def directory_files(args: argparse.Namespace) -> dict[str, tuple[str, int]]:
+    """The regular files of the directory source: each name (its path under --from) → where it is and
+    its size; all of --from, or what is under each --include. Anything else (a symlink, a socket …) or
+    a name the manifest cannot hold is skipped with a line. No symlink is followed: a file reached
+    through one could not be installed at its path (``install`` refuses it), and this staging's own
+    folder is never read into itself."""
+    top = args.from_dir
+    real_top = os.path.realpath(top)
+    own = os.path.realpath(revisions_dir(args.path))
+    found: dict[str, tuple[str, int]] = {}
+
+    def skip(name: str, why: str) -> None:
+        log(f"{top}: {name!r} skipped ({why})")
+
+    for rel in args.include or [""]:
+        start = os.path.join(top, rel) if rel else top
+        if not os.path.lexists(start):
+            log(f"{start}: not there, skipped")
+            continue
+        if os.path.realpath(start) != os.path.normpath(os.path.join(real_top, rel)):
+            skip(rel, "reached through a symlink, not followed")
+            continue
+        if os.path.isdir(start):
+            walk = os.walk(start, onerror=lambda e: log(f"{e.filename}: cannot list it ({e.strerror}), skipped"))
+        else:  # an include may name one file
+            walk = iter([(os.path.dirname(start), [], [os.path.basename(start)])])
+        for d, dirs, names in walk:
+            for n in list(dirs):
+                p = os.path.join(d, n)
+                if os.path.islink(p) or os.path.realpath(p) == own:
+                    dirs.remove(n)
+                    if os.path.islink(p):
+                        skip(os.path.relpath(p, top), "a symlink, not followed")
+            dirs.sort()
+            for n in sorted(names):
+                p = os.path.join(d, n)
+                name = os.path.relpath(p, top)
+                try:
+                    st = os.lstat(p)
+                except OSError as e:
+                    skip(name, e.strerror or str(e))
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    skip(name, "a symlink, not followed" if stat.S_ISLNK(st.st_mode) else "not a regular file")
+                elif problem := name_problem(name):
+                    skip(name, problem)
+                else:
+                    found[name] = (p, st.st_size)
+    return found
+
+
+def copy_hashed(src, dst, on_bytes=None) -> tuple[int, str]:  # noqa: ANN001 (open binary files)
+    """The bytes of the open file ``src`` written to the open file ``dst``, CHUNK by CHUNK and hashed on
+    the way: the size and sha256 of what was written. The source read again could give other bytes (a
+    cache file may change while it is copied)."""
+    h, size = hashlib.sha256(), 0
+    while chunk := src.read(CHUNK):
+        dst.write(chunk)
+        h.update(chunk)
+        size += len(chunk)
+        if on_bytes:
+            on_bytes(len(chunk))
+    return size, h.hexdigest()
+
+
+def copy_directory(args: argparse.Namespace, root: str) -> tuple[dict, set[str]]:
+    """The directory source copied into the revision directory: the manifest of what is here now, made
+    anew from the bytes copied (the source is a cache: it changes between runs), and the names copied.
+    A file here that matches its source is kept: the source is read to compare only when the copy here
+    has its size."""
+    relay: Relay = args.relay
+    hashes: Hashes = args.hashes
+    found = directory_files(args)
+    for name in found:
+        inside(root, name, args.from_dir)
+    need_disk(args, root, {"files": [{"path": n, "size": size} for n, (_, size) in found.items()]})
+    files: list[dict] = []
+    fresh: set[str] = set()
+    for name, (src, size) in sorted(found.items()):
+        dest = os.path.join(root, name)
+        try:
+            if os.path.isfile(dest) and os.path.getsize(dest) == size:
+                e = {"path": name, "size": size, "sha256": sha256_file(src)}
+                if hashes.ok(e):
+                    files.append(e)
+                    continue
+            fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # never a link, never waiting on a fifo
+        except OSError as err:  # gone since it was listed (a cache evicts), or unreadable: not staged
+            log(f"{args.from_dir}: {name!r} skipped (cannot read it: {err.strerror or err})")
+            continue
+        partial = dest + ".partial"
+        try:
+            with open(fd, "rb") as f:
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(partial)  # a cut copy, or a link planted there: never written through
+                with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb") as out:
+                    size, sha = copy_hashed(f, out, relay.got)
+            os.replace(partial, dest)
+        except OSError as err:
+            raise StageError(f"{name}: cannot copy {src} into {root}: {err.strerror or err}") from None
+        hashes.remember(name, sha)
+        files.append({"path": name, "size": size, "sha256": sha})
+        fresh.add(name)
+    return {"revision": args.revision, "files": files}, fresh
+
+
 def stage_seed(args: argparse.Namespace, root: str) -> None:
     relay: Relay = args.relay
     hashes: Hashes = args.hashes
-    manifest = source_manifest(args, root)
+    if args.source == "directory":  # copied first: a file's sha256 is known once its bytes are here
+        manifest, fresh = copy_directory(args, root)
+    else:
+        manifest = source_manifest(args, root)
+        need_disk(args, root, manifest)
+        fresh = set()
     args.commit = relay.commit = manifest.get("commit")
-    need_disk(args, root, manifest)
     if args.source == "huggingface":
         # The small git-kept files first (config, tokenizer): then every file has a sha256 the peers
         # can check before anything is published.
@@ -803,8 +933,6 @@ def stage_seed(args: argparse.Namespace, root: str) -> None:
         if missing:
             hf_download(args, root, missing)
         fresh = {e["path"] for e in missing}
-    else:
-        fresh = set()
     write_json(os.path.join(root, MANIFEST), manifest)
     relay.adopt(manifest["files"])
     kept = fetched = 0
@@ -824,6 +952,8 @@ def stage_seed(args: argparse.Namespace, root: str) -> None:
             fetch_verified(mirror_url(args, e["path"]), hashes, e, on_bytes=relay.got)
             fetched += 1
             relay.publish(e["path"])
+        elif args.source == "directory":  # copied and hashed just now: changed here since
+            raise StageError(f"{e['path']}: changed in {root} while it was staged")
         else:  # huggingface
             if os.path.lexists(p):
                 log(f"{e['path']}: does not match the hub's sha256, downloading it again")
@@ -1005,10 +1135,13 @@ def stage_peer(args: argparse.Namespace, root: str) -> None:
                 time.sleep(1)
             continue
         answered = True
-        if progress["files"]:
-            known = True
-            if {e["path"]: e for e in progress["files"]} != files or progress.get("commit") != relay.commit:
+        # A manifest once it lists files, or once the source is complete without any (an empty cache of
+        # the directory source): that one is adopted too, or this host would wait for files forever.
+        if progress["files"] or progress["complete"]:
+            listed = {e["path"]: e for e in progress["files"]}
+            if not known or listed != files or progress.get("commit") != relay.commit:
                 adopt(progress["files"], base, progress.get("commit"))
+            known = True
         sig = (len(progress["published"]), progress["received"], progress["complete"])
         if sig != last_sig:
             last_sig, since = sig, time.monotonic()
@@ -1045,7 +1178,7 @@ def stage_peer(args: argparse.Namespace, root: str) -> None:
         if failed:
             move(failed)
             continue
-        if progress["complete"] and files and have >= set(files):
+        if progress["complete"] and known and have >= set(files):
             break
         if time.monotonic() - since > args.stall:
             move(f"no progress for {args.stall:g}s")
@@ -1141,6 +1274,16 @@ def verify_in_place(path: str) -> int:
 def cmd_stage(args: argparse.Namespace) -> int:
     if args.source == "local":
         return verify_in_place(args.path)
+    if args.source == "directory":
+        if args.role == "peer":
+            raise StageError("--source directory is the seed's (--role seed): a peer copies from its --peer hosts")
+        if not args.from_dir:
+            raise StageError("--source directory needs --from DIR: the folder whose files it stages")
+        if not os.path.isdir(args.from_dir):
+            raise StageError(f"--from {args.from_dir}: not a directory")
+        for rel in args.include:
+            if problem := name_problem(rel):
+                raise StageError(f"--include {rel!r}: {problem} (it names a path under --from)")
     if args.role == "peer" and not args.peer:
         raise StageError("--role peer needs at least one --peer URL (its parent, then its ancestors)")
     children = [c for c in (args.children or "").split(",") if c]
@@ -1233,6 +1376,81 @@ def cmd_remove(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_install(args: argparse.Namespace) -> int:
+    """The files of a staged revision (a warm-start cache) at their paths under --into, where nothing is
+    there: a file the host has is left as it is (vLLM keys its caches itself, what it built wins).
+    Each is copied to a temporary name beside it, checked against the manifest on the way, and renamed
+    into place. A manifest path that would land outside --into ('..', a symlink on the way) is refused
+    before anything is written. Running it again installs nothing more."""
+    root = revision_dir(args.path, args.revision)
+    if not os.path.isfile(os.path.join(root, COMPLETE)):
+        print(f"{HOST}: weights: {args.revision} is not staged at {args.path} (no {COMPLETE}): nothing installed",
+              file=sys.stderr)
+        return 1
+    manifest_path = os.path.join(root, MANIFEST)
+    try:
+        files = manifest_files(read_json(manifest_path).get("files"), manifest_path)
+    except (OSError, ValueError, AttributeError) as e:
+        raise StageError(f"{manifest_path}: unreadable ({e})") from None
+    dests = {e["path"]: inside(args.into, e["path"], manifest_path) for e in files}
+    installed = kept = total = 0
+    for e in files:
+        dest = dests[e["path"]]
+        if os.path.lexists(dest):
+            kept += 1
+            continue
+        src = os.path.join(root, e["path"])
+        try:
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".glm-install-", dir=os.path.dirname(dest))
+            try:
+                with open(fd, "wb") as out, open(src, "rb") as f:
+                    got = copy_hashed(f, out)
+                    os.fchmod(out.fileno(), 0o644)
+                if got != (e["size"], e["sha256"]):
+                    raise StageError(f"{src}: not the bytes its manifest lists (changed since it was staged)")
+                os.replace(tmp, dest)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(tmp)  # (gone once renamed)
+        except OSError as err:
+            raise StageError(f"cannot install {e['path']} into {args.into}: {err.strerror or err}") from None
+        installed += 1
+        total += e["size"]
+    log(f"installed {installed} files ({total} bytes) into {args.into}, {kept} already there")
+    return 0
+
+
+def cmd_relay(args: argparse.Namespace) -> int:
+    """A staged revision served as a relay parent serves it (every file published, complete) until each child
+    said it has every file or went silent for --stall seconds: the pool's first host runs it as a transient
+    unit, so the steps of the hosts that copy from it can follow its own. Exit 1 naming a child that left
+    before it had every file."""
+    root = revision_dir(args.path, args.revision)
+    if not os.path.exists(os.path.join(root, COMPLETE)):
+        raise StageError(f"{args.revision} is not staged at {args.path} (no {COMPLETE}): nothing to serve")
+    manifest = read_json(os.path.join(root, MANIFEST))
+    relay = Relay(args.revision, args.name)
+    relay.key = relay_key(args.relay_key_file) if args.relay_key_file else None
+    relay.commit = manifest.get("commit")
+    relay.adopt(manifest_files(manifest.get("files"), os.path.join(root, MANIFEST)))
+    for e in relay.files:
+        relay.publish(e["path"])
+    relay.publish(complete=True)
+    children = [c for c in args.children.split(",") if c]
+    server = start_relay(relay, root, args.bind, args.stall)
+    try:
+        log(f"{args.revision}: serving {len(relay.files)} files on {args.bind} to {', '.join(children)}")
+        left = wait_for_children(relay, children, args.stall)
+    finally:
+        server.shutdown()
+        server.server_close()
+    if left:
+        raise StageError(f"{', '.join(left)} stopped copying from this host before they had every file")
+    log(f"relay on {args.bind} stopped: every host copying from here is done or left")
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Every file of a folder (--all: the mirror stand-in) or only what its progress file published."""
     with files_server(args.dir, args.bind, published_only=not args.all) as httpd:
@@ -1246,8 +1464,10 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("stage")
     s.add_argument("--role", choices=["seed", "peer"], default="seed")
-    s.add_argument("--source", choices=["huggingface", "mirror", "local"], default="mirror")
+    s.add_argument("--source", choices=["huggingface", "mirror", "directory", "local"], default="mirror")
     s.add_argument("--url")
+    s.add_argument("--from", dest="from_dir")
+    s.add_argument("--include", action="append", default=[])
     s.add_argument("--repo")
     s.add_argument("--hf-python", default="/opt/glm-infra/hf/bin/python")
     s.add_argument("--token-file")
@@ -1267,6 +1487,18 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--path", required=True)
     sub.choices["verify"].add_argument("--quick", action="store_true")
     sub.add_parser("remove").add_argument("--path", required=True)
+    i = sub.add_parser("install")
+    i.add_argument("--revision", required=True)
+    i.add_argument("--path", required=True)
+    i.add_argument("--into", required=True)
+    r = sub.add_parser("relay")
+    r.add_argument("--revision", required=True)
+    r.add_argument("--path", required=True)
+    r.add_argument("--bind", required=True)
+    r.add_argument("--children", required=True)
+    r.add_argument("--name", default=os.uname().nodename)
+    r.add_argument("--stall", type=float, default=120)
+    r.add_argument("--relay-key-file")
     v = sub.add_parser("serve")
     v.add_argument("--dir", required=True)
     v.add_argument("--bind", required=True)
@@ -1278,12 +1510,12 @@ def main(argv: list[str] | None = None) -> int:
     global HOST
     args = parser().parse_args(argv)
     HOST = getattr(args, "name", None) or HOST
-    if args.cmd in ("verify", "prune") or (args.cmd == "stage" and args.source != "local"):
+    if args.cmd in ("verify", "prune", "install", "relay") or (args.cmd == "stage" and args.source != "local"):
         if not REVISION.fullmatch(args.revision):  # a folder name under PATH.revisions, as the stack's rule
             print(f"{HOST}: weights: {args.revision!r} is not a revision", file=sys.stderr)
             return 1
     handlers = {"stage": cmd_stage, "verify": cmd_verify, "prune": cmd_prune, "remove": cmd_remove,
-                "serve": cmd_serve}
+                "install": cmd_install, "relay": cmd_relay, "serve": cmd_serve}
     try:
         return handlers[args.cmd](args)
     except StageError as e:
