@@ -186,7 +186,9 @@ def launch(vllm_bin, model_dir, tmp_path):
         log = tmp_path / f"{name}-{port}.log"
         argv = [str(vllm_bin), "serve", str(model or model_dir), "--served-model-name", MODEL_NAME,
                 "--host", "127.0.0.1", "--port", str(port), *flags]
-        environment = clean_env(CUDA_VISIBLE_DEVICES=gpus, GLM_SIM_STARTUP_SECONDS=startup, **(env or {}))
+        # The engine's caches in the test's folder, never the machine's ~/.cache/vllm.
+        environment = clean_env(CUDA_VISIBLE_DEVICES=gpus, GLM_SIM_STARTUP_SECONDS=startup,
+                                VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"), **(env or {}))
         with log.open("w") as out:
             process = subprocess.Popen(argv, env=environment, stdout=out, stderr=subprocess.STDOUT,
                                        start_new_session=True)
@@ -704,3 +706,69 @@ def test_the_canary_program_catches_a_wrong_answer_and_a_hung_rank(launch, tmp_p
     assert rc == 1 and "prefill-0: 1 of 2 canaries failed: no answer within 2 s" in said
     (faults / str(vllm.port)).unlink()
     assert run()[0] == 0, "back once fixed"
+
+
+# --- the engine's start: phases and the autotune cache (startup.py) ----------------------------------
+
+
+def engine_lines(text: str, phrase: str) -> list[str]:
+    return [line for line in text.splitlines() if phrase in line]
+
+
+def init_seconds(text: str) -> list[float]:
+    return [float(m) for m in re.findall(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s", text)]
+
+
+def stop_instance(instance: Instance) -> None:
+    instance.process.send_signal(signal.SIGTERM)
+    instance.process.wait(30)
+
+
+def test_a_cold_start_tunes_and_caches_and_a_restart_reads_the_cache(launch, tmp_path):
+    """vLLM 0.33.0's lines for GLM-5.2, in order, once per DP engine: a cold start runs the FlashInfer
+    autotune and writes one file per engine under VLLM_CACHE_ROOT; the restart finds them, skips the
+    tuning and is ready that much sooner. Graph capture runs at both starts (nothing caches it)."""
+    env = {"GLM_SIM_KERNEL_WARMUP_SECONDS": "1.5", "GLM_SIM_GRAPH_CAPTURE_SECONDS": "0.2"}
+    cold = launch("-dp", "2", gpus="0,1", env=env).wait_healthy()
+    text = cold.log.read_text()
+    order = ["Auto-enabling VLLM_USE_BREAKABLE_CUDAGRAPH=1", "Loading weights took", "Using FlashInfer autotune cache file",
+             "Running FlashInfer autotune with", "Graph capturing finished in", "init engine (profile"]
+    positions = [text.index(phrase) for phrase in order]
+    assert positions == sorted(positions), text
+    assert len(engine_lines(text, "Running FlashInfer autotune")) == 2
+    assert "torch.compile" not in text, "GLM-5.2 is not compiled by vLLM 0.33.0"
+    files = sorted((tmp_path / "vllm-cache" / "flashinfer_autotune_cache").rglob("autotune_configs_*.json"))
+    assert [f.name for f in files] == ["autotune_configs_dp0_rank0.json", "autotune_configs_dp1_rank0.json"]
+    assert all(s >= 1.5 for s in init_seconds(text)), text
+    stop_instance(cold)
+
+    warm = launch("-dp", "2", gpus="0,1", env=env).wait_healthy()
+    text = warm.log.read_text()
+    assert len(engine_lines(text, "Using FlashInfer autotune cache file")) == 2
+    assert not engine_lines(text, "Running FlashInfer autotune"), text
+    assert len(engine_lines(text, "Graph capturing finished in")) == 2
+    assert all(s < 1.5 for s in init_seconds(text)), text
+
+
+def test_the_autotune_cache_is_keyed_by_what_reaches_vllms_config_hash(launch, tmp_path, model_dir):
+    """Another port or memory share hits the cache (vLLM does not hash them); another batch size or
+    another config.json misses it, and the engine tunes again."""
+    launch("--max-num-batched-tokens", "1024").wait_healthy()
+    hit = launch("--max-num-batched-tokens", "1024", "--gpu-memory-utilization", "0.8").wait_healthy()
+    assert not engine_lines(hit.log.read_text(), "Running FlashInfer autotune")
+    miss = launch("--max-num-batched-tokens", "2048").wait_healthy()
+    assert engine_lines(miss.log.read_text(), "Running FlashInfer autotune with 2048 tokens")
+    (model_dir / "config.json").write_text('{"architectures": ["GlmMoeDsaForCausalLM"], "num_hidden_layers": 2}')
+    other = launch("--max-num-batched-tokens", "1024").wait_healthy()
+    assert engine_lines(other.log.read_text(), "Running FlashInfer autotune")
+    folders = {f.parent for f in (tmp_path / "vllm-cache").rglob("autotune_configs_*.json")}
+    assert len(folders) == 3
+
+
+def test_a_corrupt_cache_file_is_tuned_again_and_rewritten(launch, tmp_path):
+    launch().wait_healthy()
+    (cached,) = (tmp_path / "vllm-cache").rglob("autotune_configs_dp0_rank0.json")
+    cached.write_text("{")
+    again = launch().wait_healthy()
+    assert engine_lines(again.log.read_text(), "Running FlashInfer autotune")
+    assert "_metadata" in json.loads(cached.read_text())

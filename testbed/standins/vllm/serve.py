@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from . import startup
+
 ROLE_OF_KV_ROLE = {"kv_producer": "prefill", "kv_consumer": "decode", "kv_both": "prefill+decode"}
 # Requests whose kv_transfer_params are logged: the ones the P/D router sends.
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
@@ -133,7 +135,10 @@ class Simulation:
     ttft_ms: float
     itl_ms: float
     kv_transfer_ms: float
-    startup_seconds: float
+    startup_seconds: float  # loading the weights
+    kernel_warmup_seconds: float  # a cold autotune (nothing cached)
+    kernel_warmup_warm_seconds: float  # a warm one
+    graph_capture_seconds: float
     mtp_acceptance: float  # share of MTP draft tokens accepted
     # Latencies that grow with the prompt (0: the constant ones above): prefill time per prompt
     # token (after ttft_ms of overhead), and decode's KV pull per prompt token.
@@ -147,6 +152,9 @@ class Simulation:
             itl_ms=env_number("GLM_SIM_ITL_MS", 10),
             kv_transfer_ms=env_number("GLM_SIM_KV_TRANSFER_MS", 20),
             startup_seconds=env_number("GLM_SIM_STARTUP_SECONDS", 2),
+            kernel_warmup_seconds=env_number("GLM_SIM_KERNEL_WARMUP_SECONDS", 0),
+            kernel_warmup_warm_seconds=env_number("GLM_SIM_KERNEL_WARMUP_WARM_SECONDS", 0),
+            graph_capture_seconds=env_number("GLM_SIM_GRAPH_CAPTURE_SECONDS", 0),
             mtp_acceptance=min(env_number("GLM_SIM_MTP_ACCEPTANCE", 0.8), 1.0),
             prefill_us_per_token=env_number("GLM_SIM_PREFILL_US_PER_TOKEN", 0),
             kv_transfer_us_per_token=env_number("GLM_SIM_KV_TRANSFER_US_PER_TOKEN", 0),
@@ -308,7 +316,9 @@ class Instance:
         self.upstream_port = upstream_port
         self.api_key = os.environ.get("VLLM_API_KEY") or None
         self.shutdown_timeout = args.shutdown_timeout
-        self.loaded_at = time.monotonic() + simulation.startup_seconds
+        self.args = args
+        self.simulation = simulation
+        self.loaded = False
         self.ready = False
         # Set from the signal handler without a lock; admit() reads it under the lock.
         self.draining = False
@@ -372,10 +382,18 @@ class Instance:
     def healthy(self) -> bool:
         return self.ready and not self.draining
 
+    def load(self) -> None:
+        """The engine's start (startup.py): weights, kernel warmup with its cache, graph capture."""
+        s = self.simulation
+        startup.run(self.args, s.startup_seconds, s.kernel_warmup_seconds, s.kernel_warmup_warm_seconds,
+                    s.graph_capture_seconds, log, stopping=lambda: self.draining)
+        self.loaded = True
+
     def wait_until_loaded(self, server: ProxyServer) -> None:
-        """Listen once the simulator answers /health and the simulated load time has passed."""
+        """Listen once the engine has started (load) and the simulator answers /health."""
+        threading.Thread(target=self.load, daemon=True).start()
         while not self.draining:
-            if time.monotonic() >= self.loaded_at and self._simulator_healthy():
+            if self.loaded and self._simulator_healthy():
                 server.server_activate()
                 self.ready = True
                 threading.Thread(target=server.serve_forever, daemon=True).start()
