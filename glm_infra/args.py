@@ -460,6 +460,23 @@ class CapacityInput(TypedDict, total=False):
     """Warn when a rank holds fewer requests of the maximum context than this (one is the least validate accepts). Default: 2."""
 
 
+class StartupInput(TypedDict, total=False):
+    """An instance's start: the warm-start caches staged from each pool's first host to its others, and what ``plan`` expects a start to take (docs/research/vllm-0.33-compile-cache.md: for GLM-5.2, vLLM 0.33.0 loads the weights, tunes its kernels (cached on disk) and captures CUDA graphs (never cached))."""
+
+    warm_cache: bool
+    """Stage each pool's warm-start caches (vLLM's FlashInfer autotune, DeepGEMM, Triton, FlashInfer JIT and torch.compile caches under the services' home) from the pool's first host to its others through a relay like the weights', verified like them, before their instances restart on a change of vLLM, flags or model revision. Default: True."""
+    relay_port: int
+    """Port the warm-cache relay serves on (hosts with relay children): prefill's (or colocated's) here, decode's on the next port. Default: 7090."""
+    weight_load_seconds: float
+    """Seconds an instance takes to load the checkpoint (vLLM's 'Loading weights took'). An assumption (about 1.5 GB/s of the ~465 GB checkpoint), not a measurement: set what your hosts take. Default: 300."""
+    kernel_warmup_cold_seconds: float
+    """Seconds of kernel warmup with nothing cached (FlashInfer autotune, DeepGEMM/Triton JIT). An assumption from reports of minutes on other MoE models (vllm#43189, vllm#44881), not a measurement: set yours. Default: 300."""
+    kernel_warmup_warm_seconds: float
+    """Seconds of kernel warmup with the caches warm (an assumption, as above). Default: 30."""
+    graph_capture_seconds: float
+    """Seconds of CUDA-graph capture, at every start (vLLM caches none; its code says 'This usually takes 5~20 seconds'). Default: 20."""
+
+
 class ClusterArgs(TypedDict, total=False):
     """A whole deployment: the ``glm-infra:*`` keys of a stack file, as Pulumi inputs."""
 
@@ -497,6 +514,8 @@ class ClusterArgs(TypedDict, total=False):
     """What `glm-infra predict` assumes beyond the topology."""
     capacity: CapacityInput
     """KV-cache capacity planning: the checkpoint's facts and the reserve."""
+    startup: StartupInput
+    """An instance's start: warm-start caches staged between hosts, the expected time to ready."""
 
 
 class HostsArgs(TypedDict, total=False):
@@ -528,5 +547,7 @@ class HostsArgs(TypedDict, total=False):
     """What `glm-infra predict` assumes beyond the topology."""
     capacity: CapacityInput
     """KV-cache capacity planning: the checkpoint's facts and the reserve."""
+    startup: StartupInput
+    """An instance's start: warm-start caches staged between hosts, the expected time to ready."""
     install_runtime: bool
     """Install glm-infra's Python runtime (uv and the venv with the pinned vllm, nixl and vllm-router) on every host although Hosts serves nothing; the hub source (model.source huggingface) needs it on the seed. Default: False."""

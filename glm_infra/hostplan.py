@@ -11,7 +11,8 @@ Step keys per host, in the order the steps run:
     drivers-wait (local), drivers-back, firewall, health-gate, rdma, nic-affinity, ucx-env, host-return, turn-release (local),
     facts, runtime, vllm-placement (what a re-laid-out pool moves off the host, before its instances start),
     weights-hf-cli (the seed, from the hub), weights-stage (serving the host's relay children while it runs),
-    <instance>-unit, <instance>-service, <instance>-rollout, <instance>-stop, prune-weights,
+    <instance>-unit, <instance>-service, <instance>-rollout, <instance>-stop,
+    <pool>-warm-cache (a pool's warm-start caches, relayed from its first host), prune-weights,
     router-secrets, router-unit, router-service, router-front-conf, router-front-keys,
     router-front-tls-given (when the stack gives a certificate), router-front-tls, router-front,
     node-exporter, dcgm-exporter, prometheus, alertmanager-webhook, alertmanager  (monitoring)
@@ -95,6 +96,8 @@ def host_steps(stack: StackConfig, plan: Plan, h: HostPlan, secrets: Mapping[str
         steps.append(vllm.placement_step(h.name, h.instances))
     for inst in h.instances:
         steps += vllm.instance_steps(stack, inst)
+    if h.instances:
+        steps += vllm.warm_cache_steps(stack, h.name)
     if h.instances and stack.model.source != "local":
         steps.append(weights.prune_step(stack))
     if h.runs_router:

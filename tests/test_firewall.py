@@ -43,6 +43,7 @@ PREFILL_4X_DP2 = {8100, 8101, 8102, 8103, 29550, 29551, 29552, 29553, 5600, 5601
 DECODE_DP8 = {8200, 29650, 5700, 5701, 5702, 5703, 5704, 5705, 5706, 5707}
 EXPORTERS = {9100, 9400}
 RELAY = {8090}
+WARM_CACHE = {7090}  # the prefill pool's warm-cache relay, on its first host (its relay has children)
 ROUTER_PRIVATE = {8001, 29000}
 MONITORING = {9090, 9093}
 
@@ -54,12 +55,13 @@ ANYONE = None
 # stack → host → {who may connect (a set of networks, or ANYONE): the TCP ports they may reach}
 EXPECTED: dict[str, dict[str, dict[frozenset[str] | None, set[int]]]] = {
     "prod-b300": {
-        "b300-1": {frozenset(PROD_HOSTS): PREFILL_2X_DP4 | EXPORTERS | RELAY, ANYONE: {22}},
+        "b300-1": {frozenset(PROD_HOSTS): PREFILL_2X_DP4 | EXPORTERS | RELAY | WARM_CACHE, ANYONE: {22}},
         "b300-2": {frozenset(PROD_HOSTS): PREFILL_2X_DP4 | EXPORTERS, ANYONE: {22}},
         "b300-3": {frozenset(PROD_HOSTS): DECODE_DP8 | EXPORTERS | ROUTER_PRIVATE | {8000} | MONITORING, ANYONE: {22}},
     },
     "sim": {
-        "sim-1": {frozenset(SIM_HOSTS): PREFILL_2X_DP4 | EXPORTERS | RELAY, frozenset(SIM_HOSTS | MACHINE): {22}},
+        "sim-1": {frozenset(SIM_HOSTS): PREFILL_2X_DP4 | EXPORTERS | RELAY | WARM_CACHE,
+                  frozenset(SIM_HOSTS | MACHINE): {22}},
         "sim-2": {frozenset(SIM_HOSTS): PREFILL_2X_DP4 | EXPORTERS, frozenset(SIM_HOSTS | MACHINE): {22}},
         "sim-3": {frozenset(SIM_HOSTS): DECODE_DP8 | EXPORTERS | ROUTER_PRIVATE,
                   frozenset(SIM_HOSTS | MACHINE): {22, 8000} | MONITORING},
@@ -74,7 +76,7 @@ EXPECTED: dict[str, dict[str, dict[frozenset[str] | None, set[int]]]] = {
         "b300-dev": {frozenset({"10.0.0.21/32"}): {8000, 29550} | EXPORTERS | MONITORING, ANYONE: {22}},
     },
     "b300-prefill-dp2": {
-        "b300-1": {frozenset(PROD_HOSTS): PREFILL_4X_DP2 | EXPORTERS | RELAY, ANYONE: {22}},
+        "b300-1": {frozenset(PROD_HOSTS): PREFILL_4X_DP2 | EXPORTERS | RELAY | WARM_CACHE, ANYONE: {22}},
         "b300-2": {frozenset(PROD_HOSTS): PREFILL_4X_DP2 | EXPORTERS, ANYONE: {22}},
         "b300-3": {frozenset(PROD_HOSTS): DECODE_DP8 | EXPORTERS | ROUTER_PRIVATE | {8000} | MONITORING, ANYONE: {22}},
     },
@@ -411,7 +413,7 @@ def test_the_table_follows_the_plan_and_is_the_only_thing_it_owns():
     r["hosts"].append({"name": "b300-4", "address": "10.0.0.14", "computeNics": ["mlx5_0"]})
     more = load_dict(r, "test").config
     got, _ = what_gets_in(listing(rules_of(more, "b300-1")))
-    assert got[frozenset(PROD_HOSTS | {"10.0.0.14/32"})] == PREFILL_2X_DP4 | EXPORTERS | RELAY
+    assert got[frozenset(PROD_HOSTS | {"10.0.0.14/32"})] == PREFILL_2X_DP4 | EXPORTERS | RELAY | WARM_CACHE
 
 
 def test_the_weights_relay_port_is_open_only_where_a_host_has_relay_children():
@@ -421,7 +423,7 @@ def test_the_weights_relay_port_is_open_only_where_a_host_has_relay_children():
     assert opened == {"b300-1"}
     local = cfg.model_copy(update={"model": cfg.model.model_copy(update={"source": "local"})})
     got, _ = what_gets_in(listing(rules_of(local, "b300-1")))
-    assert got[frozenset(PROD_HOSTS)] == PREFILL_2X_DP4 | EXPORTERS
+    assert got[frozenset(PROD_HOSTS)] == PREFILL_2X_DP4 | EXPORTERS | WARM_CACHE
 
 
 # --- the step: the live table against the plan ------------------------------------------------------

@@ -91,7 +91,7 @@ def required(segment: str) -> list[tuple[str, ...]]:
         need.append((rest[0].split("=", 1)[0],))
     elif program == "cp":
         return []
-    elif program in ("curl", "sed"):  # the test must run the same tool (its long flags below)
+    elif program in ("curl", "sed", "journalctl", "grep"):  # the test must run the same tool (its long flags below)
         need.append((program,))
     else:
         raise AssertionError(f"the guide runs {program!r}: teach tests/test_guide.py what its tests must show")

@@ -45,8 +45,10 @@ def _expected_commands(stack: str) -> int:
     firewall = len(p.hosts) if cfg.firewall.enabled else 0  # the nftables step on every host
     # With nixl.nicPerRank, each serving host with compute NICs writes each GPU's nearest one (nic-affinity).
     affinity = sum(1 for h in p.serving_hosts if nixl.per_rank(cfg, h.name))
+    # Each pool on more than one host: its warm-cache relay, a step on each of its hosts.
+    warm_cache = sum(len(pool.hosts) for _, pool in cfg.pools() if len(pool.hosts) > 1)
     return (len(p.serving_hosts) * per_serving_host + affinity + router_only + bare + len(p.instances) * per_instance + router
-            + weights + monitoring + firewall)
+            + weights + monitoring + firewall + warm_cache)
 
 
 @pytest.mark.parametrize("stack", PROD_STACKS)

@@ -7,6 +7,8 @@ prefill instances), then deploys that one host only (``only_hosts``). From the b
 and the router API key the workers share. The new host downloads the checkpoint itself: it is the
 root of this stack's weights relay, whose other hosts (the base stack's) never come to copy from it,
 so its staging serves them for ``--stall`` (120 s) after it is done, then ends (saying so in its log).
+Its instance starts cold: the decode pool's warm-start caches are relayed from the pool's first host,
+which the base stack deploys, so this stack has no warm-cache step to wait on.
 
 The registration lives as long as the router process: when the base stack restarts its router, run
 `pulumi up` here again (the command re-registers), or add the host to the base stack's own pool."""

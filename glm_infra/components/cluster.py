@@ -32,8 +32,8 @@ from .host_step import HostStep, HostStepArgs
 from .monitoring import STEP_KEYS, MonitoredHost, Monitoring, MonitoringArgs
 from .remote_step import run_step, trigger_key
 from .router import Router, RouterArgs
-from .vllm_service import VllmService, VllmServiceArgs
-from .weights import ModelWeights, ModelWeightsArgs, WeightsHost
+from .vllm_service import VllmService, VllmServiceArgs, WarmCacheRelays
+from .weights import ModelWeights, stage_weights
 
 
 class InvalidArgsError(pulumi.RunError):
@@ -103,7 +103,7 @@ class _Deployment(pulumi.ComponentResource):
                 for h in sorted(self.plan.hosts, key=lambda x: turn[x.name]) if self.mine(h.name)}
         chains = {h.name: made[h.name] for h in self.plan.hosts if h.name in made}
         self.hosts = {n: c.host for n, c in chains.items()}
-        self.weights: ModelWeights | None = self._stage_weights(name, chains)
+        self.weights: ModelWeights | None = stage_weights(self, name, chains)
         self._chains = chains
         self.facts = pulumi.Output.all(**{n: c.facts or c.host.facts for n, c in chains.items()})
 
@@ -237,26 +237,6 @@ class _Deployment(pulumi.ComponentResource):
             pulumi.ResourceOptions(parent=self),
         )
 
-    def _stage_weights(self, name: str, chains: dict[str, _Chain]) -> ModelWeights | None:
-        staging = [h for h in self.plan.hosts if "weights-stage" in self.steps[h.name].steps and self.mine(h.name)]
-        if not staging:
-            return None
-        relay = topology.weights_relay(self.stack, self.plan.serve)
-        weights = ModelWeights(
-            f"{name}-weights",
-            ModelWeightsArgs([
-                WeightsHost(h.name, chains[h.name].host.connection, self.steps[h.name].only("weights-"),
-                            chains[h.name].ready,
-                            self.lives(h.name, self.steps[h.name].only("weights-")),
-                            relay[h.name].children if h.name in relay else ())
-                for h in staging
-            ]),
-            pulumi.ResourceOptions(parent=self),
-        )
-        for h in staging:
-            chains[h.name].ready = [*chains[h.name].ready, weights.staged[h.name]]
-        return weights
-
 
 def hostplan_subset(steps: Mapping[str, Step], prefix: str) -> dict[str, Step]:
     return {k: s for k, s in steps.items() if k.startswith(prefix)}
@@ -330,6 +310,7 @@ class Cluster(_Deployment):
         self.services: dict[str, VllmService] = {}
         last_of_pool: dict[str, VllmService] = {}
         prefill_stoppers: list[pulumi.Resource] = []
+        warm_caches = WarmCacheRelays(self, name)  # a host's copy of its pool's caches, before its restarts
         for h, chain in self._chains.items():  # what the plan moves off a host's GPUs and ports, before any starts
             if (step := self.steps[h].steps.get("vllm-placement")) is not None:
                 chain.ready = [self._host_step(f"{name}-{h}-vllm-placement", "placement", chain.host.connection, step,
@@ -348,7 +329,8 @@ class Cluster(_Deployment):
                     health_url=self._resolved.apply(lambda r, n=inst.name: f"{_instance(r.plan, n).url}/health"),
                     restart_triggers=[vllm_secrets],
                     stop_after=prefill_stoppers if inst.role == "decode" else [],
-                    rollout_after=[last_of_pool[inst.role].rollout] if inst.role in last_of_pool else [],
+                    rollout_after=[*([last_of_pool[inst.role].rollout] if inst.role in last_of_pool else []),
+                                   *warm_caches.before_rollout(inst.role, inst.host, self.services)],
                     live=self.lives(inst.host, keys),
                 ),
                 pulumi.ResourceOptions(parent=self, depends_on=list(self._chains[inst.host].ready)),
@@ -357,6 +339,7 @@ class Cluster(_Deployment):
                 prefill_stoppers.append(svc.stopper)
             self.services[inst.name] = svc
             last_of_pool[inst.role] = svc
+        warm_caches.finish(self.services)
 
         # A host's old revision goes once every instance on that host serves the new one.
         for h in plan.serving_hosts:

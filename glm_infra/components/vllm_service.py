@@ -1,6 +1,6 @@
 """One vLLM instance: its systemd unit, started and gated on ``/health``, restarted one instance of a
-pool at a time, stopped in order on destroy. The steps come from the per-host plan
-(vllm.instance_steps)."""
+pool at a time, stopped in order on destroy; and each pool's warm-cache relay around its restarts. The
+steps come from the per-host plan (vllm.instance_steps, vllm.warm_cache_steps)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_command.remote as remote
 
+from glm_infra.plan import startup
 from glm_infra.steps import Step
 
 from .remote_step import inherited, run_step
@@ -57,3 +58,50 @@ class VllmService(pulumi.ComponentResource):
                                 depends_on=[self.service, *args.stop_after])
         self.health_url = pulumi.Output.from_input(args.health_url)
         self.register_outputs({"healthUrl": self.health_url})
+
+
+class WarmCacheRelays:
+    """Each pool's ``<pool>-warm-cache`` steps (roles/vllm.warm_cache_steps), wired around the pool's
+    restarts: the pool's first host's step once its instances there serve (their rollout: a change restarts
+    them first, cold); every other host's after it (a failed first host fails them, not a wait), and that
+    host's instances of the pool restart only after it."""
+
+    def __init__(self, deployment, name: str) -> None:
+        self.d, self.name = deployment, name
+        self.relays = startup.warm_cache_relays(deployment.stack)
+        self.seeds: dict[str, list[pulumi.Resource]] = {}
+        self.peers: dict[tuple[str, str], pulumi.Resource] = {}
+
+    def before_rollout(self, role: str, host: str, services: Mapping[str, VllmService]) -> list[pulumi.Resource]:
+        """What an instance of ``role`` on ``host`` restarts after: its host's copy of the pool's caches."""
+        relay = self.relays.get(role, {}).get(host)
+        if relay is None or relay.parent is None:
+            return []
+        seed = self.seed(role, services)
+        if not seed:  # the pool's first host is another stack's (only_hosts): nothing serves its caches in this run
+            return []
+        if (role, host) not in self.peers:
+            self.peers[(role, host)] = self._step(host, role, [*self.d._chains[host].ready, *seed])
+        return [self.peers[(role, host)]]
+
+    def seed(self, role: str, services: Mapping[str, VllmService]) -> list[pulumi.Resource]:
+        """The pool's first host's step (none when another stack deploys that host: then the pool's other hosts
+        here copy nothing and their instances start cold)."""
+        if role not in self.seeds:
+            host = next(h for h, r in self.relays[role].items() if r.parent is None)
+            self.seeds[role] = []
+            if self.d.mine(host):
+                mine = [i.name for i in self.d.plan.instances if i.host == host and i.role == role]
+                assert all(n in services for n in mine), "a pool's first host's instances are registered first"
+                self.seeds[role] = [self._step(host, role, [*self.d._chains[host].ready,
+                                                            *(services[n].rollout for n in mine)])]
+        return self.seeds[role]
+
+    def finish(self, services: Mapping[str, VllmService]) -> None:
+        for role in self.relays:
+            self.seed(role, services)
+
+    def _step(self, host: str, role: str, after: list[pulumi.Resource]) -> pulumi.Resource:
+        key = f"{role}-warm-cache"
+        return run_step(f"{self.name}-{host}-{key}", self.d.steps[host].steps[key], self.d.hosts[host].connection,
+                        self.d, live=self.d.live(host, key), depends_on=after)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_command.remote as remote
 
+from glm_infra.plan import topology
 from glm_infra.steps import Step
 
 from .remote_step import run_step
@@ -67,3 +68,26 @@ class ModelWeights(pulumi.ComponentResource):
                 f"{name}-{h.name}-stage", h.steps["weights-stage"], h.connection, self,
                 live=h.live.get("weights-stage"), depends_on=[*before_stage[h.name], *below])
         self.register_outputs({"hosts": sorted(self.staged)})
+
+
+def stage_weights(deployment, name: str, chains: dict) -> ModelWeights | None:
+    """The ModelWeights of a Cluster or Hosts (``deployment``) over its hosts that stage the checkpoint;
+    each host's chain then waits for its staging."""
+    d = deployment
+    staging = [h for h in d.plan.hosts if "weights-stage" in d.steps[h.name].steps and d.mine(h.name)]
+    if not staging:
+        return None
+    relay = topology.weights_relay(d.stack, d.plan.serve)
+    weights = ModelWeights(
+        f"{name}-weights",
+        ModelWeightsArgs([
+            WeightsHost(h.name, chains[h.name].host.connection, d.steps[h.name].only("weights-"),
+                        chains[h.name].ready, d.lives(h.name, d.steps[h.name].only("weights-")),
+                        relay[h.name].children if h.name in relay else ())
+            for h in staging
+        ]),
+        pulumi.ResourceOptions(parent=d),
+    )
+    for h in staging:
+        chains[h.name].ready = [*chains[h.name].ready, weights.staged[h.name]]
+    return weights

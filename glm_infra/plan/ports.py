@@ -2,7 +2,7 @@
 reach it: one list, from which ``validate`` finds collisions and the firewall opens what it must.
 
 Audiences: ``peers`` (the stack's hosts only: vLLM HTTP, DP RPC, NIXL side channels, the weights
-relay on the hosts that have relay children, the exporters, the router's own ports), ``router`` (the
+relay and each pool's warm-cache relay on the hosts that have relay children, the exporters, the router's own ports), ``router`` (the
 public port: the stack's hosts and ``router.allowedCidrs``), ``operators`` (Prometheus and
 Alertmanager: the stack's hosts and ``monitoring.allowedCidrs``), ``loopback`` (the router's gates: its host
 only).
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from glm_infra.spec.config import StackConfig
 
+from .startup import relay_port, warm_cache_relays
 from .topology import allocate, gates, weights_relay
 
 PEERS, ROUTER, OPERATORS = "peers", "router", "operators"
@@ -45,6 +46,12 @@ def listeners(stack: StackConfig, serve: bool = True) -> list[Listener]:
         if relay.children:
             out.append(Listener(relay.host, stack.model.fanout_port, "weights relay", _key("model", ".fanoutPort"),
                                 PEERS))
+    if serve:  # each pool's warm-cache relay (plan/startup.py), on the hosts that have relay children
+        for role, relays in warm_cache_relays(stack).items():
+            for relay in relays.values():
+                if relay.children:
+                    out.append(Listener(relay.host, relay_port(stack, role), f"{role} warm-cache relay",
+                                        _key("startup", ".relayPort"), PEERS))
     r = stack.router
     if r is not None and serve:
         out.append(Listener(r.host, r.port, "router http", _key("router", ".port"), ROUTER))

@@ -40,6 +40,7 @@ STACK_KEYS = (
     "firewall",
     "prediction",
     "capacity",
+    "startup",
 )
 # The keys of what serves (the pools and the router): Hosts, which provisions without serving, leaves them out.
 SERVING_KEYS = ("prefill", "decode", "colocated", "router")

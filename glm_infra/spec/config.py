@@ -43,6 +43,7 @@ from .operations import (
     MonitoringConfig,
     PredictionConfig,
     SlaConfig,
+    StartupConfig,
 )
 from .platform import DriversConfig, NixlConfig, PreflightConfig, RdmaConfig, RuntimeConfig
 from .pools import (
@@ -78,6 +79,8 @@ class StackConfig(StrictModel):
                                          description="What `glm-infra predict` assumes beyond the topology.")
     capacity: CapacityConfig = Field(default_factory=CapacityConfig, description="KV-cache capacity planning: the "
                                                                                  "checkpoint's facts and the reserve.")
+    startup: StartupConfig = Field(default_factory=StartupConfig, description="An instance's start: warm-start caches "
+                                                                              "staged between hosts, the expected time to ready.")
 
     @model_validator(mode="before")
     @classmethod

@@ -146,3 +146,30 @@ class CapacityConfig(StrictModel):
             if k not in FACT_KEYS:
                 raise ValueError(f"{k!r} is not a fact capacity reads ({', '.join(FACT_KEYS)})")
         return v
+
+
+class StartupConfig(StrictModel):
+    """An instance's start: the warm-start caches staged from each pool's first host to its others, and
+    what ``plan`` expects a start to take (docs/research/vllm-0.33-compile-cache.md: for GLM-5.2, vLLM
+    0.33.0 loads the weights, tunes its kernels (cached on disk) and captures CUDA graphs (never cached))."""
+
+    warm_cache: bool = Field(
+        True, description="Stage each pool's warm-start caches (vLLM's FlashInfer autotune, DeepGEMM, Triton, "
+                          "FlashInfer JIT and torch.compile caches under the services' home) from the pool's first "
+                          "host to its others through a relay like the weights', verified like them, before their "
+                          "instances restart on a change of vLLM, flags or model revision.")
+    relay_port: Port = Field(7090, description="Port the warm-cache relay serves on (hosts with relay children): "
+                                               "prefill's (or colocated's) here, decode's on the next port.")
+    weight_load_seconds: float = Field(
+        300, ge=0, description="Seconds an instance takes to load the checkpoint (vLLM's 'Loading weights took'). "
+                               "An assumption (about 1.5 GB/s of the ~465 GB checkpoint), not a measurement: "
+                               "set what your hosts take.")
+    kernel_warmup_cold_seconds: float = Field(
+        300, ge=0, description="Seconds of kernel warmup with nothing cached (FlashInfer autotune, DeepGEMM/Triton "
+                               "JIT). An assumption from reports of minutes on other MoE models (vllm#43189, "
+                               "vllm#44881), not a measurement: set yours.")
+    kernel_warmup_warm_seconds: float = Field(
+        30, ge=0, description="Seconds of kernel warmup with the caches warm (an assumption, as above).")
+    graph_capture_seconds: float = Field(
+        20, ge=0, description="Seconds of CUDA-graph capture, at every start (vLLM caches none; its code says "
+                              "'This usually takes 5~20 seconds').")

@@ -72,6 +72,28 @@ def credential(unit: str, name: str) -> str:
     return f"/run/credentials/{unit}/{name}"
 
 
+# vLLM's warm-start caches, relative to the services' home (HOME, home() below): what the warm-cache relay
+# copies from a pool's first host to its others (docs/research/vllm-0.33-compile-cache.md §1.5). Not the
+# host-specific ones beside them: gpu_p2p_access_cache_*.json, startup_plan/.
+WARM_CACHES = (".cache/vllm/torch_compile_cache", ".cache/vllm/flashinfer_autotune_cache", ".cache/vllm/deep_gemm",
+               ".cache/flashinfer", ".triton/cache")
+
+
+def home(state_dir: str) -> str:
+    """HOME of the services (vLLM's caches live under it): runtime.stateDir/home."""
+    return f"{state_dir}/home"
+
+
+def warm_cache(state_dir: str, role: str) -> str:
+    """Where a host keeps the pool's relayed warm-start caches (their revisions beside, as the weights')."""
+    return f"{state_dir}/warm-cache/{role}"
+
+
+def warm_cache_relay_unit(role: str) -> str:
+    """The transient unit the pool's first host serves its warm-start caches from (systemd-run)."""
+    return f"glm-warm-cache-{role}"
+
+
 def uv_dir(version: str) -> str:
     return f"{OPT}/uv-{version}"
 

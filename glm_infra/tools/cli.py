@@ -81,13 +81,15 @@ def _predicted_misses(loaded: LoadedStack, required: bool) -> list[str] | None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from glm_infra.plan import capacity, capacity_report
+    from glm_infra.plan import capacity, capacity_report, startup
 
     loaded = _load(args.stack)
     print(f"# {loaded.source}")
     print(topology.format_table(loaded.config, topology.plan(loaded.config)))
     print()
     print(capacity_report.format_report(loaded.config, capacity.compute(loaded.config)))
+    print()
+    print(startup.format_time_to_ready(loaded.config))
     return EXIT_OK
 
 

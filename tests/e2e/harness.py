@@ -239,9 +239,9 @@ def up_in_background(keep_output: bool = False):
 PREVIOUS_MAIN = "e192ba4139e7430261395709342f0098020e44e2"
 # The resources this checkout adds to a stack PREVIOUS_MAIN deployed (by name suffix): the per-host
 # placement step (issue 29: a proposal re-lays a pool out), the nearest-NIC step, and the router's gates
-# and canaries (issue 30).
+# and canaries, and each pool's warm-cache relay (issue 30).
 UPGRADE_ADDS = ("-vllm-placement", "-vllm-placement-placement", "-nic-affinity", "-nic-affinity-pairs",
-                "-router-gates-conf", "-router-gates", "-router-canary")
+                "-router-gates-conf", "-router-gates", "-router-canary", "-prefill-warm-cache")
 # Why an upgrade from PREVIOUS_MAIN restarts the instances (each through its rollout, one at a time per
 # pool), or None where it must restart none. Set it only for a change that must reach running instances.
 # With UPGRADE_RESTARTS, the steps the upgrade may update (by name suffix): the instances' units and

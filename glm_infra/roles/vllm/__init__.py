@@ -3,15 +3,18 @@ secrets, and the steps that start it, roll it out when it changes and stop it on
 
 from __future__ import annotations
 
+import posixpath
+import shlex
 from collections.abc import Mapping, Sequence
 
-from glm_infra.plan.topology import KV_ROLE, Instance, pool_of
+from glm_infra.plan import startup
+from glm_infra.plan.topology import KV_ROLE, Instance, allocate, pool_of
 from glm_infra.render import render_template, systemd_quote
 from glm_infra.roles import nixl
 from glm_infra.spec import paths
 from glm_infra.spec.config import StackConfig, dump_json
 from glm_infra.spec.paths import UCX_ENV, VLLM_SECRETS
-from glm_infra.steps import TRIGGERS_TOKEN, ScriptStep, Step, digest, file_step
+from glm_infra.steps import TRIGGERS_TOKEN, ScriptStep, Step, command, digest, file_step
 
 # How long a (re)started instance may take to answer /health: loading ~465 GB and compiling graphs.
 SERVICE_START_TIMEOUT_S = 3600
@@ -78,7 +81,7 @@ def vllm_environment(stack: StackConfig, inst: Instance) -> list[tuple[str, str]
     if inst.role in KV_ROLE:
         env.append(("VLLM_NIXL_SIDE_CHANNEL_HOST", inst.nixl_host))
         env.append(("VLLM_NIXL_SIDE_CHANNEL_PORT", str(inst.nixl_port_base)))
-    env.append(("HOME", f"{stack.runtime.state_dir}/home"))
+    env.append(("HOME", paths.home(stack.runtime.state_dir)))
     env.append(("HF_HUB_OFFLINE", "1"))  # weights are staged by glm-infra; never download at start
     env += sorted(pool.env.items())
     return env
@@ -160,3 +163,83 @@ def placement_step(host: str, instances: Sequence[Instance]) -> Step:
     script = render_template("placement.sh.j2", host=host, records_dir=paths.PLACEMENT_DIR, libexec=paths.LIBEXEC,
                              planned=[(i.unit, placement(i)) for i in instances])
     return ScriptStep("glm-vllm-placement", script).step("vllm-placement")
+
+
+# `vllm serve` flags outside the config hash vLLM 0.33.0 keys its warm-start caches by (the API server's
+# address and ports, the served name, the memory share, the shutdown timeout; KVTransferConfig hashes to a
+# constant): docs/research/vllm-0.33-compile-cache.md §2.3. A change of these alone relays nothing.
+CACHE_NEUTRAL_FLAGS = ("--host", "--port", "--data-parallel-rpc-port", "--served-model-name",
+                       "--gpu-memory-utilization", "--shutdown-timeout", "--kv-transfer-config")
+
+
+def warm_cache_key(stack: StackConfig, role: str) -> str:
+    """What the pool's warm-start caches are built for: the vLLM pin, the model and its revision, the GPU of
+    the pool's first host, and the pool's flags that reach vLLM's config hash. The relay moves a pool's
+    caches under this name; vLLM itself decides, by its own keys, which of the files it uses."""
+    pool = pool_of(stack, role)
+    argv = vllm_args(stack, next(i for i in allocate(stack) if i.role == role))[2:]
+    kept, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in CACHE_NEUTRAL_FLAGS:
+            skip = True
+        else:
+            kept.append(a)
+    return digest(stack.runtime.vllm_version, stack.model.repo, stack.model.revision,
+                  stack.host(pool.hosts[0]).gpu_model, *kept)
+
+
+def warm_cache_steps(stack: StackConfig, host: str) -> list[Step]:
+    """``<pool>-warm-cache`` on each host of a pool that spans hosts (plan/startup.py). On the pool's first host,
+    once its instances there serve: its warm-start caches (paths.WARM_CACHES under the services' home) are
+    copied into a revision named by warm_cache_key, and a transient unit serves them to its relay children
+    until each has every file (or goes silent). Every other host then copies them from its parent (failing
+    over to its ancestors), verifies each file's sha256, adds to its own caches the files it lacks (never
+    replacing one of its own), and only then are its instances restarted; a copy that fails is reported and
+    they start cold. Runs again when the key changes; older keys' copies go."""
+    out = []
+    rt = stack.runtime
+    home = paths.home(rt.state_dir)
+    stall = ["--stall", str(stack.model.relay_stall_seconds)] if stack.model.relay_stall_seconds is not None else []
+    for role, relays in startup.warm_cache_relays(stack).items():
+        me = relays.get(host)
+        if me is None:
+            continue
+        key, folder = warm_cache_key(stack, role), paths.warm_cache(rt.state_dir, role)
+        port, unit = startup.relay_port(stack, role), paths.warm_cache_relay_unit(role)
+        serve = ["--serve" if me.parent else "--bind", f"{stack.host(host).address}:{port}",
+                 "--children", ",".join(me.children)] if me.children else []
+        stage = [paths.WEIGHTS, "stage", "--revision", key, "--path", folder, "--name", host,
+                 "--margin-gb", f"{stack.model.disk_margin_gb:g}", *stall]
+        prune = command(paths.WEIGHTS, "prune", "--revision", key, "--path", folder)
+        stop_relay = f"{{ systemctl stop {unit}.service 2>/dev/null || true; }}"
+        # The pools' caches folder goes with the last of them.
+        remove = f"{command(paths.WEIGHTS, 'remove', '--path', folder)} && {{ rmdir {posixpath.dirname(folder)} 2>/dev/null || true; }}"
+        if me.parent is None:
+            stage += ["--role", "seed", "--source", "directory", "--from", home]
+            stage += [x for cache in paths.WARM_CACHES for x in ("--include", cache)]
+            # Served by a transient unit, so the other hosts' steps can follow this one (and are not run
+            # at all when it fails); it stops once each child has every file or went silent.
+            relay = ["systemd-run", "--unit", unit, "--collect", "--quiet", "-p", f"RuntimeMaxSec={SERVICE_START_TIMEOUT_S}",
+                     paths.WEIGHTS, "relay", "--revision", key, "--path", folder, *serve, *stall]
+            create = [command(*stage), prune, stop_relay, command(*relay)]
+            delete = f"{stop_relay} && {remove}"
+        else:
+            stage += ["--role", "peer", "--timeout", str(SERVICE_START_TIMEOUT_S)]
+            for up in me.ancestors:  # the parent first, the pool's first host last
+                stage += ["--peer", f"http://{paths.url_host(stack.host(up).address)}:{port}"]
+            # Root copies them in; the services own their home (runtime.sh.j2), so what it adds is theirs.
+            owned = " && ".join(f"{{ [ ! -e {home}/{top} ] || chown -R {rt.user}: {home}/{top}; }}"
+                                for top in sorted({c.split("/")[0] for c in paths.WARM_CACHES}))
+            install = command(paths.WEIGHTS, "install", "--revision", key, "--path", folder, "--into", home)
+            # The caches only save time: a copy that fails leaves this host's instances to start cold (and
+            # doctor shows the step drifted) rather than holding back their restart.
+            cold = f"{host}: warm-cache: no verified copy of the {role} pool's caches from {me.parent}; its instances here start cold"
+            create = [f"if {command(*stage, *serve)}; then {install} && {owned}; else echo {shlex.quote(cold)} >&2; fi",
+                      prune]
+            delete = remove
+        out.append(Step(f"{role}-warm-cache", " && ".join(create), delete, triggers=(key, digest(*relays)),
+                        timeout=f"{SERVICE_START_TIMEOUT_S + 600}s",
+                        check=command(paths.WEIGHTS, "verify", "--quick", "--revision", key, "--path", folder)))
+    return out
