@@ -249,9 +249,12 @@ UPGRADE_ADDS = ("-vllm-placement", "-vllm-placement-placement", "-nic-affinity",
 # between the drain and the return, the new one too; they drain nothing when no disruptive step changed);
 # the router (its workers are its gates now: a new unit, one restart) and its front (nginx shared with
 # the gates); the node exporter (its textfile folder named) and Prometheus (the canary rules, the
-# workers' gate URLs).
+# workers' gate URLs); the weights staging (weights.py now also stages, installs and relays the warm-start
+# caches: a staging again reads no unchanged file) and the firewall of the prefill pool's first host (its
+# warm-cache relay port).
 UPGRADE_UPDATES = ("-unit", "-rollout", "-nixl-ucx-env", "-preflight", "-host-drain", "-host-return", "-turn-acquire",
-                   "-turn-release", "-router-service", "-router-front", "-node-exporter", "-prometheus")
+                   "-turn-release", "-router-service", "-router-front", "-node-exporter", "-prometheus",
+                   "-weights-sim-1-stage", "-weights-sim-2-stage", "-weights-sim-3-stage", "-sim-1-firewall-nftables")
 UPGRADE_RESTARTS: str | None = ("nixl.nicPerRank: ucx.env no longer lists every compute NIC for every rank, and each "
                                 "unit reads its GPU's nearest NIC (nic-affinity.env) and checks it before it starts")
 
