@@ -2298,21 +2298,27 @@ def test_the_directory_source_is_the_seeds_and_reads_the_folder_it_is_given(tmp_
     assert not (tmp_path / "m.revisions").exists()
 
 
-@pytest.mark.parametrize("files", [CACHE, {}], ids=["cache", "empty"])
-def test_a_directory_seed_serves_a_peer_that_verifies_every_file(tmp_path, capsys, files):
-    home = home_of(tmp_path / "home", files)
-    bind = f"127.0.0.1:{free_port()}"
+def copy_while(serve, bind: str, path: Path) -> None:
+    """A peer "c" copies KEY into ``path`` from ``bind`` while ``serve`` (a seed or a relay) runs in a thread;
+    both succeed."""
     rc: list[int] = []
-    t = threading.Thread(target=lambda: rc.append(cache_seed(home, tmp_path / "s" / "warm", "--serve", bind,
-                                                             "--children", "c", "--stall", "5")))
+    t = threading.Thread(target=lambda: rc.append(serve()))
     t.start()
-    path = tmp_path / "c" / "warm"
     try:
         assert run("stage", "--role", "peer", "--peer", f"http://{bind}/", "--revision", KEY, "--path", str(path),
                    "--margin-gb", "0", "--name", "c", "--stall", "5", "--timeout", "30") == 0
     finally:
-        t.join()
+        t.join(60)
     assert rc == [0]
+
+
+@pytest.mark.parametrize("files", [CACHE, {}], ids=["cache", "empty"])
+def test_a_directory_seed_serves_a_peer_that_verifies_every_file(tmp_path, capsys, files):
+    home = home_of(tmp_path / "home", files)
+    bind = f"127.0.0.1:{free_port()}"
+    path = tmp_path / "c" / "warm"
+    copy_while(lambda: cache_seed(home, tmp_path / "s" / "warm", "--serve", bind, "--children", "c", "--stall", "5"),
+               bind, path)
     out = capsys.readouterr().out
     assert cache_manifest(path) == cache_manifest(tmp_path / "s" / "warm") == {"revision": KEY, "files": entries(files)}
     for name, data in files.items():
@@ -2330,17 +2336,9 @@ def test_a_staged_revision_is_relayed_by_a_process_of_its_own_until_its_children
     seed = tmp_path / "s" / "warm"
     assert cache_seed(home_of(tmp_path / "home"), seed) == 0
     bind = f"127.0.0.1:{free_port()}"
-    rc: list[int] = []
-    t = threading.Thread(target=lambda: rc.append(run("relay", "--revision", KEY, "--path", str(seed), "--bind", bind,
-                                                      "--children", "c", "--stall", "5")))
-    t.start()
     path = tmp_path / "c" / "warm"
-    try:
-        assert run("stage", "--role", "peer", "--peer", f"http://{bind}/", "--revision", KEY, "--path", str(path),
-                   "--margin-gb", "0", "--name", "c", "--stall", "5", "--timeout", "30") == 0
-    finally:
-        t.join(30)
-    assert rc == [0]
+    copy_while(lambda: run("relay", "--revision", KEY, "--path", str(seed), "--bind", bind, "--children", "c",
+                           "--stall", "5"), bind, path)
     assert cache_manifest(path) == cache_manifest(seed)
     out = capsys.readouterr().out
     assert f"serving {len(CACHE)} files on {bind} to c" in out
