@@ -137,16 +137,14 @@ def check_target(target: dict, identity: str, model: str, api_key: str | None, s
                 answers.append(f.result())
             except CanaryError as e:
                 answers.append(e)
-    for r, a in zip(ranks, answers):
-        if isinstance(a, CanaryError) and r is not None:
-            a.args = (f"DP rank {r}: {a}",)
     seconds = time.monotonic() - start
     name = target["name"]
     out = {"name": name, "role": target["role"], "ok": False, "seconds": seconds}
-    failed = [a for a in answers if isinstance(a, CanaryError)]
+    failed = [(r, a) for r, a in zip(ranks, answers) if isinstance(a, CanaryError)]
     if failed:
-        out["line"] = f"{name}: {len(failed)} of {n} canaries failed: {failed[0]}"
-        out["down"] = any(e.down for e in failed)
+        rank, error = failed[0]
+        out["line"] = f"{name}: {len(failed)} of {n} canaries failed: {'' if rank is None else f'DP rank {rank}: '}{error}"
+        out["down"] = any(e.down for _, e in failed)
         return out
     texts = sorted(set(answers))  # type: ignore[arg-type]
     path = reference_path(state, name)
