@@ -2355,6 +2355,10 @@ def test_a_relay_of_a_revision_not_staged_whole_or_of_a_child_that_never_came_en
     assert run("relay", "--revision", KEY, "--path", str(seed), "--bind", bind, "--children", "c", "--stall", "1") == 0
     assert time.monotonic() - started < 10
     assert "c never came for 1s: not waiting for it any longer" in capsys.readouterr().out
+    manifest = seed.parent / "warm.revisions" / KEY / ".glm-manifest.json"
+    manifest.write_text("[")  # a staged revision whose manifest broke since: served by nobody, said so
+    assert run("relay", "--revision", KEY, "--path", str(seed), "--bind", bind, "--children", "c") == 1
+    assert f"{manifest}: unreadable" in capsys.readouterr().err
 
 
 def staged_cache(tmp_path: Path) -> Path:

@@ -1256,11 +1256,7 @@ def verify_in_place(path: str) -> int:
         raise StageError(f"{path} is not a directory (model.source local: the checkpoint must be there)")
     manifest_path = os.path.join(path, MANIFEST)
     if os.path.exists(manifest_path):
-        try:
-            files = manifest_files(read_json(manifest_path).get("files"), manifest_path)
-        except (OSError, ValueError, AttributeError) as e:
-            raise StageError(f"{manifest_path}: unreadable ({e})") from None
-        bad = check_files(path, {"files": files}, full=True)
+        bad = check_files(path, {"files": read_manifest(manifest_path)["files"]}, full=True)
     else:
         bad = sorted(s for s in index_shards(path) if not os.path.isfile(os.path.join(path, s)))
         if not os.path.exists(os.path.join(path, "model.safetensors.index.json")):
@@ -1376,23 +1372,33 @@ def cmd_remove(args: argparse.Namespace) -> int:
     return 0
 
 
+def read_manifest(path: str) -> dict:
+    """A manifest on disk, its files checked as a parent's are; unreadable or malformed: StageError naming it."""
+    try:
+        manifest = read_json(path)
+        return {**manifest, "files": manifest_files(manifest.get("files"), path)}
+    except (OSError, ValueError, AttributeError, TypeError) as e:  # (not an object: no .get, no **)
+        raise StageError(f"{path}: unreadable ({e})") from None
+
+
+def staged_whole(args: argparse.Namespace, otherwise: str) -> tuple[str, dict]:
+    """The folder and manifest of --revision at --path, staged and verified whole (.glm-complete); else
+    StageError ending in ``otherwise`` (what is then not done)."""
+    root = revision_dir(args.path, args.revision)
+    if not os.path.isfile(os.path.join(root, COMPLETE)):
+        raise StageError(f"{args.revision} is not staged at {args.path} (no {COMPLETE}): {otherwise}")
+    return root, read_manifest(os.path.join(root, MANIFEST))
+
+
 def cmd_install(args: argparse.Namespace) -> int:
     """The files of a staged revision (a warm-start cache) at their paths under --into, where nothing is
     there: a file the host has is left as it is (vLLM keys its caches itself, what it built wins).
     Each is copied to a temporary name beside it, checked against the manifest on the way, and renamed
     into place. A manifest path that would land outside --into ('..', a symlink on the way) is refused
     before anything is written. Running it again installs nothing more."""
-    root = revision_dir(args.path, args.revision)
-    if not os.path.isfile(os.path.join(root, COMPLETE)):
-        print(f"{HOST}: weights: {args.revision} is not staged at {args.path} (no {COMPLETE}): nothing installed",
-              file=sys.stderr)
-        return 1
-    manifest_path = os.path.join(root, MANIFEST)
-    try:
-        files = manifest_files(read_json(manifest_path).get("files"), manifest_path)
-    except (OSError, ValueError, AttributeError) as e:
-        raise StageError(f"{manifest_path}: unreadable ({e})") from None
-    dests = {e["path"]: inside(args.into, e["path"], manifest_path) for e in files}
+    root, manifest = staged_whole(args, "nothing installed")
+    files = manifest["files"]
+    dests = {e["path"]: inside(args.into, e["path"], os.path.join(root, MANIFEST)) for e in files}
     installed = kept = total = 0
     for e in files:
         dest = dests[e["path"]]
@@ -1426,14 +1432,11 @@ def cmd_relay(args: argparse.Namespace) -> int:
     said it has every file or went silent for --stall seconds: the pool's first host runs it as a transient
     unit, so the steps of the hosts that copy from it can follow its own. Exit 1 naming a child that left
     before it had every file."""
-    root = revision_dir(args.path, args.revision)
-    if not os.path.exists(os.path.join(root, COMPLETE)):
-        raise StageError(f"{args.revision} is not staged at {args.path} (no {COMPLETE}): nothing to serve")
-    manifest = read_json(os.path.join(root, MANIFEST))
+    root, manifest = staged_whole(args, "nothing to serve")
     relay = Relay(args.revision, args.name)
     relay.key = relay_key(args.relay_key_file) if args.relay_key_file else None
     relay.commit = manifest.get("commit")
-    relay.adopt(manifest_files(manifest.get("files"), os.path.join(root, MANIFEST)))
+    relay.adopt(manifest["files"])
     for e in relay.files:
         relay.publish(e["path"])
     relay.publish(complete=True)
