@@ -188,7 +188,7 @@ def launch(vllm_bin, model_dir, tmp_path):
                 "--host", "127.0.0.1", "--port", str(port), *flags]
         # The engine's caches in the test's folder, never the machine's ~/.cache/vllm.
         environment = clean_env(CUDA_VISIBLE_DEVICES=gpus, GLM_SIM_STARTUP_SECONDS=startup,
-                                VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"), **(env or {}))
+                                **{"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"), **(env or {})})
         with log.open("w") as out:
             process = subprocess.Popen(argv, env=environment, stdout=out, stderr=subprocess.STDOUT,
                                        start_new_session=True)
@@ -772,3 +772,15 @@ def test_a_corrupt_cache_file_is_tuned_again_and_rewritten(launch, tmp_path):
     again = launch().wait_healthy()
     assert engine_lines(again.log.read_text(), "Running FlashInfer autotune")
     assert "_metadata" in json.loads(cached.read_text())
+
+
+def test_an_engine_that_cannot_write_its_cache_never_serves_and_the_process_exits(launch, tmp_path):
+    """Fails closed: an engine whose autotune cache cannot be written (VLLM_CACHE_ROOT is a file here) does
+    not start, the port never answers, and the process exits 1 naming the cause, as vLLM's does."""
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    instance = launch(env={"VLLM_CACHE_ROOT": str(blocked)})
+    assert instance.process.wait(30) == 1
+    text = instance.log.read_text()
+    assert "Engine core initialization failed. See root cause above." in text
+    assert str(blocked) in text and not answers(instance.port)

@@ -319,6 +319,7 @@ class Instance:
         self.args = args
         self.simulation = simulation
         self.loaded = False
+        self.failed = ""  # why the engine could not start: the process exits 1
         self.ready = False
         # Set from the signal handler without a lock; admit() reads it under the lock.
         self.draining = False
@@ -385,8 +386,12 @@ class Instance:
     def load(self) -> None:
         """The engine's start (startup.py): weights, kernel warmup with its cache, graph capture."""
         s = self.simulation
-        startup.run(self.args, s.startup_seconds, s.kernel_warmup_seconds, s.kernel_warmup_warm_seconds,
-                    s.graph_capture_seconds, log, stopping=lambda: self.draining)
+        try:
+            startup.run(self.args, s.startup_seconds, s.kernel_warmup_seconds, s.kernel_warmup_warm_seconds,
+                        s.graph_capture_seconds, log, stopping=lambda: self.draining)
+        except (OSError, ValueError) as e:  # never serving without its engine
+            self.failed = str(e)
+            return
         self.loaded = True
 
     def wait_until_loaded(self, server: ProxyServer) -> None:
@@ -799,6 +804,10 @@ def serve(args: argparse.Namespace) -> int:
         while not instance.draining:
             if simulator.poll() is not None:
                 log(f"glm-sim {role}: llm-d-inference-sim exited with code {simulator.returncode}")
+                return 1
+            if instance.failed:  # the cause, then vllm/v1/engine/utils.py's words
+                log(f"glm-sim {role}: {instance.failed}")
+                log("RuntimeError: Engine core initialization failed. See root cause above.")
                 return 1
             time.sleep(0.1)
         log(f"glm-sim {role}: {instance.drain_signal}, draining (up to {instance.shutdown_timeout}s)")

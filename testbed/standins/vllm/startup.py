@@ -21,12 +21,12 @@ for a cold autotune, GLM_SIM_KERNEL_WARMUP_WARM_SECONDS for a warm one, GLM_SIM_
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import hashlib
 import importlib.metadata
 import json
 import os
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -124,7 +124,8 @@ def start_engine(args: argparse.Namespace, dp_rank: int, folder: Path, cold_s: f
 
 def run(args: argparse.Namespace, weights_s: float, cold_s: float, warm_s: float, capture_s: float, log,
         stopping=lambda: False) -> None:
-    """Every phase, the DP engines side by side as vLLM starts them; returns once all are up."""
+    """Every phase, the DP engines side by side as vLLM starts them; returns once all are up, raises
+    OSError when one could not start (its cache unwritable): the process then exits, as vLLM's does."""
     config = json.loads((Path(args.model) / "config.json").read_text())
     if "GlmMoeDsaForCausalLM" in config.get("architectures", []) and "VLLM_USE_BREAKABLE_CUDAGRAPH" not in os.environ:
         log("Auto-enabling VLLM_USE_BREAKABLE_CUDAGRAPH=1. Set VLLM_USE_BREAKABLE_CUDAGRAPH=0 to opt out.")
@@ -133,9 +134,8 @@ def run(args: argparse.Namespace, weights_s: float, cold_s: float, warm_s: float
         time.sleep(min(0.1, weights_s))
     log(f"Loading weights took {time.monotonic() - began:.2f} seconds")
     folder = autotune_dir(args)
-    engines = [threading.Thread(target=start_engine, args=(args, d, folder, cold_s, warm_s, capture_s, log))
-               for d in range(args.data_parallel_size)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.data_parallel_size) as pool:
+        engines = [pool.submit(start_engine, args, d, folder, cold_s, warm_s, capture_s, log)
+                   for d in range(args.data_parallel_size)]
     for e in engines:
-        e.start()
-    for e in engines:
-        e.join()
+        e.result()  # an engine's error, raised here
