@@ -143,7 +143,8 @@ def check_target(target: dict, identity: str, model: str, api_key: str | None, s
     failed = [(r, a) for r, a in zip(ranks, answers) if isinstance(a, CanaryError)]
     if failed:
         rank, error = failed[0]
-        out["line"] = f"{name}: {len(failed)} of {n} canaries failed: {'' if rank is None else f'DP rank {rank}: '}{error}"
+        where = "" if rank is None else f"DP rank {rank}: "
+        out["line"] = f"{name}: {len(failed)} of {n} canaries failed: {where}{error}"
         out["down"] = any(e.down for _, e in failed)
         return out
     texts = sorted(set(answers))  # type: ignore[arg-type]

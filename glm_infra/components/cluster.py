@@ -310,7 +310,8 @@ class Cluster(_Deployment):
         self.services: dict[str, VllmService] = {}
         last_of_pool: dict[str, VllmService] = {}
         prefill_stoppers: list[pulumi.Resource] = []
-        warm_caches = WarmCacheRelays(self, name)  # a host's copy of its pool's caches, before its restarts
+        # A host's copy of its pool's caches, before its restarts.
+        warm_caches = WarmCacheRelays(self, name, {h: c.ready for h, c in self._chains.items()})
         for h, chain in self._chains.items():  # what the plan moves off a host's GPUs and ports, before any starts
             if (step := self.steps[h].steps.get("vllm-placement")) is not None:
                 chain.ready = [self._host_step(f"{name}-{h}-vllm-placement", "placement", chain.host.connection, step,

@@ -66,8 +66,9 @@ class WarmCacheRelays:
     them first, cold); every other host's after it (a failed first host fails them, not a wait), and that
     host's instances of the pool restart only after it."""
 
-    def __init__(self, deployment, name: str) -> None:
-        self.d, self.name = deployment, name
+    def __init__(self, deployment, name: str, ready: Mapping[str, Sequence[pulumi.Resource]]) -> None:
+        """``ready``: by host, what its steps wait for first (its provisioning chain)."""
+        self.d, self.name, self.ready = deployment, name, ready
         self.relays = startup.warm_cache_relays(deployment.stack)
         self.seeds: dict[str, list[pulumi.Resource]] = {}
         self.peers: dict[tuple[str, str], pulumi.Resource] = {}
@@ -81,7 +82,7 @@ class WarmCacheRelays:
         if not seed:  # the pool's first host is another stack's (only_hosts): nothing serves its caches in this run
             return []
         if (role, host) not in self.peers:
-            self.peers[(role, host)] = self._step(host, role, [*self.d._chains[host].ready, *seed])
+            self.peers[(role, host)] = self._step(host, role, [*self.ready[host], *seed])
         return [self.peers[(role, host)]]
 
     def seed(self, role: str, services: Mapping[str, VllmService]) -> list[pulumi.Resource]:
@@ -93,7 +94,7 @@ class WarmCacheRelays:
             if self.d.mine(host):
                 mine = [i.name for i in self.d.plan.instances if i.host == host and i.role == role]
                 assert all(n in services for n in mine), "a pool's first host's instances are registered first"
-                self.seeds[role] = [self._step(host, role, [*self.d._chains[host].ready,
+                self.seeds[role] = [self._step(host, role, [*self.ready[host],
                                                             *(services[n].rollout for n in mine)])]
         return self.seeds[role]
 

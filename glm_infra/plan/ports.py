@@ -2,10 +2,10 @@
 reach it: one list, from which ``validate`` finds collisions and the firewall opens what it must.
 
 Audiences: ``peers`` (the stack's hosts only: vLLM HTTP, DP RPC, NIXL side channels, the weights
-relay and each pool's warm-cache relay on the hosts that have relay children, the exporters, the router's own ports), ``router`` (the
-public port: the stack's hosts and ``router.allowedCidrs``), ``operators`` (Prometheus and
-Alertmanager: the stack's hosts and ``monitoring.allowedCidrs``), ``loopback`` (the router's gates: its host
-only).
+relay and each pool's warm-cache relay on the hosts that have relay children, the exporters, the
+router's own ports), ``router`` (the public port: the stack's hosts and ``router.allowedCidrs``),
+``operators`` (Prometheus and Alertmanager: the stack's hosts and ``monitoring.allowedCidrs``),
+``loopback`` (the router's gates: its host only).
 """
 
 from __future__ import annotations

@@ -215,14 +215,16 @@ def warm_cache_steps(stack: StackConfig, host: str) -> list[Step]:
         prune = command(paths.WEIGHTS, "prune", "--revision", key, "--path", folder)
         stop_relay = f"{{ systemctl stop {unit}.service 2>/dev/null || true; }}"
         # The pools' caches folder goes with the last of them.
-        remove = f"{command(paths.WEIGHTS, 'remove', '--path', folder)} && {{ rmdir {posixpath.dirname(folder)} 2>/dev/null || true; }}"
+        remove = (f"{command(paths.WEIGHTS, 'remove', '--path', folder)} && "
+                  f"{{ rmdir {posixpath.dirname(folder)} 2>/dev/null || true; }}")
         if me.parent is None:
             stage += ["--role", "seed", "--source", "directory", "--from", home]
             stage += [x for cache in paths.WARM_CACHES for x in ("--include", cache)]
             # Served by a transient unit, so the other hosts' steps can follow this one (and are not run
             # at all when it fails); it stops once each child has every file or went silent.
-            relay = ["systemd-run", "--unit", unit, "--collect", "--quiet", "-p", f"RuntimeMaxSec={SERVICE_START_TIMEOUT_S}",
-                     paths.WEIGHTS, "relay", "--revision", key, "--path", folder, *serve, *stall]
+            relay = ["systemd-run", "--unit", unit, "--collect", "--quiet", "-p",
+                     f"RuntimeMaxSec={SERVICE_START_TIMEOUT_S}", paths.WEIGHTS, "relay", "--revision", key,
+                     "--path", folder, *serve, *stall]
             create = [command(*stage), prune, stop_relay, command(*relay)]
             delete = f"{stop_relay} && {remove}"
         else:
@@ -235,7 +237,8 @@ def warm_cache_steps(stack: StackConfig, host: str) -> list[Step]:
             install = command(paths.WEIGHTS, "install", "--revision", key, "--path", folder, "--into", home)
             # The caches only save time: a copy that fails leaves this host's instances to start cold (and
             # doctor shows the step drifted) rather than holding back their restart.
-            cold = f"{host}: warm-cache: no verified copy of the {role} pool's caches from {me.parent}; its instances here start cold"
+            cold = (f"{host}: warm-cache: no verified copy of the {role} pool's caches from {me.parent}; "
+                    "its instances here start cold")
             create = [f"if {command(*stage, *serve)}; then {install} && {owned}; else echo {shlex.quote(cold)} >&2; fi",
                       prune]
             delete = remove
