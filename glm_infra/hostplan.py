@@ -31,7 +31,7 @@ from .spec import paths
 from .spec.config import StackConfig
 from .steps import RenderedFile, Step, file_step
 
-HOST_FILES = ("vllm-secrets", "hf-secrets")
+HOST_FILES = ("vllm-secrets", "hf-secrets", "relay-key")
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,9 @@ def host_file_steps(stack: StackConfig, plan: Plan, h: HostPlan, secrets: Mappin
     if h.name == seed_host(stack, plan.serve) and stack.model.source == "huggingface" and h.provisioned:
         out.append(file_step("hf-secrets", paths.HF_SECRETS, weights.hf_secrets_env(secrets), 0o600, True,
                              weights.hf_secrets_env))
+    if weights.relays_on(stack, plan, h):
+        out.append(file_step("relay-key", paths.RELAY_KEY, weights.relay_secrets_env(secrets), 0o600, True,
+                             weights.relay_secrets_env))
     return out
 
 
@@ -73,6 +76,8 @@ def host_steps(stack: StackConfig, plan: Plan, h: HostPlan, secrets: Mapping[str
     """Every step of one host. ``stack_name`` labels its metrics (unless the stack sets monitoring.stackLabel)."""
     if secrets is None:
         secrets = render.placeholders(stack)
+    elif "relay_key" not in secrets:  # made by the stack, never given: shown by its placeholder
+        secrets = {**secrets, "relay_key": render.placeholders(stack)["relay_key"]}
     steps: list[Step] = [preflight.preflight_step(stack, h), *host_file_steps(stack, plan, h, secrets)]
     wall = firewall.step(stack, plan, h)
     if h.provisioned:

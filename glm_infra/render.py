@@ -48,8 +48,9 @@ def configured_secrets(stack: StackConfig) -> dict[str, str]:
 
 
 def placeholders(stack: StackConfig) -> dict[str, str]:
-    """What offline rendering writes in place of each secret."""
-    return {name: f"<secret {key}>" for name, key in configured_secrets(stack).items()}
+    """What offline rendering writes in place of each secret (the relay key: made by the stack, in its state)."""
+    return {**{name: f"<secret {key}>" for name, key in configured_secrets(stack).items()},
+            "relay_key": "<secret: the stack's relay key, made once and kept in its state>"}
 
 
 def _env() -> jinja2.Environment:

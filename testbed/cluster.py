@@ -240,7 +240,7 @@ def start_http(gateway: ipaddress.IPv4Interface) -> None:
     servers = {
         "http": [sys.executable, "-m", "http.server", "--bind", str(gateway.ip), str(HTTP_PORT),
                  "--directory", str(SIM / "www")],
-        "models": [sys.executable, str(REPO / "glm_infra/agent/weights.py"), "serve", "--all", "--dir", str(SIM / "models"),
+        "models": [sys.executable, str(REPO / "glm_infra/agent/weights.py"), "serve", "--dir", str(SIM / "models"),
                    "--bind", f"{gateway.ip}:{MODEL_PORT}"],
     }
     for name, argv in servers.items():

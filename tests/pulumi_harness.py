@@ -19,7 +19,7 @@ from pulumi.runtime import mocks as pmocks
 from pulumi.runtime.stack import massage
 
 from conftest import ROOT
-from glm_infra.components.remote_step import TRIGGER_KEY_COMMAND
+from glm_infra.components.remote_step import RELAY_KEY_COMMAND, TRIGGER_KEY_COMMAND
 
 SECRET_KEY = "4dabf18193072939515e22adb298388d"  # the Pulumi wire format's "special value" key
 SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"  # ... whose value marks a secret
@@ -49,6 +49,8 @@ class _Mocks(pulumi.runtime.Mocks):
     # What the trigger key's command (remote_step.TRIGGER_KEY_COMMAND: 32 random bytes as 64 hex digits,
     # made once and kept in the stack's state) prints: the same in every run, as a deployed stack's is.
     trigger_key: str = "7f3c" * 16
+    # What the relay key's command (remote_step.RELAY_KEY_COMMAND) prints: another stack secret, the same in every run.
+    relay_key: str = "5e1a" * 16
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         if args.typ == "pulumi:pulumi:StackReference":
@@ -61,6 +63,8 @@ class _Mocks(pulumi.runtime.Mocks):
             outputs["stdout"] = create.removeprefix("echo ")
         if args.typ == "command:local:Command" and create == TRIGGER_KEY_COMMAND:
             outputs["stdout"] = self.trigger_key
+        if args.typ == "command:local:Command" and create == RELAY_KEY_COMMAND:
+            outputs["stdout"] = self.relay_key
         return [f"{args.name}-id", outputs]
 
     def call(self, args: pulumi.runtime.MockCallArgs):

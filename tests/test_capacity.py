@@ -119,7 +119,7 @@ def test_a_mirror_that_ignores_bounded_ranges_is_read_only_up_to_each_header(glm
     shutil.copytree(glm5, tmp_path / "mirror" / COMMIT)
     port = free_port()
     p = subprocess.Popen([sys.executable, str(ROOT / "glm_infra/agent/weights.py"), "serve", "--dir",
-                          str(tmp_path / "mirror"), "--bind", f"127.0.0.1:{port}", "--all"],
+                          str(tmp_path / "mirror"), "--bind", f"127.0.0.1:{port}"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_port(port)

@@ -8,7 +8,7 @@ import pulumi
 import pytest
 import yaml
 from conftest import PROD_STACKS, stack_file
-from pulumi_harness import leaks, run_program, secret_fields
+from pulumi_harness import _Mocks, leaks, run_program, secret_fields
 
 from glm_infra.plan.topology import plan
 from glm_infra.roles import nixl
@@ -47,8 +47,12 @@ def _expected_commands(stack: str) -> int:
     affinity = sum(1 for h in p.serving_hosts if nixl.per_rank(cfg, h.name))
     # Each pool on more than one host: its warm-cache relay, a step on each of its hosts.
     warm_cache = sum(len(pool.hosts) for _, pool in cfg.pools() if len(pool.hosts) > 1)
+    # The stack's relay key on each host that sends or takes through a relay (the checkpoint's: every staging
+    # host when there are several; a pool's warm-start caches').
+    relaying = {h.name for h in p.serving_hosts if len(p.serving_hosts) > 1 and cfg.model.source != "local"}
+    relaying |= {h for _, pool in cfg.pools() if len(pool.hosts) > 1 for h in pool.hosts}
     return (len(p.serving_hosts) * per_serving_host + affinity + router_only + bare + len(p.instances) * per_instance + router
-            + weights + monitoring + firewall + warm_cache)
+            + weights + monitoring + firewall + warm_cache + len(relaying))
 
 
 @pytest.mark.parametrize("stack", PROD_STACKS)
@@ -61,11 +65,16 @@ def test_resource_tree(stack, key_file):
     assert types.count("glm-infra:index:VllmService") == len(p.instances)
     assert types.count("glm-infra:index:Router") == (1 if p.router else 0)
     assert types.count(CMD) == _expected_commands(stack)
-    # The wait for a reboot; the turn taken and given back in the host's pools; the stack's trigger key.
-    assert types.count("command:local:Command") == 3 * len(p.serving_hosts) + 1
-    key = run.get("glm-trigger-key")
-    assert key.parent == run.urn("glm") and set(key.additional_secret_outputs) >= {"stdout"}
-    assert key.inputs["logging"] == "none"
+    # The wait for a reboot; the turn taken and given back in the host's pools; the stack's trigger key and
+    # (hosts relaying: every committed stack) its relay key.
+    relay_files = [r for r in run.resources if r.name.endswith("-etc-glm-infra-secrets-relay-env")]
+    relays = len(p.serving_hosts) > 1  # (one host: nothing crosses hosts, no relay key)
+    assert bool(relay_files) == relays
+    assert types.count("command:local:Command") == 3 * len(p.serving_hosts) + 1 + relays
+    for name in ("glm-trigger-key", "glm-relay-key") if relays else ("glm-trigger-key",):
+        key = run.get(name)
+        assert key.parent == run.urn("glm") and set(key.additional_secret_outputs) >= {"stdout"}
+        assert key.inputs["logging"] == "none"
     assert types.count("glm-infra:index:Drivers") == len(p.serving_hosts)
     runtimes = len({h.name for h in p.hosts if h.instances or h.runs_router})
     # Per serving host: the health gate, RDMA, the nearest NICs (nixl.nicPerRank) and the UCX env file; per
@@ -277,7 +286,8 @@ CANARIES = {
 # What must never travel in plaintext (for the keys and the certificate, their body: the armour lines are public).
 NEEDLES = {"router API key": "sk-canary-router-5c1f9e0a7d", "HF token": "hf_canaryTOKENb41d6e2f93",
            "SSH key": "canaryKEYBODY7e3a91", "TLS certificate": "canaryCERTbody0c4e11",
-           "TLS key": "canaryTLSKEYbody9d27f", "webhook URL": "canary-hook-token-71be0c"}
+           "TLS key": "canaryTLSKEYbody9d27f", "webhook URL": "canary-hook-token-71be0c",
+           "relay key": _Mocks.relay_key}  # made by the stack itself (remote_step.relay_key), a secret like the rest
 
 
 def test_the_canaries_cover_every_secret():
@@ -514,6 +524,7 @@ def _rendered_secret_files(path, secrets: dict[str, str]) -> dict[str, str]:
 
     stack = load_file(path).config
     values = {name: secrets[key] for name, key in render.configured_secrets(stack).items()}
+    values["relay_key"] = _Mocks.relay_key  # made by the stack (its local command), not given
     steps = hostplan.plan_all(stack, make_plan(stack), values, stack_name="test")
     return {f"{h}:{s.name}": s.secret_render(values)
             for h, hs in steps.items() for s in hs.steps.values() if s.secret_render}
@@ -525,7 +536,7 @@ def derived_leaks(path, key_file) -> list[str]:
     run = run_program(path, key_file, secrets=CANARIES)
     files = _rendered_secret_files(path, CANARIES)
     assert {k.split(":", 1)[1] for k in files} >= {"vllm-secrets", "hf-secrets", "router-secrets", "router-front-keys",
-                                                   "router-front-tls-given", "alertmanager-webhook"}
+                                                   "router-front-tls-given", "alertmanager-webhook", "relay-key"}
     sources = {**{k: v for k, v in CANARIES.items() if k != "glm-infra:ssh.privateKey"}, **files}
     needles = _derived_needles(sources)
     leaves = _plain_leaves(run)

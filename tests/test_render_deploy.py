@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import STACKS, stack_file
-from pulumi_harness import run_program
+from pulumi_harness import _Mocks, run_program
 
 from glm_infra import hostplan, render
 from glm_infra.plan import validate
@@ -18,6 +18,8 @@ from glm_infra.plan.topology import plan
 from glm_infra.stack import load_file
 from glm_infra.steps import DRAIN_STDIN, TRIGGERS_TOKEN
 from glm_infra.tools.cli import main as cli
+
+STACK_KEYS = ("glm-trigger-key", "glm-relay-key")  # the stack's own keys (remote_step): no host's step
 
 TRIGGERS = re.compile(r"^: glm-infra-triggers=([0-9a-f]{16}); ")
 
@@ -72,6 +74,7 @@ def test_every_resource_sends_what_the_render_shows(stack, key_file, tmp_path, c
     # Secrets as the review tree shows them: the placeholders (which no secret may look like, so the
     # rules on secret values are off here).
     monkeypatch.setattr(validate, "SECRET_VALUE_RULES", {})
+    monkeypatch.setattr(_Mocks, "relay_key", render.placeholders(cfg)["relay_key"])  # the stack makes its own
     secrets = {key.removeprefix("glm-infra:"): value for key, value in
                ((k, render.placeholders(cfg)[n]) for n, k in render.configured_secrets(cfg).items())}
     run = run_program(stack_file(stack), key_file, stack=stack, secrets={f"glm-infra:{k}": v for k, v in secrets.items()})
@@ -82,8 +85,8 @@ def test_every_resource_sends_what_the_render_shows(stack, key_file, tmp_path, c
     addresses = {h.address: h.name for h in cfg.hosts}
     sent: dict[str, Counter] = {h: Counter() for h in shown}
     for r in run.resources:
-        if r.type not in ("command:remote:Command", "command:local:Command") or r.name == "glm-trigger-key":
-            continue  # the key of the secret triggers' digests (remote_step) is the stack's, no host's step
+        if r.type not in ("command:remote:Command", "command:local:Command") or r.name in STACK_KEYS:
+            continue  # the key of the secret triggers' digests and the relay key (remote_step): the stack's
         if r.type == "command:local:Command":  # the wait for a reboot, the turns: named after their host
             (host,) = [h for h in shown if r.name.startswith(f"glm-{h}-")]
         else:
@@ -96,7 +99,7 @@ def test_every_resource_sends_what_the_render_shows(stack, key_file, tmp_path, c
         extra = sent[host] - shown[host]
         assert not missing and not extra, (host, list(missing)[:2], list(extra)[:2])
     assert sum(sum(c.values()) for c in shown.values()) == len(
-        [r for r in run.resources if r.type.startswith("command:") and r.name != "glm-trigger-key"])
+        [r for r in run.resources if r.type.startswith("command:") and r.name not in STACK_KEYS])
 
 
 def _write_stdin(command: str, data: bytes) -> BaseException | None:

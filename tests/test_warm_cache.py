@@ -39,34 +39,51 @@ def test_the_pools_first_host_serves_its_caches_and_the_others_copy_verify_and_a
     key = vllm.warm_cache_key(cfg, "prefill")
     home, folder = paths.home(cfg.runtime.state_dir), paths.warm_cache(cfg.runtime.state_dir, "prefill")
     seed = _steps(cfg, "sim-1")["prefill-warm-cache"]
-    stage, prune, stop, relay = _argv(seed.create)
+    shape = re.fullmatch(r"(.+) && (.+) && (\{ systemctl stop .+ \}) && \{ (systemd-run .+) \|\| (\{ .+ \}); \}",
+                         seed.create)
+    assert shape, seed.create
+    stage, prune, stop, relay = (shlex.split(shape.group(i)) for i in (1, 2, 3, 4))
     assert stage[:2] == [paths.WEIGHTS, "stage"] and stage[stage.index("--revision") + 1] == key
     assert stage[stage.index("--role") + 1] == "seed" and stage[stage.index("--source") + 1] == "directory"
     assert stage[stage.index("--from") + 1] == home and stage[stage.index("--path") + 1] == folder
     assert [stage[i + 1] for i, a in enumerate(stage) if a == "--include"] == list(paths.WARM_CACHES)
+    assert [stage[i + 1] for i, a in enumerate(stage) if a == "--kind"] == list(paths.WARM_CACHE_KINDS)
+    assert "--relay-key-file" not in stage, "the seed's staging copies from its own home: nothing crosses hosts"
     assert prune == [paths.WEIGHTS, "prune", "--revision", key, "--path", folder], "older keys' copies go"
-    # Served by a transient unit (the other hosts' steps follow this one), the previous one stopped first.
+    # Served by a transient unit (the other hosts' steps follow this one), the previous one stopped first;
+    # Type=notify: the step waits until the relay listens, and fails (with its last lines) when it cannot.
     unit = paths.warm_cache_relay_unit("prefill")
     assert stop[:3] == ["{", "systemctl", "stop"] and stop[3] == f"{unit}.service"
     assert relay[:3] == ["systemd-run", "--unit", unit] and "--collect" in relay
+    assert relay[relay.index("Type=notify") - 1] == "-p"
     served = relay[relay.index(paths.WEIGHTS):]
     assert served == [paths.WEIGHTS, "relay", "--revision", key, "--path", folder, "--bind", "10.88.0.11:7090",
-                      "--children", "sim-2"]
+                      "--children", "sim-2", "--relay-key-file", paths.RELAY_KEY]
+    assert shlex.split(shape.group(5))[:8] == ["{", "journalctl", "--no-pager", "-o", "cat", "-n", "5", "-u"]
+    assert shape.group(5).endswith("the relay of the prefill pool caches did not start (above)' >&2; exit 1; }")
     removed = f"{paths.WEIGHTS} remove --path {folder} && {{ rmdir {cfg.runtime.state_dir}/warm-cache 2>/dev/null || true; }}"
     assert seed.delete == f"{{ systemctl stop {unit}.service 2>/dev/null || true; }} && {removed}"
 
     peer = _steps(cfg, "sim-2")["prefill-warm-cache"]
-    shape = re.fullmatch(r"if (.+?); then (.+?) && (\{ .+ \}); else echo (.+) >&2; fi && (.+)", peer.create)
+    shape = re.fullmatch(r"if (.+?); then (.+?); else rc=\$\?; if \[ \"\$rc\" = 3 \]; then echo (.+) >&2; exit 3; fi; "
+                         r"echo (.+) >&2; fi && (.+)", peer.create)
     assert shape, peer.create
-    stage, install, message, prune = (shlex.split(shape.group(i)) for i in (1, 2, 4, 5))
+    stage, install, forged, message, prune = (shlex.split(shape.group(i)) for i in (1, 2, 3, 4, 5))
     assert stage[stage.index("--role") + 1] == "peer" and stage[stage.index("--peer") + 1] == "http://10.88.0.11:7090"
+    assert stage[stage.index("--relay-key-file") + 1] == paths.RELAY_KEY
     assert "--serve" not in stage, "a leaf serves nobody"
-    assert install == [paths.WEIGHTS, "install", "--revision", key, "--path", folder, "--into", home]
-    # A copy that fails does not hold the instances' restart back: they start cold, and the step says so.
+    kinds = [x for c in paths.WARM_CACHES for x in ("--include", c)]
+    kinds += [x for k in paths.WARM_CACHE_KINDS for x in ("--kind", k)]
+    assert install == [paths.WEIGHTS, "install", "--revision", key, "--path", folder, "--into", home, "--owner",
+                       cfg.runtime.user, *kinds], "as the services' own, only the kinds relayed"
+    # A copy that fails does not hold the instances' restart back: they start cold, and the step says so;
+    # one refused as forged fails the step.
     assert message == ["sim-2: warm-cache: no verified copy of the prefill pool's caches from sim-1; its instances here "
                        "start cold"]
+    assert forged == ["sim-2: warm-cache: refused what answered for the prefill pool's caches as forged (above): "
+                      "nothing installed"]
     assert prune == [paths.WEIGHTS, "prune", "--revision", key, "--path", folder]
-    assert f"chown -R {cfg.runtime.user}: {home}/.cache" in peer.create, "the services own what is added to their home"
+    assert "chown" not in peer.create, "nothing given away after the fact: install makes what it adds theirs"
     assert peer.delete == removed
     for step in (seed, peer):
         assert step.triggers[0] == key
@@ -74,6 +91,17 @@ def test_the_pools_first_host_serves_its_caches_and_the_others_copy_verify_and_a
     assert "decode-warm-cache" not in _steps(cfg, "sim-3"), "a pool on one host relays nothing"
     names = list(_steps(cfg, "sim-2"))
     assert names.index("prefill-3-stop") < names.index("prefill-warm-cache") < names.index("prune-weights")
+
+
+def test_the_warm_caches_relay_no_code_the_host_runs():
+    """The services' user writes these folders: only tuning results and GPU code or its IR cross hosts."""
+    import fnmatch
+
+    for name in ("autotune_configs_dp0_rank0.json", "kernel.cubin", "_fwd.ttgir", "_fwd.ptx", "_fwd.llir", "_fwd.ttir"):
+        assert any(fnmatch.fnmatchcase(name, k) for k in paths.WARM_CACHE_KINDS), name
+    for name in ("__triton_launcher.so", "cuda_utils.so", "computation_graph.py", "model", "x.pyc", "a.pkl", "build.ninja"):
+        assert not any(fnmatch.fnmatchcase(name, k) for k in paths.WARM_CACHE_KINDS), name
+    assert not any("torch_compile_cache" in c for c in paths.WARM_CACHES), "pickled graphs and generated Python"
 
 
 @pytest.mark.parametrize("key, value, changes", [

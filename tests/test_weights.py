@@ -13,23 +13,51 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, free_port, wait_port
 
+from glm_infra.agent import weights as w
 from testbed import STANDINS
 
 WEIGHTS = ROOT / "glm_infra" / "agent" / "weights.py"
 MAKE = STANDINS / "make-checkpoint"
 
 
-def serve(directory: Path, tmp: Path, name: str, all_files: bool) -> tuple[str, Path, subprocess.Popen]:
+def serve(directory: Path, tmp: Path, name: str) -> tuple[str, Path, subprocess.Popen]:
+    """The mirror stand-in (weights.py serve: every file) over ``directory``."""
     port = free_port()
     log = tmp / f"{name}.log"
     args = [sys.executable, str(WEIGHTS), "serve", "--dir", str(directory), "--bind", f"127.0.0.1:{port}"]
-    p = subprocess.Popen(args + (["--all"] if all_files else []), stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
     wait_port(port)
     return f"http://127.0.0.1:{port}", log, p
 
 
+RELAY_KEY = "r" * 64  # the stack's relay key of these tests
+KEYFILE = Path()  # its file, made for each test
+
+
+@pytest.fixture(autouse=True)
+def keyfile(tmp_path) -> Path:
+    global KEYFILE
+    KEYFILE = tmp_path / "relay.env"
+    KEYFILE.write_text(f"GLM_RELAY_KEY={RELAY_KEY}\n")
+    KEYFILE.chmod(0o600)
+    return KEYFILE
+
+
 def stage(*args: str) -> subprocess.CompletedProcess:
+    """weights.py stage; a peer (or a host that serves) with the stack's relay key (KEYFILE) unless given one."""
+    if ("peer" in args or "--serve" in args) and "--relay-key-file" not in args:
+        args = (*args, "--relay-key-file", str(KEYFILE))
     return subprocess.run([sys.executable, str(WEIGHTS), "stage", *args], capture_output=True, text=True, timeout=120)
+
+
+def relay(seed_path: Path, tmp: Path, children: str = "c") -> tuple[str, subprocess.Popen]:
+    """The staged revision rev1 at ``seed_path`` served to ``children`` by weights.py relay, with the key."""
+    port = free_port()
+    p = subprocess.Popen([sys.executable, str(WEIGHTS), "relay", "--revision", "rev1", "--path", str(seed_path),
+                          "--bind", f"127.0.0.1:{port}", "--children", children, "--stall", "5", "--relay-key-file",
+                          str(KEYFILE)], stdout=open(tmp / "relay.log", "a"), stderr=subprocess.STDOUT)
+    wait_port(port)
+    return f"http://127.0.0.1:{port}", p
 
 
 @pytest.fixture
@@ -38,7 +66,7 @@ def mirror(tmp_path):
     for rev in ("rev1", "rev2"):
         subprocess.run([sys.executable, str(MAKE), str(src), "--revision", rev, "--shards", "6", "--shard-mb", "1"],
                        check=True, capture_output=True)
-    url, log, p = serve(src, tmp_path, "mirror", all_files=True)
+    url, log, p = serve(src, tmp_path, "mirror")
     yield url, log, src
     p.terminate()
     p.wait()
@@ -63,11 +91,13 @@ def test_seed_then_peer_copies_only_from_the_seed(mirror, tmp_path):
     fetched = requests(mirror_log)
     assert len([l for l in fetched if "/rev1/" in l and "manifest" not in l]) == 9
 
-    fan_url, _, fan = serve(seed_path.parent / "model.revisions" / "rev1", tmp_path, "fanout", all_files=False)
+    fan_url, fan = relay(seed_path, tmp_path)
     try:
-        r = stage("--role", "peer", "--peer", fan_url, "--revision", "rev1", "--path", str(peer_path), "--margin-gb", "0")
+        r = stage("--role", "peer", "--peer", fan_url, "--revision", "rev1", "--path", str(peer_path), "--margin-gb", "0",
+                  "--name", "c")
     finally:
         fan.terminate()
+        fan.wait()
     assert r.returncode == 0, r.stderr
     assert "peer: 9 files copied" in r.stdout
     assert requests(mirror_log) == fetched, "the peer never touches the source"
@@ -76,30 +106,41 @@ def test_seed_then_peer_copies_only_from_the_seed(mirror, tmp_path):
     assert (peer_path / ".glm-complete").exists()
 
 
-def test_fanout_serves_only_published_files(mirror, tmp_path):
+def test_a_relay_serves_only_hosts_that_sign_with_the_stack_key_and_a_peer_takes_only_what_it_signed(mirror, tmp_path):
+    """Any process on a host may bind a relay's port before it (or answer for it): a peer of another key is
+    refused by the relay, and a peer takes nothing from a server without the key (exit 3, nothing written)."""
+    import urllib.error
+    import urllib.request
+
     url, _, _ = mirror
     seed_path = tmp_path / "seed" / "model"
     assert stage("--role", "seed", "--source", "mirror", "--url", url, "--revision", "rev1", "--path", str(seed_path),
                  "--margin-gb", "0").returncode == 0
-    root = seed_path.parent / "model.revisions" / "rev1"
-    progress = json.loads((root / ".glm-progress.json").read_text())
-    progress["published"] = progress["published"][:2]
-    (root / ".glm-progress.json").write_text(json.dumps(progress))
-    fan_url, _, fan = serve(root, tmp_path, "fanout", all_files=False)
+    fan_url, fan = relay(seed_path, tmp_path)
     try:
-        import urllib.error
-        import urllib.request
-
-        ok = urllib.request.urlopen(f"{fan_url}/{progress['published'][0]}").status
-        assert ok == 200
-        unpublished = next(e["path"] for e in progress["files"] if e["path"] not in progress["published"])
         with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(f"{fan_url}/{unpublished}")
-        assert e.value.code == 404
-        with pytest.raises(urllib.error.HTTPError):
-            urllib.request.urlopen(f"{fan_url}/")  # no listing
+            urllib.request.urlopen(f"{fan_url}/config.json")
+        assert e.value.code == 401
+        other = tmp_path / "other.env"
+        other.write_text("GLM_RELAY_KEY=" + "o" * 64 + "\n")
+        r = stage("--role", "peer", "--peer", fan_url, "--revision", "rev1", "--path", str(tmp_path / "x" / "model"),
+                  "--margin-gb", "0", "--name", "c", "--relay-key-file", str(other))
+        assert r.returncode == 3 and "HTTP 401: unauthenticated relay client: not signed with this stack's relay " \
+            "key (this host's relay key is not the one its source holds)" in r.stderr, r.stderr
     finally:
         fan.terminate()
+        fan.wait()
+    # The seed's folder served by a plain file server on the same port (a squatter): refused as forged.
+    squat_url, _, squat = serve(seed_path.parent / "model.revisions" / "rev1", tmp_path, "squatter")
+    try:
+        r = stage("--role", "peer", "--peer", squat_url, "--revision", "rev1", "--path", str(tmp_path / "y" / "model"),
+                  "--margin-gb", "0", "--name", "c", "--timeout", "20")
+    finally:
+        squat.terminate()
+        squat.wait()
+    assert r.returncode == 3, r.stderr
+    assert f"refusing the manifest from {squat_url}/.glm-progress.json: not signed" in r.stderr
+    assert os.listdir(tmp_path / "y" / "model.revisions" / "rev1") == [] and not (tmp_path / "y" / "model").exists()
 
 
 def test_second_run_changes_nothing(mirror, tmp_path):
@@ -224,9 +265,9 @@ def test_verify_fails_when_the_model_path_serves_another_revision(mirror, tmp_pa
 
 
 class FakeParent:
-    """A relay parent that serves whatever the test gives it — its progress document (the manifest) and
-    the same bytes for every other path — as a host on the cluster network that lies would. It runs in
-    a thread of the test and stops with it."""
+    """A relay parent that serves whatever the test gives it — its progress document (the manifest), signed
+    with the stack's key, and the same bytes for every other path — as a host of the stack that lies would.
+    It runs in a thread of the test and stops with it."""
 
     def __init__(self, doc: dict, body: bytes) -> None:
         import http.server
@@ -236,6 +277,9 @@ class FakeParent:
             def do_GET(self) -> None:  # noqa: N802 (http.server API)
                 data = json.dumps(doc).encode() if ".glm-progress.json" in self.path else body
                 self.send_response(200)
+                # It holds the stack's key (a host of the stack that lies): its manifest is signed.
+                fields = self.headers.get(w.AUTH_HEADER, "").split(" ")
+                self.send_header(w.MAC_HEADER, w.sign(RELAY_KEY.encode(), fields[2] if len(fields) == 4 else "", data))
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -305,12 +349,12 @@ def test_a_mirror_manifest_naming_an_unsafe_file_is_refused(mirror, tmp_path, ba
     assert not any("/rev3/config.json" in l for l in requests(log)), "nothing fetched"
 
 
-def peer_from_fanout(seed_root: Path, peer_path: Path, tmp: Path) -> subprocess.CompletedProcess:
-    """A peer staged from the seed's verified files (weights.py serve: what the seed published)."""
-    fan_url, _, fan = serve(seed_root, tmp, "fanout", all_files=False)
+def peer_from_fanout(seed_path: Path, peer_path: Path, tmp: Path) -> subprocess.CompletedProcess:
+    """A peer staged from the seed's staged revision (weights.py relay, with the stack's key)."""
+    fan_url, fan = relay(seed_path, tmp)
     try:
         return stage("--role", "peer", "--peer", fan_url, "--revision", "rev1", "--path", str(peer_path),
-                     "--margin-gb", "0", "--stall", "5", "--timeout", "60")
+                     "--margin-gb", "0", "--stall", "5", "--timeout", "60", "--name", "c")
     finally:
         fan.terminate()
         fan.wait()
@@ -323,7 +367,7 @@ def test_a_peer_staging_again_takes_a_shard_changed_at_the_source_with_the_same_
             "--margin-gb", "0")
     seed_root = seed_path.parent / "model.revisions" / "rev1"
     assert stage(*seed).returncode == 0
-    assert peer_from_fanout(seed_root, peer_path, tmp_path).returncode == 0
+    assert peer_from_fanout(seed_path, peer_path, tmp_path).returncode == 0
     # The source replaces one shard under the same revision: same size, other bytes, a new manifest.
     shard = "model-00002-of-00006.safetensors"
     data = bytearray((src / "rev1" / shard).read_bytes())
@@ -334,7 +378,7 @@ def test_a_peer_staging_again_takes_a_shard_changed_at_the_source_with_the_same_
     (src / "rev1" / "manifest.json").write_text(json.dumps(m))
     r = stage(*seed)
     assert r.returncode == 0 and "seed: 1 files from the mirror source, 8 already here" in r.stdout, r.stdout
-    r = peer_from_fanout(seed_root, peer_path, tmp_path)
+    r = peer_from_fanout(seed_path, peer_path, tmp_path)
     assert r.returncode == 0, r.stderr
     assert "peer: 1 files copied" in r.stdout and "8 already here and verified" in r.stdout, r.stdout
     assert (peer_path / shard).read_bytes() == bytes(data)
@@ -348,12 +392,12 @@ def test_a_peer_staging_again_copies_a_shard_corrupted_here(mirror, tmp_path):
     assert stage("--role", "seed", "--source", "mirror", "--url", url, "--revision", "rev1", "--path",
                  str(seed_path), "--margin-gb", "0").returncode == 0
     seed_root = seed_path.parent / "model.revisions" / "rev1"
-    assert peer_from_fanout(seed_root, peer_path, tmp_path).returncode == 0
+    assert peer_from_fanout(seed_path, peer_path, tmp_path).returncode == 0
     shard = peer_path / "model-00005-of-00006.safetensors"
     blob = bytearray(shard.read_bytes())
     blob[777] ^= 0x01  # same size, other bytes: the disk went bad since the last staging
     shard.write_bytes(bytes(blob))
-    r = peer_from_fanout(seed_root, peer_path, tmp_path)
+    r = peer_from_fanout(seed_path, peer_path, tmp_path)
     assert r.returncode == 0, r.stderr
     assert f"{shard.name}: does not match its sha256, copying it again" in r.stdout, r.stdout
     assert "peer: 1 files copied" in r.stdout and "8 already here and verified" in r.stdout, r.stdout

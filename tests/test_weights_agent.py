@@ -13,6 +13,7 @@ import hmac
 import http.server
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -31,6 +32,20 @@ from glm_infra.agent import weights as w
 @pytest.fixture(autouse=True)
 def host_name(monkeypatch):
     monkeypatch.setattr(w, "HOST", "t")
+
+
+RELAY_KEY = b"k" * 40  # the stack's relay key in these tests
+AUTH = w.Auth(RELAY_KEY, "c")  # the peer "c" of most tests
+KEYFILE = ""  # its file (GLM_RELAY_KEY=...), made for each test
+
+
+@pytest.fixture(autouse=True)
+def relay_keyfile(tmp_path_factory):
+    global KEYFILE
+    f = tmp_path_factory.mktemp("key") / "relay.env"
+    f.write_text("GLM_RELAY_KEY=" + RELAY_KEY.decode() + "\n")
+    KEYFILE = str(f)
+    return f
 
 
 def sha(data: bytes) -> str:
@@ -145,6 +160,7 @@ class Clock:
         time.sleep(min(s, 0.01))
 
     monotonic = staticmethod(time.monotonic)
+    time = staticmethod(time.time)
 
 
 @pytest.fixture(autouse=True)
@@ -675,8 +691,67 @@ def test_the_relay_key_comes_from_its_file_and_is_long(tmp_path):
 
 def test_a_signature_covers_the_nonce_and_the_document():
     key = b"k" * 32
-    assert w.sign(key, "n1", b"{}") == hmac.new(key, b"n1\n{}", hashlib.sha256).hexdigest()
+    assert w.sign(key, "n1", b"{}") == hmac.new(key, b"server\nn1\n{}", hashlib.sha256).hexdigest()
     assert w.sign(key, "n2", b"{}") != w.sign(key, "n1", b"{}") != w.sign(b"j" * 32, "n1", b"{}")
+
+
+def test_a_client_signs_its_name_time_nonce_and_what_it_asks(monkeypatch):
+    key = b"k" * 32
+    assert w.client_mac(key, "c", "100", "n", "/x?y") == \
+        hmac.new(key, b"client\nc\n100\nn\nGET /x?y", hashlib.sha256).hexdigest()
+    monkeypatch.setattr(w.time, "time", lambda: 1234.9)
+    headers, nonce = w.Auth(key, "b300-2").headers("http://h:1/a%2Fb?moved=1")
+    name, at, sent, mac = headers[w.AUTH_HEADER].split(" ")
+    assert (name, at, sent) == ("b300-2", "1234", nonce) and w.NONCE.fullmatch(nonce)
+    assert mac == w.client_mac(key, "b300-2", "1234", nonce, "/a%2Fb?moved=1")
+    assert w.Auth(key, "c").headers("http://h:1")[0][w.AUTH_HEADER].split(" ")[3] != mac
+    assert w.Auth(key, "c").headers("http://h:1")[1] != w.Auth(key, "c").headers("http://h:1")[1], "a fresh nonce"
+
+
+def signed(key: bytes = RELAY_KEY, name: str = "c1", target: str = "/", at: float | None = None,
+           nonce: str | None = None) -> dict:
+    """The authentication header of a relay client's GET of ``target``."""
+    nonce = nonce or os.urandom(16).hex()
+    at_s = str(int(time.time() if at is None else at))
+    return {w.AUTH_HEADER: f"{name} {at_s} {nonce} {w.client_mac(key, name, at_s, nonce, target)}"}
+
+
+def test_a_relay_takes_only_requests_signed_with_its_key_once_and_in_time():
+    r = w.Relay("r", "p")
+    h = signed(target="/a")[w.AUTH_HEADER]
+    assert r.authenticate(h, "/a") == (None, "this relay has no key")
+    r.key = RELAY_KEY
+    name, nonce = r.authenticate(h, "/a")
+    assert name == "c1" and nonce == h.split(" ")[2]
+    assert r.authenticate(h, "/a") == (None, "a nonce already taken (replayed)")
+    assert r.authenticate(signed(target="/a")[w.AUTH_HEADER], "/b") == (None, "not signed with this stack's relay key")
+    assert r.authenticate(signed(b"j" * 40, target="/a")[w.AUTH_HEADER], "/a") == \
+        (None, "not signed with this stack's relay key")
+    assert r.authenticate(None, "/a") == (None, f"no {w.AUTH_HEADER} header of NAME TIME NONCE MAC")
+    assert r.authenticate("c1 1 2", "/a")[0] is None
+    for bad in ("-x 1 " + "a" * 32 + " m", "c1 x1 " + "a" * 32 + " m", "c1 1 " + "A" * 32 + " m", "c1 1 abc m"):
+        assert r.authenticate(bad, "/a") == (None, f"a malformed {w.AUTH_HEADER} header")
+    old = time.time() - w.AUTH_WINDOW_S - 5
+    name, why = r.authenticate(signed(target="/a", at=old)[w.AUTH_HEADER], "/a")
+    assert name is None and why.startswith(f"signed at {int(old)}, ") and why.endswith(
+        f"s from this host's clock (more than {w.AUTH_WINDOW_S} s: replayed, or the hosts' clocks differ)")
+    assert r.authenticate(signed(target="/a", at=time.time() + w.AUTH_WINDOW_S - 2)[w.AUTH_HEADER], "/a")[0] == "c1"
+    assert r.authenticate(signed(target="/a", at=time.time() + w.AUTH_WINDOW_S + 5)[w.AUTH_HEADER], "/a")[0] is None
+
+
+def test_a_relay_forgets_nonces_only_once_they_could_not_be_in_time_any_more(monkeypatch):
+    r = w.Relay("r", "p")
+    r.key = RELAY_KEY
+    now = [1000.0]
+    monkeypatch.setattr(w.time, "time", lambda: now[0])
+    first = signed(target="/a", at=1000)[w.AUTH_HEADER]
+    assert r.authenticate(first, "/a")[0] == "c1"
+    now[0] = 1000 + 2 * w.AUTH_WINDOW_S
+    assert r.authenticate(signed(target="/a", at=now[0])[w.AUTH_HEADER], "/a")[0] == "c1"
+    assert first.split(" ")[2] in r.nonces, "kept while a replay of it could still be in time"
+    now[0] += 1
+    assert r.authenticate(signed(target="/a", at=now[0])[w.AUTH_HEADER], "/a")[0] == "c1"
+    assert first.split(" ")[2] not in r.nonces and len(r.nonces) == 2
 
 
 def test_the_relay_state_lists_and_withdraws(tmp_path):
@@ -711,11 +786,12 @@ def test_the_relay_state_lists_and_withdraws(tmp_path):
 @pytest.fixture
 def relay_of(tmp_path, capsys):
     """A staging's relay over a folder with the checkpoint (and a name that starts like a path's
-    separator letters would not): nothing published yet. It logs nothing per request."""
+    separator letters would not): nothing published yet. It logs nothing per request it takes."""
     root = tmp_path / "root"
     root.mkdir()
     files = write_checkpoint(root, {**CHECKPOINT, "X/Xtra.json": b"{}"})
     relay = w.Relay("rev1", "p")
+    relay.key = RELAY_KEY
     relay.adopt(files)
     server = w.start_relay(relay, str(root), "[::1]:0", 5)
     try:
@@ -726,74 +802,112 @@ def relay_of(tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
+def sget(url: str, headers: dict | None = None, name: str = "c1", key: bytes = RELAY_KEY) -> tuple[int, dict, bytes]:
+    """A GET signed as a relay client named ``name``."""
+    parts = urllib.parse.urlsplit(url)
+    target = parts.path + (f"?{parts.query}" if parts.query else "")
+    return get(url, {**(headers or {}), **signed(key, name, target)})
+
+
 def test_the_relay_serves_its_progress_and_only_published_files(relay_of):
     relay, url, root = relay_of
-    status, headers, body = get(f"{url}/.glm-progress.json?host=c1")
+    status, headers, body = sget(f"{url}/.glm-progress.json")
     assert status == 200 and json.loads(body) == relay.snapshot()
     assert headers["Content-Type"] == "application/json" and headers["Content-Length"] == str(len(body))
-    status, headers, _ = get(f"{url}/config.json?host=c1")
+    status, headers, _ = sget(f"{url}/config.json")
     assert (status, headers["reason"]) == (404, "not published"), "not published yet"
     relay.publish("config.json")
     relay.publish("sub/tokenizer.json")
     relay.publish("X/Xtra.json")
-    assert get(f"{url}/X/Xtra.json")[2] == b"{}"
-    status, headers, body = get(f"{url}/config.json?host=c1")
+    assert sget(f"{url}/X/Xtra.json")[2] == b"{}"
+    status, headers, body = sget(f"{url}/config.json")
     assert (status, body) == (200, CHECKPOINT["config.json"])
     assert headers["Content-Type"] == "application/octet-stream"
     assert headers["Content-Length"] == str(len(body)) and "Content-Range" not in headers
-    assert get(f"{url}/sub%2Ftokenizer.json")[2] == CHECKPOINT["sub/tokenizer.json"]
-    assert get(f"{url}/")[0] == 404 and get(f"{url}/sub")[0] == 404, "no listing"
-    assert get(f"{url}/.glm-manifest.json")[0] == 404
-    status, headers, body = get(f"{url}/config.json", {"Range": "bytes=3-"})
+    assert sget(f"{url}/sub%2Ftokenizer.json")[2] == CHECKPOINT["sub/tokenizer.json"]
+    assert sget(f"{url}/")[0] == 404 and sget(f"{url}/sub")[0] == 404, "no listing"
+    assert sget(f"{url}/.glm-manifest.json")[0] == 404
+    status, headers, body = sget(f"{url}/config.json", {"Range": "bytes=3-"})
     assert (status, body) == (206, CHECKPOINT["config.json"][3:])
     n = len(CHECKPOINT["config.json"])
     assert headers["Content-Range"] == f"bytes 3-{n - 1}/{n}" and headers["Content-Length"] == str(n - 3)
-    assert get(f"{url}/config.json", {"Range": f"bytes={n - 1}-"})[2] == CHECKPOINT["config.json"][-1:]
-    assert get(f"{url}/config.json", {"Range": f"bytes={n}-"})[0] == 416
+    assert sget(f"{url}/config.json", {"Range": f"bytes={n - 1}-"})[2] == CHECKPOINT["config.json"][-1:]
+    assert sget(f"{url}/config.json", {"Range": f"bytes={n}-"})[0] == 416
     for odd in ("bytes=\xb2-", "bytes=3-5", "items=3-", "bytes=-3"):  # not a resume: the whole file
-        assert get(f"{url}/config.json", {"Range": odd})[:3:2] == (200, CHECKPOINT["config.json"])
+        assert sget(f"{url}/config.json", {"Range": odd})[:3:2] == (200, CHECKPOINT["config.json"])
     assert relay.clients["c1"]["active"] == 0 and not relay.clients["c1"]["done"]
-    status, headers, body = get(f"{url}/.glm-done?host=c1")
+    status, headers, body = sget(f"{url}/.glm-done")
     assert (status, body, headers["Content-Type"], headers["Content-Length"]) == (200, b"ok\n", "text/plain", "3")
     assert relay.clients["c1"]["done"]
 
 
-def test_the_relay_keeps_plain_client_names_only(relay_of):
+def test_the_relay_serves_and_counts_only_clients_that_sign_with_its_key(relay_of, capsys):
+    """Not by the name a request gives (?host= once let any peer mark another host done), nor its address."""
     relay, url, _ = relay_of
-    get(f"{url}/.glm-progress.json?host=b300-7.dc:1")
-    get(f"{url}/.glm-progress.json?host=" + urllib.parse.quote("x\nroot: weights: forged"))
-    get(f"{url}/.glm-progress.json?host=-x")
-    get(f"{url}/.glm-progress.json?host=" + "a" * 254)
-    get(f"{url}/.glm-progress.json?host=B300-X")
-    get(f"{url}/.glm-progress.json")
-    assert sorted(relay.clients) == ["::1", "B300-X", "b300-7.dc:1"]
-    get(f"{url}/.glm-progress.json?host=" + "a" * 253)
-    assert "a" * 253 in relay.clients
+    relay.publish("config.json")
+    # None, another key, or signed for another request: refused whatever the request names itself.
+    for headers in ({}, signed(b"j" * 40, "c1", "/.glm-done"), signed(RELAY_KEY, "c1", "/sub/tokenizer.json")):
+        for what in ("/.glm-done?host=c1", "/.glm-done", "/.glm-progress.json", "/config.json"):
+            status, answer, body = get(f"{url}{what}", headers)
+            assert status == 401 and body.startswith(b"unauthenticated relay client: "), (what, headers)
+            assert w.MAC_HEADER not in answer
+    assert relay.clients == {}, "nobody counted, nobody done"
+    err = capsys.readouterr()
+    assert err.out.count("refused a request from ::1: ") == 1, "logged once a minute per address"
+    assert f"t: weights: refused a request from ::1: no {w.AUTH_HEADER} header of NAME TIME NONCE MAC" in err.out
+    once = signed(RELAY_KEY, "b300-7.dc:1", "/.glm-done")
+    assert get(f"{url}/.glm-done", once)[0] == 200 and relay.clients["b300-7.dc:1"]["done"]
+    assert get(f"{url}/.glm-done", once)[0] == 401, "replayed"
+    assert sorted(relay.clients) == ["b300-7.dc:1"]
 
 
-def test_the_relay_signs_its_progress_with_the_nonce_asked(relay_of):
+def test_the_relay_signs_its_progress_with_the_nonce_of_the_request(relay_of):
     relay, url, _ = relay_of
-    assert w.MAC_HEADER not in get(f"{url}/.glm-progress.json")[1], "no key, no signature"
-    relay.key = b"k" * 32
-    _, headers, body = get(f"{url}/.glm-progress.json?host=c&nonce=abc")
-    assert headers[w.MAC_HEADER] == hmac.new(b"k" * 32, b"abc\n" + body, hashlib.sha256).hexdigest()
-    _, headers, body = get(f"{url}/.glm-progress.json?host=c")
-    assert headers[w.MAC_HEADER] == hmac.new(b"k" * 32, b"\n" + body, hashlib.sha256).hexdigest()
+    h = signed(RELAY_KEY, "c", "/.glm-progress.json", nonce="ab" * 16)
+    _, headers, body = get(f"{url}/.glm-progress.json", h)
+    assert headers[w.MAC_HEADER] == hmac.new(RELAY_KEY, b"server\n" + b"ab" * 16 + b"\n" + body,
+                                             hashlib.sha256).hexdigest()
 
 
-def test_the_relay_cannot_serve_on_a_port_in_use(tmp_path):
+def test_a_relay_is_never_served_without_a_key(tmp_path):
+    with pytest.raises(w.StageError) as e:
+        w.start_relay(w.Relay("r", "n"), str(tmp_path), "127.0.0.1:0", 1)
+    assert str(e.value) == ("no relay key: a relay is served only with the stack's key (--relay-key-file), never by "
+                            "its port 127.0.0.1:0 alone")
+
+
+def keyed(revision: str = "r") -> w.Relay:
+    r = w.Relay(revision, "n")
+    r.key = RELAY_KEY
+    return r
+
+
+def test_the_relay_cannot_serve_on_a_port_in_use_and_names_who_holds_it(tmp_path):
     fake = Fake()
     with running(fake.server) as url:
         bind = url.removeprefix("http://")
         with pytest.raises(w.StageError) as e:
-            w.start_relay(w.Relay("r", "n"), str(tmp_path), bind, 1)
-    assert str(e.value) == f"cannot serve the relay on {bind}: Address already in use"
+            w.start_relay(keyed(), str(tmp_path), bind, 1)
+    assert str(e.value) == (f"cannot serve the relay on {bind}: Address already in use (held by pid {os.getpid()} "
+                            f"({Path('/proc/self/comm').read_text().strip()}, user root))")
+
+
+def test_who_holds_a_port_is_read_from_proc(tmp_path):
+    import socket
+
+    with socket.socket(socket.AF_INET6) as s:
+        s.bind(("::1", 0))
+        port = s.getsockname()[1]
+        assert w.port_holder(port) is None, "bound, not listening"
+        s.listen()
+        assert w.port_holder(port) == f"pid {os.getpid()} ({Path('/proc/self/comm').read_text().strip()}, user root)"
+    assert w.port_holder(port) is None
 
 
 def test_the_relay_drops_a_client_that_sends_nothing(tmp_path):
     import socket
 
-    server = w.start_relay(w.Relay("r", "n"), str(tmp_path), "::1:0", 0.3)  # an IPv6 address as hostplan gives it
+    server = w.start_relay(keyed(), str(tmp_path), "::1:0", 0.3)  # an IPv6 address as hostplan gives it
     try:
         with socket.create_connection(server.server_address[:2], timeout=3) as s:
             start = time.monotonic()
@@ -804,22 +918,12 @@ def test_the_relay_drops_a_client_that_sends_nothing(tmp_path):
         server.server_close()
 
 
-def test_the_static_server_serves_what_its_progress_file_published_or_everything(tmp_path, capsys):
+def test_the_mirror_serves_every_file_of_its_folder_and_logs_it(tmp_path, capsys):
     write_checkpoint(tmp_path)
-    with running(w.files_server(str(tmp_path), "127.0.0.1:0", published_only=True)) as url:
-        assert get(f"{url}/config.json")[0] == 404, "no progress file: nothing"
-        (tmp_path / ".glm-progress.json").write_text("{not json")
-        assert get(f"{url}/config.json")[0] == 404
-        (tmp_path / ".glm-progress.json").write_text(json.dumps({"files": []}))
-        assert get(f"{url}/config.json")[0] == 404
-        (tmp_path / ".glm-progress.json").write_text(json.dumps({"published": ["config.json"]}))
-        assert get(f"{url}/config.json")[2] == CHECKPOINT["config.json"]
-        assert get(f"{url}/model.safetensors.index.json")[0] == 404
-        assert json.loads(get(f"{url}/.glm-progress.json")[2]) == {"published": ["config.json"]}
-        assert get(f"{url}/.glm-done")[0] == 404
-    assert "GET" not in capsys.readouterr().err, "a fan-out server is quiet"
-    with running(w.files_server(str(tmp_path), "127.0.0.1:0", published_only=False)) as url:
+    (tmp_path / ".glm-progress.json").write_text(json.dumps({"published": []}))  # a mirror publishes nothing
+    with running(w.files_server(str(tmp_path), "127.0.0.1:0")) as url:
         assert get(f"{url}/model.safetensors.index.json")[2] == CHECKPOINT["model.safetensors.index.json"]
+        assert get(f"{url}/config.json")[2] == CHECKPOINT["config.json"]
         assert get(f"{url}/sub/")[0] == 404 and get(f"{url}/nope")[0] == 404
     assert '"GET /model.safetensors.index.json HTTP/1.1" 200' in capsys.readouterr().err, "the mirror logs"
 
@@ -837,7 +941,8 @@ def test_serve_serves_the_folder_given(tmp_path, monkeypatch):
         t.join()
 
     monkeypatch.setattr(w._Server, "serve_forever", one_request)
-    assert run("serve", "--dir", str(tmp_path), "--bind", "[::1]:0", "--all") == 0
+    assert run("serve", "--dir", str(tmp_path), "--bind", "[::1]:0") == 0
+    (tmp_path / "f").unlink()
     assert run("serve", "--dir", str(tmp_path), "--bind", "[::1]:0") == 0
     assert answers == [200, 404]
 
@@ -927,7 +1032,7 @@ def test_a_child_still_receiving_is_waited_for_past_the_stall():
 def mirror(tmp_path):
     """The mirror stand-in (weights.py serve --all) over a checkpoint at revision rev1."""
     src = mirror_of(tmp_path)
-    with running(w.files_server(str(src), "127.0.0.1:0", published_only=False)) as url:
+    with running(w.files_server(str(src), "127.0.0.1:0")) as url:
         yield url, src / "rev1"
 
 
@@ -1287,9 +1392,28 @@ def progress_doc(files: dict[str, bytes] = CHECKPOINT, revision: str = "rev1", p
             "published": sorted(files) if published is None else published, "complete": complete, "received": received}
 
 
+def signing(key: bytes, doc: dict | Callable[[], dict]) -> Callable:
+    """A relay host's progress ``doc`` (or what the callable gives each time), signed with ``key`` and the
+    nonce of the request's authentication header, as a relay with the stack's key answers."""
+
+    def send(h: http.server.BaseHTTPRequestHandler) -> None:
+        body = json.dumps(doc() if callable(doc) else doc).encode()
+        fields = h.headers.get(w.AUTH_HEADER, "").split(" ")
+        nonce = fields[2] if len(fields) == 4 else ""
+        h.send_response(200)
+        h.send_header(w.MAC_HEADER, hmac.new(key, b"server\n" + nonce.encode() + b"\n" + body,
+                                             hashlib.sha256).hexdigest())
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    return send
+
+
 def parent(files: dict[str, bytes] = CHECKPOINT, doc: dict | None = None, port: int = 0, **kw) -> Fake:
-    """A relay host that serves ``doc`` (default: every file of ``files`` published) and the files."""
-    routes: dict[str, Route] = {"/.glm-progress.json": (200, {}, json.dumps(doc or progress_doc(files, **kw)).encode()),
+    """A relay host with the stack's key that serves ``doc`` (default: every file of ``files`` published),
+    signed for each request, and the files."""
+    routes: dict[str, Route] = {"/.glm-progress.json": signing(RELAY_KEY, doc or progress_doc(files, **kw)),
                                 "/.glm-done": (200, {}, b"ok\n")}
     routes.update({f"/{n}": (200, {}, b) for n, b in files.items()})
     return Fake(routes, port)
@@ -1297,10 +1421,23 @@ def parent(files: dict[str, bytes] = CHECKPOINT, doc: dict | None = None, port: 
 
 def peer(path: Path, *urls: str, stall: str = "0.3", timeout: str = "5", more: tuple = ()) -> int:
     argv = ["stage", "--role", "peer", "--revision", "rev1", "--path", str(path), "--margin-gb", "0", "--name", "c",
-            "--stall", stall, "--timeout", timeout, *more]
+            "--stall", stall, "--timeout", timeout]
+    if "--relay-key-file" not in more:
+        argv += ["--relay-key-file", KEYFILE]
+    argv += more
     for u in urls:
         argv += ["--peer", u + "/"]
     return run(*argv)
+
+
+def signed_as(fake: Fake, name: str = "c") -> bool:
+    """Every request ``fake`` got was signed with the stack's key by ``name``, for what it asked."""
+    for target, headers in fake.requests:
+        fields = headers.get(w.AUTH_HEADER, "").split(" ")
+        if len(fields) != 4 or fields[0] != name or \
+                fields[3] != w.client_mac(RELAY_KEY, name, fields[1], fields[2], target):
+            return False
+    return bool(fake.requests)
 
 
 def test_a_peer_copies_what_its_parent_published_and_says_when_it_is_done(tmp_path, capsys):
@@ -1314,8 +1451,8 @@ def test_a_peer_copies_what_its_parent_published_and_says_when_it_is_done(tmp_pa
     root = path.parent / "model.revisions" / "rev1"
     assert json.loads((root / ".glm-manifest.json").read_text()) == {"revision": "rev1", "files": progress_doc()["files"]}
     assert f"c: weights: peer: 5 files copied (5 from {url}), 0 already here and verified" in out
-    assert p.paths()[0] == "/.glm-progress.json?host=c" and p.paths()[-1] == "/.glm-done?host=c"
-    assert sorted(p.paths()[1:-1]) == sorted(f"/{n}?host=c" for n in CHECKPOINT)
+    assert p.paths()[0] == "/.glm-progress.json" and p.paths()[-1] == "/.glm-done"
+    assert sorted(p.paths()[1:-1]) == sorted(f"/{n}" for n in CHECKPOINT)
     progress = json.loads((root / ".glm-progress.json").read_text())
     assert progress["complete"] is True and sorted(progress["published"]) == sorted(CHECKPOINT)
     assert progress["received"] == sum(len(b) for b in CHECKPOINT.values()), "its children see it receiving"
@@ -1373,7 +1510,7 @@ def test_a_parent_that_lies_about_a_name_gets_nothing_written(tmp_path, capsys):
         assert peer(path, url) == 1
     assert f"c: weights: refusing the manifest from {url}: unsafe file name 'x/../../y'" in capsys.readouterr().err
     assert os.listdir(path.parent / "model.revisions" / "rev1") == []
-    assert p.paths() == ["/.glm-progress.json?host=c"]
+    assert p.paths() == ["/.glm-progress.json"]
 
 
 def test_a_symlink_in_the_peer_folder_that_leads_out_fails_the_manifest(tmp_path, capsys):
@@ -1389,47 +1526,65 @@ def test_a_symlink_in_the_peer_folder_that_leads_out_fails_the_manifest(tmp_path
     assert sorted(os.listdir(root)) == ["sub"] and not (tmp_path / "tokenizer.json").exists()
 
 
-def signing(key: bytes, doc: dict) -> Callable:
-    """A relay host with the stack's key: its progress signed with the nonce of each request."""
-
-    def send(h: http.server.BaseHTTPRequestHandler) -> None:
-        body = json.dumps(doc).encode()
-        nonce = urllib.parse.parse_qs(urllib.parse.urlsplit(h.path).query).get("nonce", [""])[0]
-        h.send_response(200)
-        h.send_header(w.MAC_HEADER, hmac.new(key, nonce.encode() + b"\n" + body, hashlib.sha256).hexdigest())
-        h.send_header("Content-Length", str(len(body)))
-        h.end_headers()
-        h.wfile.write(body)
-
-    return send
-
-
-def test_with_the_relay_key_a_peer_takes_only_a_manifest_signed_for_its_request(tmp_path, capsys):
-    keyfile = tmp_path / "relay.env"
-    keyfile.write_text("GLM_RELAY_KEY=" + "k" * 40 + "\n")
+def test_a_peer_takes_only_a_manifest_signed_for_its_request_and_fails_as_forged(tmp_path, capsys):
+    """Whatever answers on the parent's port (any local user may bind it first) is not trusted by the port:
+    unsigned, signed with another key, replayed for another request, or a 401: exit 3, nothing written."""
     p = parent()
     with running(p.server) as url:
-        assert peer(tmp_path / "a" / "model", url, more=("--relay-key-file", str(keyfile))) == 1
+        p.routes["/.glm-progress.json"] = (200, {}, json.dumps(progress_doc()).encode())
+        assert peer(tmp_path / "a" / "model", url) == w.EXIT_FORGED == 3
         err = capsys.readouterr().err
-        assert f"refusing the manifest from {url}/.glm-progress.json?host=c&nonce=" in err
-        assert ": not signed (it is not signed with this stack's relay key" in err
+        assert (f"c: weights: refusing the manifest from {url}/.glm-progress.json: not signed (not signed with this "
+                "stack's relay key: another process on that port, a host of another stack, or a forgery)\n") in err
         p.routes["/.glm-progress.json"] = signing(b"j" * 40, progress_doc())
-        assert peer(tmp_path / "b" / "model", url, more=("--relay-key-file", str(keyfile))) == 1
-        err = capsys.readouterr().err
-        assert ": a wrong signature (it is not signed with this stack's relay key: a host of another stack, or forged)" in err
-        p.routes["/.glm-progress.json"] = signing(b"k" * 40, progress_doc())
-        assert peer(tmp_path / "c" / "model", url, more=("--relay-key-file", str(keyfile))) == 0
-        nonces = [urllib.parse.parse_qs(urllib.parse.urlsplit(q).query)["nonce"][0] for q in p.paths() if "progress" in q]
-        assert len(set(nonces)) == len(nonces) == 3 and all(len(n) == 32 for n in nonces), "a fresh nonce each time"
+        assert peer(tmp_path / "b" / "model", url) == 3
+        assert ": a wrong signature (not signed with this stack's relay key" in capsys.readouterr().err
+        body = json.dumps(progress_doc()).encode()
+        replayed = {w.MAC_HEADER: hmac.new(RELAY_KEY, b"server\n" + b"0" * 32 + b"\n" + body, hashlib.sha256).hexdigest()}
+        p.routes["/.glm-progress.json"] = (200, replayed, body)
+        assert peer(tmp_path / "e" / "model", url) == 3
+        assert ": a wrong signature (" in capsys.readouterr().err
+        p.routes["/.glm-progress.json"] = (401, {}, b"unauthenticated relay client: not signed with this stack's key\n")
+        assert peer(tmp_path / "f" / "model", url) == 3
+        assert (f"c: weights: refusing {url}/.glm-progress.json: HTTP 401: unauthenticated relay client: not signed "
+                "with this stack's key (this host's relay key is not the one its source holds)") in capsys.readouterr().err
+        p.routes["/.glm-progress.json"] = signing(RELAY_KEY, progress_doc())
+        assert peer(tmp_path / "c" / "model", url) == 0
+        assert signed_as(p), "every request it made was signed, by its name"
+        nonces = [h[w.AUTH_HEADER].split(" ")[2] for _, h in p.requests]
+        assert len(set(nonces)) == len(nonces) and all(len(n) == 32 for n in nonces), "a fresh nonce each time"
         assert peer(tmp_path / "d" / "model", url, more=("--relay-key-file", str(tmp_path / "none.env"))) == 1
     assert f"cannot read {tmp_path / 'none.env'}" in capsys.readouterr().err
-    assert os.listdir(tmp_path / "a" / "model.revisions" / "rev1") == []
+    for forged in "abef":
+        assert os.listdir(tmp_path / forged / "model.revisions" / "rev1") == [], "nothing written"
+    assert not (tmp_path / "d" / "model.revisions").exists(), "the key is read before anything is made"
+
+
+def test_a_peer_refused_by_its_source_file_by_file_fails_as_forged(tmp_path, capsys):
+    p = parent()
+    p.routes["/config.json"] = (401, {}, b"unauthenticated relay client: not signed with this stack's relay key\n")
+    with running(p.server) as url:
+        assert peer(tmp_path / "c" / "model", url) == 3
+    assert (f"c: weights: {url}/config.json: HTTP 401: unauthenticated relay client: not signed with this stack's "
+            "relay key (this host's relay key is not the one its source holds)") in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("more", [("--serve", "127.0.0.1:0", "--children", "x"), ("--role", "peer")])
+def test_serving_and_copying_need_the_relay_key(tmp_path, capsys, more):
+    argv = ["stage", "--revision", "rev1", "--path", str(tmp_path / "m"), "--url", "http://127.0.0.1:9", "--name", "t",
+            *more]
+    if "peer" in more:
+        argv += ["--peer", "http://127.0.0.1:9/"]
+    assert run(*argv) == 1
+    what = "--serve" if "--serve" in more else "--role peer"
+    assert capsys.readouterr().err == (f"t: weights: {what} needs --relay-key-file F (the stack's relay key): a relay "
+                                       "host is never served, nor trusted, by its port alone\n")
+    assert not (tmp_path / "m.revisions").exists()
 
 
 def test_a_signed_relay_serves_a_peer_with_the_same_key(tmp_path, mirror, capsys):
     url, _ = mirror
-    keyfile = tmp_path / "relay.env"
-    keyfile.write_text("GLM_RELAY_KEY=" + "k" * 40 + "\n")
+    keyfile = KEYFILE
     port = Fake().server  # a free port, released for the seed's relay
     bind = f"127.0.0.1:{port.server_address[1]}"
     port.server_close()
@@ -1472,9 +1627,9 @@ def test_a_peer_moves_to_the_next_source_when_its_parent_fails_a_file(tmp_path, 
     with running(bad.server) as up, running(good.server) as top:
         assert peer(tmp_path / "c" / "model", up, top) == 0
     out = capsys.readouterr().out
-    assert f"c: weights: {up}: failed ({up}/config.json?host=c: HTTP 500); copying from {top} (the seed) now" in out
+    assert f"c: weights: {up}: failed ({up}/config.json: HTTP 500); copying from {top} (the seed) now" in out
     assert f"c: weights: peer: 5 files copied (5 from {top}), 0 already here and verified" in out  # config.json first
-    assert "/.glm-done?host=c&moved=1" in bad.paths() and "/.glm-done?host=c" in good.paths()
+    assert "/.glm-done?moved=1" in bad.paths() and "/.glm-done" in good.paths()
     assert (tmp_path / "c" / "model" / "config.json").read_bytes() == CHECKPOINT["config.json"]
 
 
@@ -1489,7 +1644,7 @@ def test_a_peer_rejects_bad_bytes_and_takes_them_from_an_ancestor(tmp_path, caps
             f"copying from {p2} (an ancestor) now") in out
     assert f"c: weights: peer: 5 files copied (1 from {p1}, 4 from {p2}), 0 already here and verified" in out
     assert "model-00001-of-00002.safetensors" in [p.split("?")[0].lstrip("/") for p in a.paths()]
-    assert b.paths() == ["/.glm-done?host=c"], "the seed was not needed"
+    assert b.paths() == ["/.glm-done"], "the seed was not needed"
     assert (tmp_path / "c" / "model" / "model-00001-of-00002.safetensors").read_bytes() == \
         CHECKPOINT["model-00001-of-00002.safetensors"]
 
@@ -1513,7 +1668,7 @@ def test_a_parent_that_does_not_answer_is_left_for_the_first_ancestor_that_does(
         assert peer(tmp_path / "c" / "model", up, mid, top) == 0
     out = capsys.readouterr().out
     assert f"c: weights: {up}: did not answer within 0.3s; copying from {top} (the seed) now" in out
-    assert all("?host=c" in p for p in good.paths()), "every request says who asks"
+    assert signed_as(good), "every request is signed by who asks"
 
 
 def test_a_parent_not_started_yet_is_waited_for(tmp_path, capsys):
@@ -1546,7 +1701,7 @@ def test_a_parent_not_started_yet_is_waited_for(tmp_path, capsys):
     assert f"peer: 5 files copied (5 from http://127.0.0.1:{port})" in out, out
     assert out.count(f"c: weights: waiting for http://127.0.0.1:{port} to serve (nothing answers: not started yet, "
                      "or its staging is over)") == 1, "said once (then every minute)"
-    assert top.paths() == ["/.glm-done?host=c"], "the seed was only told it is done"
+    assert top.paths() == ["/.glm-done"], "the seed was only told it is done"
 
 
 def test_a_source_that_answers_then_fails_is_left_at_once(tmp_path, capsys):
@@ -1556,7 +1711,7 @@ def test_a_source_that_answers_then_fails_is_left_at_once(tmp_path, capsys):
     good = parent()
     with running(flaky.server) as up, running(good.server) as top:
         assert peer(tmp_path / "c" / "model", up, top, stall="5") == 0
-    assert (f"c: weights: {up}: failed ({up}/.glm-progress.json?host=c: HTTP 500); copying from {top} (the seed) now"
+    assert (f"c: weights: {up}: failed ({up}/.glm-progress.json: HTTP 500); copying from {top} (the seed) now"
             in capsys.readouterr().out)
 
 
@@ -1597,7 +1752,7 @@ def test_a_source_that_never_completes_fails_the_peer_in_time(tmp_path, capsys, 
     out, err = capsys.readouterr()
     assert f"c: weights: timed out after 1s with 1 files (sources: {up})" in err
     assert f"c: weights: {up}: no progress for 0.3s; copying from {up} (the seed) now" in out
-    assert "/.glm-done?host=c&moved=1" not in stuck.paths(), "it did not move: nothing to tell"
+    assert "/.glm-done?moved=1" not in stuck.paths(), "it did not move: nothing to tell"
 
 
 def test_a_peer_goes_round_its_sources_parent_first_seed_last(tmp_path, capsys):
@@ -1611,23 +1766,19 @@ def test_a_peer_goes_round_its_sources_parent_first_seed_last(tmp_path, capsys):
     cycle = [f"copying from {a} (an ancestor) now", f"copying from {s} (the seed) now",
              f"copying from {p} (its parent) now"]
     assert len(moves) >= 4 and moves == [cycle[i % 3] for i in range(len(moves))], out
-    assert "/.glm-done?host=c&moved=1" in stuck[0].paths()
+    assert "/.glm-done?moved=1" in stuck[0].paths()
 
 
 def test_a_source_still_working_is_not_left(tmp_path, capsys, clock):
     """Progress is the published list or the bytes received growing: a source that shows it is kept."""
     docs = [progress_doc(published=[], complete=False, received=n) for n in range(40)] + [progress_doc()]
 
-    def answer(h: http.server.BaseHTTPRequestHandler) -> None:
+    def next_doc() -> dict:
         time.sleep(0.02)
-        body = json.dumps(docs.pop(0) if len(docs) > 1 else docs[0]).encode()
-        h.send_response(200)
-        h.send_header("Content-Length", str(len(body)))
-        h.end_headers()
-        h.wfile.write(body)
+        return docs.pop(0) if len(docs) > 1 else docs[0]
 
     slow = parent()
-    slow.routes["/.glm-progress.json"] = answer
+    slow.routes["/.glm-progress.json"] = signing(RELAY_KEY, next_doc)
     with running(slow.server) as up:
         assert peer(tmp_path / "c" / "model", up, stall="0.2") == 0
     assert "no progress" not in capsys.readouterr().out
@@ -1645,8 +1796,8 @@ def test_a_parent_that_cuts_a_file_short_or_stalls_in_it_or_redirects_is_left(tm
         h.wfile.flush()
         time.sleep(6)
 
-    for route, said in ((raw(data[:-3]), f"config.json?host=c: short body ({len(data) - 3} of {len(data)} bytes)"),
-                        (stall, "config.json?host=c: timed out"),
+    for route, said in ((raw(data[:-3]), f"config.json: short body ({len(data) - 3} of {len(data)} bytes)"),
+                        (stall, "config.json: timed out"),
                         ((302, {"Location": "/elsewhere"}, b""), "(a relay host never redirects)")):
         bad, good = parent(), parent()
         bad.routes["/config.json"] = route
@@ -1663,7 +1814,7 @@ def test_a_file_withdrawn_meanwhile_is_copied_in_a_later_round(tmp_path, capsys)
     p.routes["/config.json"] = [(404, {}, b""), (200, {}, CHECKPOINT["config.json"])]
     with running(p.server) as url:
         assert peer(tmp_path / "c" / "model", url) == 0
-    assert p.paths().count("/.glm-progress.json?host=c") == 2
+    assert p.paths().count("/.glm-progress.json") == 2
     assert "failed" not in capsys.readouterr().out
 
 
@@ -1786,11 +1937,11 @@ def test_first_answering_looks_after_the_current_source_then_wraps(tmp_path):
     with running(gone.server) as dead:
         pass
     with running(parent().server) as a, running(parent().server) as b:
-        assert w.first_answering([a, dead, b], 1, "host=c") == 2
-        assert w.first_answering([a, dead, b], 2, "host=c") == 0
-        assert w.first_answering([dead, a, dead], 0, "host=c") == 1
-        assert w.first_answering([dead, dead], 0, "host=c") is None
-        assert w.first_answering([a, b], 0, "host=c") == 1
+        assert w.first_answering([a, dead, b], 1, AUTH) == 2
+        assert w.first_answering([a, dead, b], 2, AUTH) == 0
+        assert w.first_answering([dead, a, dead], 0, AUTH) == 1
+        assert w.first_answering([dead, dead], 0, AUTH) is None
+        assert w.first_answering([a, b], 0, AUTH) == 1
 
 
 def test_done_is_said_to_a_host_that_listens_and_to_one_gone_or_garbled_without_failing():
@@ -1798,9 +1949,9 @@ def test_done_is_said_to_a_host_that_listens_and_to_one_gone_or_garbled_without_
 
     p = parent()
     with running(p.server) as url:
-        w.say_done(f"{url}/.glm-done?host=c")
-    assert p.paths() == ["/.glm-done?host=c"]
-    w.say_done(f"{url}/.glm-done?host=c", timeout=1)
+        w.say_done(f"{url}/.glm-done", AUTH)
+    assert p.paths() == ["/.glm-done"]
+    w.say_done(f"{url}/.glm-done", AUTH, timeout=1)
     garbled = socket.socket()
     garbled.bind(("127.0.0.1", 0))
     garbled.listen(1)
@@ -1813,7 +1964,7 @@ def test_done_is_said_to_a_host_that_listens_and_to_one_gone_or_garbled_without_
 
     t = threading.Thread(target=answer)
     t.start()
-    w.say_done(f"http://127.0.0.1:{garbled.getsockname()[1]}/.glm-done?host=c", timeout=2)
+    w.say_done(f"http://127.0.0.1:{garbled.getsockname()[1]}/.glm-done", AUTH, timeout=2)
     t.join()
     garbled.close()
 
@@ -1899,7 +2050,7 @@ def test_verify_checks_every_byte_and_what_the_path_serves(tmp_path, capsys):
     src = mirror_of(tmp_path)
     (src / "rev2").mkdir()
     (src / "rev2" / "manifest.json").write_text(json.dumps({"files": write_checkpoint(src / "rev2")}))
-    with running(w.files_server(str(src), "127.0.0.1:0", published_only=False)) as url:
+    with running(w.files_server(str(src), "127.0.0.1:0")) as url:
         path = staged(tmp_path, url, ("rev1", "rev2"))
     capsys.readouterr()
     assert run("verify", "--revision", "rev2", "--path", str(path)) == 0
@@ -2006,13 +2157,14 @@ def test_a_seed_whose_child_left_early_fails_so_that_the_next_up_serves_it_again
     def child_comes_and_goes() -> None:
         for _ in range(100):
             with contextlib.suppress(OSError):
-                get(f"http://{bind}/.glm-progress.json?host=kid")
+                sget(f"http://{bind}/.glm-progress.json", name="kid")
                 return
             time.sleep(0.02)
 
     t = threading.Thread(target=child_comes_and_goes)
     t.start()
-    rc = seed(url, tmp_path / "s" / "model", "--serve", bind, "--children", "kid,never", "--stall", "0.3")
+    rc = seed(url, tmp_path / "s" / "model", "--serve", bind, "--children", "kid,never", "--stall", "0.3",
+              "--relay-key-file", KEYFILE)
     t.join()
     assert rc == 1
     out, err = capsys.readouterr()
@@ -2037,8 +2189,10 @@ def test_the_defaults_hostplan_relies_on():
     assert (a.peer, a.stall, a.timeout, a.margin_gb) == (["http://a", "http://b"], 1.5, 7, 0.5)
     assert not w.parser().parse_args(["verify", "--revision", "r", "--path", "/m"]).quick
     assert w.parser().parse_args(["verify", "--revision", "r", "--path", "/m", "--quick"]).quick
-    assert not w.parser().parse_args(["serve", "--dir", "d", "--bind", "b"]).all
-    for bad in (["stage"], ["stage", "--path", "/m", "--role", "relay"], ["stage", "--path", "/m", "--source", "s3"],
+    assert (a.include, a.kind) == ([], [])
+    a = w.parser().parse_args(["install", "--revision", "r", "--path", "/m", "--into", "/h"])
+    assert (a.owner, a.include, a.kind) == (None, [], [])
+    for bad in (["serve", "--dir", "d", "--bind", "b", "--all"], ["stage"], ["stage", "--path", "/m", "--role", "relay"], ["stage", "--path", "/m", "--source", "s3"],
                 ["verify", "--path", "/m"], ["prune", "--revision", "r"], ["remove"], ["serve", "--dir", "d"], [],
                 ["stage", "--path", "/m", "--timeout", "1.5"], ["stage", "--path", "/m", "--stall", "x"],
                 ["prune", "--revision", "r", "--path", "/m", "--quick"], ["serve", "--dir", "d", "--bind", "b", "--quick"]):
@@ -2232,8 +2386,8 @@ def test_the_manifest_lists_the_bytes_copied_even_when_the_source_changes_meanwh
     name = ".cache/vllm/modelinfos/glm.json"
     real, inode = w.copy_hashed, (home / name).stat().st_ino
 
-    def rewritten_while_copied(src, dst, on_bytes=None):
-        got = real(src, dst, on_bytes)
+    def rewritten_while_copied(src, dst, on_bytes=None, limit=None):
+        got = real(src, dst, on_bytes, limit)
         if os.fstat(src.fileno()).st_ino == inode:  # (vLLM writes it again just as it was read)
             (home / name).write_bytes(b"written by vLLM meanwhile\n")
         return got
@@ -2306,7 +2460,8 @@ def copy_while(serve, bind: str, path: Path) -> None:
     t.start()
     try:
         assert run("stage", "--role", "peer", "--peer", f"http://{bind}/", "--revision", KEY, "--path", str(path),
-                   "--margin-gb", "0", "--name", "c", "--stall", "5", "--timeout", "30") == 0
+                   "--margin-gb", "0", "--name", "c", "--stall", "5", "--timeout", "30", "--relay-key-file",
+                   KEYFILE) == 0
     finally:
         t.join(60)
     assert rc == [0]
@@ -2317,7 +2472,8 @@ def test_a_directory_seed_serves_a_peer_that_verifies_every_file(tmp_path, capsy
     home = home_of(tmp_path / "home", files)
     bind = f"127.0.0.1:{free_port()}"
     path = tmp_path / "c" / "warm"
-    copy_while(lambda: cache_seed(home, tmp_path / "s" / "warm", "--serve", bind, "--children", "c", "--stall", "5"),
+    copy_while(lambda: cache_seed(home, tmp_path / "s" / "warm", "--serve", bind, "--children", "c", "--stall", "5",
+                                  "--relay-key-file", KEYFILE),
                bind, path)
     out = capsys.readouterr().out
     assert cache_manifest(path) == cache_manifest(tmp_path / "s" / "warm") == {"revision": KEY, "files": entries(files)}
@@ -2338,7 +2494,7 @@ def test_a_staged_revision_is_relayed_by_a_process_of_its_own_until_its_children
     bind = f"127.0.0.1:{free_port()}"
     path = tmp_path / "c" / "warm"
     copy_while(lambda: run("relay", "--revision", KEY, "--path", str(seed), "--bind", bind, "--children", "c",
-                           "--stall", "5"), bind, path)
+                           "--stall", "5", "--relay-key-file", KEYFILE), bind, path)
     assert cache_manifest(path) == cache_manifest(seed)
     out = capsys.readouterr().out
     assert f"serving {len(CACHE)} files on {bind} to c" in out
@@ -2349,15 +2505,21 @@ def test_a_relay_of_a_revision_not_staged_whole_or_of_a_child_that_never_came_en
     seed = tmp_path / "s" / "warm"
     bind = f"127.0.0.1:{free_port()}"
     assert run("relay", "--revision", KEY, "--path", str(seed), "--bind", bind, "--children", "c") == 1
+    assert capsys.readouterr().err.endswith(": weights: relay needs --relay-key-file F (the stack's relay key): a "
+                                            "relay is never served by its port alone\n")
+    assert run("relay", "--revision", KEY, "--path", str(seed), "--bind", bind, "--children", "c",
+               "--relay-key-file", KEYFILE) == 1
     assert f"{KEY} is not staged at {seed} (no .glm-complete): nothing to serve" in capsys.readouterr().err
     assert cache_seed(home_of(tmp_path / "home"), seed) == 0
     started = time.monotonic()
-    assert run("relay", "--revision", KEY, "--path", str(seed), "--bind", bind, "--children", "c", "--stall", "1") == 0
+    assert run("relay", "--revision", KEY, "--path", str(seed), "--bind", bind, "--children", "c", "--stall", "1",
+               "--relay-key-file", KEYFILE) == 0
     assert time.monotonic() - started < 10
     assert "c never came for 1s: not waiting for it any longer" in capsys.readouterr().out
     manifest = seed.parent / "warm.revisions" / KEY / ".glm-manifest.json"
     manifest.write_text("[")  # a staged revision whose manifest broke since: served by nobody, said so
-    assert run("relay", "--revision", KEY, "--path", str(seed), "--bind", bind, "--children", "c") == 1
+    assert run("relay", "--revision", KEY, "--path", str(seed), "--bind", bind, "--children", "c",
+               "--relay-key-file", KEYFILE) == 1
     assert f"{manifest}: unreadable" in capsys.readouterr().err
 
 
@@ -2447,3 +2609,241 @@ def test_install_takes_only_the_bytes_the_manifest_lists(tmp_path, capsys):
     assert capsys.readouterr().err.endswith(f": weights: {src}: not the bytes its manifest lists (changed since it "
                                             f"was staged)\n")
     assert not (into / name).exists() and not list(into.rglob(".glm-install-*"))
+
+
+# --- what the seed takes from a folder the services' user writes, and how install writes into it --------
+
+
+def test_the_directory_seed_takes_only_the_kinds_asked_and_counts_the_rest(tmp_path, capsys):
+    home = home_of(tmp_path / "home", {**CACHE, ".triton/cache/XYZ/__triton_launcher.so": b"\x7fELF",
+                                       ".cache/vllm/modelinfos/loader.pyc": b"code"})
+    path = tmp_path / "h" / "warm"
+    assert cache_seed(home, path, "--kind", "*.json", "--kind", "*.cubin") == 0
+    out = capsys.readouterr().out
+    taken = {n: b for n, b in CACHE.items() if n.endswith((".json", ".cubin"))}
+    assert cache_manifest(path)["files"] == entries(taken)
+    assert (f"s: weights: {home}: 3 files of other kinds than *.json, *.cubin skipped "
+            "('.cache/vllm/modelinfos/loader.pyc', '.cache/vllm/torch_compile_cache/ab12/rank_0_0/backbone/"
+            "computation_graph.py', '.triton/cache/XYZ/__triton_launcher.so')\n") in out
+
+
+def test_other_kinds_are_named_three_at_most(tmp_path, capsys):
+    home = home_of(tmp_path / "home", {f".cache/vllm/{i}.so": b"x" for i in range(5)})
+    assert cache_seed(home, tmp_path / "h" / "warm", "--kind", "*.json") == 0
+    assert (f"{home}: 5 files of other kinds than *.json skipped ('.cache/vllm/0.so', '.cache/vllm/1.so', "
+            "'.cache/vllm/2.so' ...)\n") in capsys.readouterr().out
+
+
+def test_a_file_larger_than_the_bound_is_not_staged(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(w, "MAX_DIRECTORY_FILE", 100)
+    home = home_of(tmp_path / "home")
+    path = tmp_path / "h" / "warm"
+    assert cache_seed(home, path) == 0
+    big = ".triton/cache/XYZ/_fwd_kernel.cubin"
+    assert f"s: weights: {home}: '{big}' skipped (5120 bytes, more than 100)\n" in capsys.readouterr().out
+    assert big not in {e["path"] for e in cache_manifest(path)["files"]}
+
+
+def test_a_file_that_grows_past_the_bound_while_copied_is_not_staged(tmp_path, capsys, monkeypatch):
+    home = home_of(tmp_path / "home")
+    name = ".cache/vllm/modelinfos/glm.json"
+    real = w.directory_files
+
+    def listed_then_grown(args):
+        found = real(args)
+        (home / name).write_bytes(b"x" * 200)  # written again, larger, once listed
+        return found
+
+    monkeypatch.setattr(w, "directory_files", listed_then_grown)
+    monkeypatch.setattr(w, "MAX_DIRECTORY_FILE", 150)
+    path = tmp_path / "h" / "warm"
+    assert cache_seed(home, path) == 0
+    assert f"s: weights: {home}: '{name}' skipped (more than 150 bytes)\n" in capsys.readouterr().out
+    assert name not in {e["path"] for e in cache_manifest(path)["files"]}
+    assert not list((tmp_path / "h").rglob("*.partial"))
+
+
+def test_a_folder_swapped_for_a_link_after_it_was_listed_is_never_read_through(tmp_path, capsys, monkeypatch):
+    """The services' user owns the folder: between the listing and the copy it can put a link where a folder
+    was. What is opened is opened beneath the folder, one component at a time: the link is not followed."""
+    home = home_of(tmp_path / "home")
+    secret_dir = tmp_path / "root-only"
+    secret_dir.mkdir()
+    (secret_dir / "_fwd_kernel.cubin").write_bytes(b"root's secret\n")
+    (secret_dir / "__grp___fwd_kernel.json").write_bytes(b"root's secret\n")
+    real = w.directory_files
+
+    def listed_then_swapped(args):
+        found = real(args)
+        shutil.rmtree(home / ".triton/cache/XYZ")
+        (home / ".triton/cache/XYZ").symlink_to(secret_dir, target_is_directory=True)
+        return found
+
+    monkeypatch.setattr(w, "directory_files", listed_then_swapped)
+    path = tmp_path / "h" / "warm"
+    assert cache_seed(home, path) == 0
+    out = capsys.readouterr().out
+    for name in (".triton/cache/XYZ/_fwd_kernel.cubin", ".triton/cache/XYZ/__grp___fwd_kernel.json"):
+        assert f"s: weights: {home}: '{name}' skipped (cannot read it: " in out
+    staged = path.parent / "warm.revisions" / KEY
+    assert not any(b"root's secret" in p.read_bytes() for p in staged.rglob("*") if p.is_file())
+    assert {e["path"] for e in cache_manifest(path)["files"]} == {n for n in CACHE if not n.startswith(".triton")}
+
+
+def test_a_file_swapped_for_a_fifo_or_a_link_after_it_was_listed_is_skipped(tmp_path, capsys, monkeypatch):
+    home = home_of(tmp_path / "home")
+    real = w.directory_files
+    graph = ".cache/vllm/torch_compile_cache/ab12/rank_0_0/backbone/computation_graph.py"
+    info = ".cache/vllm/modelinfos/glm.json"
+
+    def listed_then_swapped(args):
+        found = real(args)
+        (home / graph).unlink()
+        os.mkfifo(home / graph)  # opening it must not wait for a writer
+        (home / info).unlink()
+        (home / info).symlink_to("/etc/hostname")
+        return found
+
+    monkeypatch.setattr(w, "directory_files", listed_then_swapped)
+    path = tmp_path / "h" / "warm"
+    assert cache_seed(home, path) == 0
+    out = capsys.readouterr().out
+    assert f"s: weights: {home}: '{graph}' skipped (cannot read it: no longer a regular file)\n" in out
+    assert f"s: weights: {home}: '{info}' skipped (cannot read it: " in out
+    assert {e["path"] for e in cache_manifest(path)["files"]} == {n for n in CACHE if n not in (graph, info)}
+
+
+def test_install_gives_what_it_makes_to_the_owner_and_never_chowns_what_was_there(tmp_path, capsys):
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    path = staged_cache(tmp_path)
+    into = tmp_path / "home"
+    home_of(into, {".triton/cache/OTHER/x.json": b"{}"})  # a folder of its own, left as it is
+    capsys.readouterr()
+    assert run("install", "--revision", KEY, "--path", str(path), "--into", str(into), "--owner", "nobody") == 0
+    for name in CACHE:
+        st = (into / name).stat()
+        assert (st.st_uid, st.st_gid) == (nobody.pw_uid, nobody.pw_gid), name
+    for made in (".cache", ".cache/vllm", ".triton/cache/XYZ"):
+        assert (into / made).stat().st_uid == nobody.pw_uid, made
+    assert (into / ".triton").stat().st_uid == 0 and (into / ".triton/cache/OTHER/x.json").stat().st_uid == 0
+    assert run("install", "--revision", KEY, "--path", str(path), "--into", str(into), "--owner", "no-such-user") == 1
+    assert capsys.readouterr().err.endswith(": weights: --owner no-such-user: no such user\n")
+
+
+def test_install_never_writes_through_a_link_planted_after_its_check(tmp_path, capsys, monkeypatch):
+    """The check of the manifest's paths comes first; the owner of the folder can plant a link after it. Each
+    folder is opened without following a link: the install fails, nothing is written where the link leads."""
+    path = staged_cache(tmp_path)
+    into = tmp_path / "home"
+    into.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    real = w.install_one
+
+    def planted_once_checked(*a):
+        if not (into / ".triton").is_symlink():  # every path was checked: the link comes now
+            (into / ".triton").symlink_to(outside, target_is_directory=True)
+        return real(*a)
+
+    monkeypatch.setattr(w, "install_one", planted_once_checked)
+    capsys.readouterr()
+    assert install(path, into) == 1
+    err = capsys.readouterr().err
+    assert re.search(r": weights: cannot install \.triton/cache/XYZ/\S+ into \S+: (Too many levels of symbolic links|"
+                     r"Not a directory)\n$", err), err
+    assert os.listdir(outside) == [], "nothing written through the link"
+
+
+def test_install_keeps_a_file_its_owner_made_meanwhile(tmp_path, capsys, monkeypatch):
+    path = staged_cache(tmp_path)
+    into = tmp_path / "home"
+    name = ".cache/vllm/modelinfos/glm.json"
+    real = w.copy_hashed
+
+    def raced(src, dst, on_bytes=None, limit=None):
+        got = real(src, dst, on_bytes, limit)
+        if os.path.basename(src.name) == "glm.json" and not (into / name).exists():
+            (into / name).write_bytes(b"vLLM's own, written meanwhile\n")
+        return got
+
+    monkeypatch.setattr(w, "copy_hashed", raced)
+    capsys.readouterr()
+    assert install(path, into) == 0
+    assert capsys.readouterr().out.endswith(f"installed 3 files ({sum(len(d) for n, d in CACHE.items() if n != name)} "
+                                            f"bytes) into {into}, 1 already there\n")
+    assert (into / name).read_bytes() == b"vLLM's own, written meanwhile\n", "what its owner built wins"
+    assert not list(into.rglob(".glm-install-*"))
+
+
+def test_install_refuses_a_manifest_entry_outside_its_includes_or_kinds(tmp_path, capsys):
+    path = staged_cache(tmp_path)
+    into = tmp_path / "home"
+    manifest = tmp_path / "h" / "warm.revisions" / KEY / ".glm-manifest.json"
+    capsys.readouterr()
+    assert run("install", "--revision", KEY, "--path", str(path), "--into", str(into), "--include", ".triton/cache",
+               "--kind", "*.cubin", "--kind", "*.json") == 1
+    assert capsys.readouterr().err.endswith(
+        f": weights: refusing the manifest from {manifest}: '.cache/vllm/modelinfos/glm.json' is not under "
+        ".triton/cache or not of the kinds *.cubin, *.json\n")
+    assert not into.exists(), "nothing written"
+    assert run("install", "--revision", KEY, "--path", str(path), "--into", str(into), "--include", ".cache/vllm",
+               "--include", ".triton/cache", "--kind", "*.cubin", "--kind", "*.json") == 1
+    assert "'.cache/vllm/torch_compile_cache/ab12/rank_0_0/backbone/computation_graph.py' is not under " \
+           ".cache/vllm, .triton/cache or not of the kinds *.cubin, *.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("name", "includes", "kinds", "taken"), [
+    (".triton/cache/a/k.cubin", [], [], True),
+    (".triton/cache/a/k.cubin", [".triton/cache"], ["*.cubin"], True),
+    (".triton/cache/a/k.cubin", [".triton/cache/a/k.cubin"], [], True),
+    (".triton/cachex/k.cubin", [".triton/cache"], [], False),
+    (".triton/cache/a/k.so", [".triton/cache"], ["*.cubin", "*.json"], False),
+    (".triton/cache/a/k.CUBIN", [], ["*.cubin"], False),
+    ("x.cubin/k.so", [], ["*.cubin"], False),
+])
+def test_what_the_directory_source_takes(name, includes, kinds, taken):
+    assert w.wanted(name, includes, kinds) is taken
+
+
+@pytest.mark.parametrize("abstract", [False, True])
+def test_a_relay_tells_systemd_it_is_ready_once_it_listens(tmp_path, monkeypatch, abstract):
+    """weights.py relay runs as a transient unit of Type=notify: its start (and the step) waits for READY=1."""
+    import socket
+
+    where = f"@glm-test-{os.getpid()}" if abstract else str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.bind("\0" + where[1:] if abstract else where)
+        s.settimeout(5)
+        monkeypatch.setenv("NOTIFY_SOCKET", where)
+        w.notify_ready()
+        assert s.recv(100) == b"READY=1"
+    monkeypatch.delenv("NOTIFY_SOCKET")
+    w.notify_ready()  # not a unit of Type=notify: nothing to tell, no error
+
+
+def test_the_relay_command_says_ready_only_once_it_listens(tmp_path, capsys, monkeypatch):
+    seed = staged_cache(tmp_path)
+    said: list[bool] = []
+    real = w.start_relay
+
+    def started(*a):
+        server = real(*a)
+        said.append(False)
+        return server
+
+    monkeypatch.setattr(w, "start_relay", started)
+    monkeypatch.setattr(w, "notify_ready", lambda: said.append(True))
+    bind = f"127.0.0.1:{free_port()}"
+    assert run("relay", "--revision", KEY, "--path", str(seed), "--bind", bind, "--children", "c", "--stall", "0.2",
+               "--relay-key-file", KEYFILE) == 0
+    assert said == [False, True]
+    blocker = Fake()
+    with running(blocker.server) as url:
+        taken = url.removeprefix("http://")
+        said.clear()
+        assert run("relay", "--revision", KEY, "--path", str(seed), "--bind", taken, "--children", "c",
+                   "--relay-key-file", KEYFILE) == 1
+    assert said == [], "never ready: systemd fails the start, and the step"
+    assert f"cannot serve the relay on {taken}: Address already in use (held by pid {os.getpid()}" in capsys.readouterr().err

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 import socket
 import subprocess
@@ -87,6 +88,41 @@ def test_only_hosts_with_children_listen_and_each_peer_names_its_ancestors():
                    for s in hs.steps.values()), "no fan-out server outside the staging"
 
 
+@pytest.mark.parametrize("stack", ["sim", "prod-b300", "b300-2node", "b300-prefill-dp2", "b300-1node-colocated"])
+def test_every_relay_step_signs_with_the_stacks_key_and_its_host_holds_it(stack):
+    """Issue 38: nothing crosses hosts unsigned. Every step that serves (--serve, relay) or copies (--role peer)
+    through a relay passes the stack's relay key file, and its host gets that file (root-only, a secret); a host
+    that relays nothing gets no key."""
+    import shlex
+
+    from glm_infra.spec import paths
+
+    cfg = load_file(ROOT / "stacks" / f"Pulumi.{stack}.yaml").config
+    p = topology.plan(cfg)
+    steps = hostplan.plan_all(cfg, p, stack_name="t")
+    relaying = set()
+    for host, hs in steps.items():
+        for step in hs.steps.values():
+            # Each weights.py command line of the step, up to the shell's next separator.
+            for m in re.finditer(re.escape(paths.WEIGHTS) + r" [^;&|]*", step.create):
+                argv = shlex.split(m.group())
+                if len(argv) < 2:
+                    continue  # (where it is installed)
+                crosses = argv[1] == "relay" or "--serve" in argv or ("--role" in argv and
+                                                                      argv[argv.index("--role") + 1] == "peer")
+                if crosses:
+                    relaying.add(host)
+                    assert argv[argv.index("--relay-key-file") + 1] == paths.RELAY_KEY, (host, step.name, argv)
+    for host, hs in steps.items():
+        key = hs.steps.get("relay-key")
+        assert (key is not None) == (host in relaying), host
+        if key is not None:
+            (f,) = key.files
+            assert (f.path, f.mode, f.secret, key.secret) == (paths.RELAY_KEY, 0o600, True, True)
+            assert key.secret_render({"relay_key": "k" * 64}).splitlines()[-1] == "GLM_RELAY_KEY=" + "k" * 64
+    assert bool(relaying) == (len(p.serving_hosts) > 1)
+
+
 def test_the_relay_stall_is_passed_only_when_the_stack_sets_it():
     """model.relayStallSeconds reaches every staging host as --stall; unset, the command is as before
     (weights.py's own 120 s), so a deployed stack's steps do not change."""
@@ -125,6 +161,8 @@ class Fleet:
                                        stdout=subprocess.DEVNULL, stderr=open(self.mirror_log, "w"))
         self.url = f"http://127.0.0.1:{port}"
         wait_port(port)
+        self.keyfile = tmp / "relay.env"  # the stack's relay key, on every host
+        self.keyfile.write_text("GLM_RELAY_KEY=" + "f" * 64 + "\n")
 
     def path(self, host: str) -> Path:
         return self.tmp / host / "model"
@@ -148,6 +186,8 @@ class Fleet:
         kids = list(r.children) if children is None else children
         if kids:
             argv += ["--serve", f"127.0.0.1:{self.port(host)}", "--children", ",".join(kids)]
+        if kids or r.parent is not None:
+            argv += ["--relay-key-file", str(self.keyfile)]
         self.procs[host] = subprocess.Popen(argv, stdout=open(self.tmp / f"{host}.log", "w"),
                                             stderr=subprocess.STDOUT)
 

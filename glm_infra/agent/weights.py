@@ -15,22 +15,25 @@ Layout under the model path P (what vLLM serves):
     weights.py stage --role seed --source mirror --url URL --revision R --path P [RELAY] [COMMON]
     weights.py stage --role seed --source huggingface --repo ORG/NAME --revision R --path P
                      [--hf-python PY] [--token-file F] [RELAY] [COMMON]
-    weights.py stage --role seed --source directory --from DIR [--include REL ...] --revision R --path P
-                     [RELAY] [COMMON]
-    weights.py stage --role peer --peer URL [--peer URL ...] --revision R --path P [RELAY] [COMMON]
-        RELAY: --name HOST [--serve ADDR:PORT --children HOST,HOST] [--stall SECONDS] [--relay-key-file F]
+    weights.py stage --role seed --source directory --from DIR [--include REL ...] [--kind GLOB ...]
+                     --revision R --path P [RELAY] [COMMON]
+    weights.py stage --role peer --peer URL [--peer URL ...] --relay-key-file F --revision R --path P [RELAY]
+                     [COMMON]
+        RELAY: --name HOST [--serve ADDR:PORT --children HOST,HOST --relay-key-file F] [--stall SECONDS]
         COMMON: [--margin-gb GB] [--timeout SECONDS]
     weights.py stage --source local --path P       (already on every host: verify only)
-    weights.py serve --dir D --bind ADDR:PORT [--all]   (a static mirror: the simulated model source)
+    weights.py serve --dir D --bind ADDR:PORT          (a static mirror of every file: the simulated model source)
     weights.py verify --revision R --path P [--quick]   (sha256 of every file, or --quick sizes only;
                                                          exit 1 naming bad files)
     weights.py prune --revision R --path P         (remove every other revision)
     weights.py remove --path P                     (remove the checkpoint and its revisions)
-    weights.py install --revision R --path P --into DIR   (copy each file of the staged revision that DIR
-                                                           lacks to DIR/<its path>; exit 1 if not staged)
-    weights.py relay --revision R --path P --bind ADDR:PORT --children HOST,HOST [--name HOST] [--stall SECONDS]
-                     [--relay-key-file F]   (serve a staged revision to the relay children until each has
-                                             every file or went silent; a process of its own, not a staging)
+    weights.py install --revision R --path P --into DIR [--owner USER] [--include REL ...] [--kind GLOB ...]
+                       (copy each file of the staged revision that DIR lacks to DIR/<its path>; exit 1 if
+                        not staged, or if the manifest names a file outside the includes and kinds)
+    weights.py relay --revision R --path P --bind ADDR:PORT --children HOST,HOST --relay-key-file F
+                     [--name HOST] [--stall SECONDS]   (serve a staged revision to the relay children until
+                     each has every file or went silent; a process of its own, not a staging; it tells
+                     systemd it is ready once it listens: a transient unit of Type=notify)
 
     --url            the mirror: files under URL/REVISION/, with URL/REVISION/manifest.json
     --hf-python      python of the venv with the hf CLI (default /opt/glm-infra/hf/bin/python)
@@ -38,16 +41,22 @@ Layout under the model path P (what vLLM serves):
     --from           (directory) the folder whose regular files are staged, each at its path under it
     --include        (directory) a path under --from to stage, repeated (default: all of --from); one
                      that is not there is skipped
+    --kind           (directory) a pattern of the file names staged (fnmatch of the last component),
+                     repeated (default: every regular file); the others are skipped and counted
     --into           (install) the folder the files go to, each at its path in the manifest
+    --owner          (install) the user the files and folders it makes are given to (the folder's owner)
     --peer           a host to copy from, repeated: the parent first, then each ancestor up to the seed
     --name           this host's name in the relay (default: its hostname)
     --serve          serve the verified files here while staging (hosts with --children, comma-separated)
     --stall          seconds without progress before a peer leaves the host it copies from (default 120)
-    --relay-key-file EnvironmentFile with GLM_RELAY_KEY=: progress documents go out signed with it, with
-                     the nonce of each request, and a peer takes only documents signed so
+    --relay-key-file EnvironmentFile with GLM_RELAY_KEY=, the stack's relay key (needed by a peer and by a
+                     host that serves): each request a peer makes is signed with it under its --name, time
+                     and a nonce (a relay serves and counts no one else: 401), each progress document goes
+                     out signed with it and the request's nonce, and a peer takes only documents so signed
+                     (else exit 3: forged, or another process on the port), then every file only with the
+                     sha256 that signed document lists
     --margin-gb      free disk to leave beside the checkpoint (default 10)
     --timeout        seconds a peer may take in all (default 86400)
-    --all            (serve) every file, not only those the folder's progress file published
 
 Every host publishes each file in ``.glm-progress.json`` only after verifying it; with ``--serve`` a
 thread of the staging serves the published files (never a partial one) to the hosts that copy from
@@ -58,11 +67,13 @@ against the sha256 there, and moves to the next one when its source fails: refus
 it answered, a short body, bad bytes, no progress for ``--stall`` seconds.
 
 The directory source moves what one host built to the others (vLLM's warm-start caches under its
-HOME: JIT, autotune and compile caches). The seed copies each regular file under the includes into
-the revision directory, hashing the bytes it copies (a cache file may change while it is read), and
-writes the manifest anew on every run (paths relative to --from, no commit); the relay carries it
-like a checkpoint. ``install`` then puts each file at DIR/<path> on every host where DIR has none
-there: a file the host has is left as it is (vLLM keys its caches itself).
+HOME: JIT and autotune caches). The seed copies each regular file of the kinds asked under the includes
+into the revision directory, each opened beneath --from without following a symlink (the folder is the
+services' own: they could swap a folder for a link meanwhile), hashing the bytes it copies (a cache file
+may change while it is read), and writes the manifest anew on every run (paths relative to --from, no
+commit); the relay carries it like a checkpoint. ``install`` then puts each file at DIR/<path> on every
+host where DIR has none there, the same way beneath DIR, given to --owner: a file the host has is left as
+it is (vLLM keys its caches itself).
 """
 
 from __future__ import annotations
@@ -70,7 +81,10 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import dataclasses
+import errno
 import fcntl
+import fnmatch
 import functools
 import hashlib
 import hmac
@@ -78,6 +92,7 @@ import http.client
 import http.server
 import json
 import os
+import pwd
 import re
 import secrets
 import shutil
@@ -122,12 +137,18 @@ class NotThere(StageError):
 # --- files ---------------------------------------------------------------------------------------
 
 
-def hashed(path: str, h: "hashlib._Hash") -> "hashlib._Hash":
-    """``h`` updated with the bytes of the file, read CHUNK by CHUNK (never a whole file in memory)."""
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
+def read_hashed(f, h: "hashlib._Hash") -> "hashlib._Hash":  # noqa: ANN001 (an open binary file)
+    """``h`` updated with what is left to read of the open file ``f``, CHUNK by CHUNK (never a whole file in
+    memory)."""
+    while chunk := f.read(CHUNK):
+        h.update(chunk)
     return h
+
+
+def hashed(path: str, h: "hashlib._Hash") -> "hashlib._Hash":
+    """``h`` updated with the bytes of the file at ``path``."""
+    with open(path, "rb") as f:
+        return read_hashed(f, h)
 
 
 def sha256_file(path: str) -> str:
@@ -367,11 +388,13 @@ def check_range(url: str, header: str | None, start: int, size: int | None) -> N
                            f"{'' if size is None else size - 1} (of {size if size is not None else '?'})")
 
 
-def download(url: str, dest: str, size: int | None, timeout: float = 60, on_bytes=None, follow: bool = True) -> str:
+def download(url: str, dest: str, size: int | None, timeout: float = 60, on_bytes=None, follow: bool = True,
+             auth: Auth | None = None) -> str:
     """One attempt at url → dest, resuming dest.partial with a Range request; streamed through a CHUNK
     buffer (never a whole file in memory) and hashed on the way. Returns the sha256 of dest. The
     headers that answer are checked against what was asked (status, Content-Range, Content-Length),
-    and no more bytes are taken than the manifest's size (``size`` None: MAX_JSON)."""
+    and no more bytes are taken than the manifest's size (``size`` None: MAX_JSON). ``auth``: a relay
+    host's file, asked for signed (its bytes are checked against the signed manifest by the caller)."""
     partial = dest + ".partial"
     if os.path.islink(partial):  # a transfer file is written here, never through a link
         os.remove(partial)
@@ -383,7 +406,10 @@ def download(url: str, dest: str, size: int | None, timeout: float = 60, on_byte
     h = hashed(partial, hashlib.sha256()) if have else hashlib.sha256()
     too_long = False
     try:
-        with open_url(url, timeout, {"Range": f"bytes={have}-"} if have else {}, follow) as resp:
+        headers = auth.headers(url)[0] if auth else {}
+        if have:
+            headers["Range"] = f"bytes={have}-"
+        with open_url(url, timeout, headers, follow) as resp:
             if resp.status == 206 and have:
                 check_range(url, resp.headers.get("Content-Range"), have, size)
             elif resp.status == 200:  # the whole file (again): start over
@@ -414,6 +440,9 @@ def download(url: str, dest: str, size: int | None, timeout: float = 60, on_byte
             raise SourceFailed(f"{url}: HTTP 416 for bytes {have}- (partial file dropped)") from None
         elif e.code == 404:
             raise NotThere(f"{url}: HTTP 404") from None
+        elif e.code == 401 and auth is not None:
+            raise Forged(f"{url}: HTTP 401: {e.read(300).decode(errors='replace').strip()} (this host's relay key "
+                         "is not the one its source holds)") from None
         elif e.code in (401, 403):
             raise StageError(f"{url}: HTTP {e.code}") from None
         else:
@@ -459,13 +488,44 @@ def fetch_verified(url: str, hashes: Hashes, entry: dict, on_bytes=None) -> None
 # --- what a host serves while it stages: its verified files, to the hosts that copy from it ---------
 
 
-MAC_HEADER = "X-Glm-Relay-Mac"
+MAC_HEADER = "X-Glm-Relay-Mac"  # a relay's answer: HMAC of the document and the nonce of the request
+AUTH_HEADER = "X-Glm-Relay-Client"  # a relay client's request: "NAME TIME NONCE MAC"
+AUTH_WINDOW_S = 300  # a request signed further from the relay's clock than this is refused (hosts run NTP)
+CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}")
+NONCE = re.compile(r"[0-9a-f]{32}")
+EXIT_FORGED = 3  # what came from another host was refused as not signed with the stack's key (not a failed copy)
+
+
+class Forged(StageError):
+    """An answer or a request not signed with the stack's relay key: another process on the port, a host
+    of another stack, or a forgery. Never used, never retried elsewhere quietly: the step fails naming it."""
 
 
 def sign(key: bytes, nonce: str, body: bytes) -> str:
-    """HMAC-SHA256, with the stack's relay key, of a progress document and the nonce of the request it
-    answers: a peer holding the key takes no manifest from a host without it, nor an old one replayed."""
-    return hmac.new(key, nonce.encode() + b"\n" + body, hashlib.sha256).hexdigest()
+    """HMAC-SHA256, with the stack's relay key, of a relay's answer (its progress document) and the nonce of
+    the request it answers: a peer takes no manifest from a host without the key, nor an old one replayed."""
+    return hmac.new(key, b"server\n" + nonce.encode() + b"\n" + body, hashlib.sha256).hexdigest()
+
+
+def client_mac(key: bytes, name: str, at: str, nonce: str, target: str) -> str:
+    """HMAC-SHA256 of a relay client's request (GET of ``target``, its path and query) under its name, time and
+    nonce: a relay counts and serves only clients holding the stack's key, by the name they signed."""
+    return hmac.new(key, f"client\n{name}\n{at}\n{nonce}\nGET {target}".encode(), hashlib.sha256).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class Auth:
+    """How this host signs what it asks a relay host: the stack's key and its own name in the relay."""
+
+    key: bytes
+    name: str
+
+    def headers(self, url: str) -> tuple[dict[str, str], str]:
+        """The request's authentication header and its nonce (the answer must be signed with it)."""
+        parts = urllib.parse.urlsplit(url)
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        nonce, at = secrets.token_hex(16), str(int(time.time()))
+        return {AUTH_HEADER: f"{self.name} {at} {nonce} {client_mac(self.key, self.name, at, nonce, target)}"}, nonce
 
 
 def relay_key(path: str) -> bytes:
@@ -490,7 +550,9 @@ class Relay:
         self.received = 0  # bytes written so far: a host that is still receiving is not stalled
         self.clients: dict[str, dict] = {}  # host → {"last": monotonic, "active": transfers, "done": bool}
         self.progress_path: str | None = None
-        self.key: bytes | None = None  # the stack's relay key: the progress document goes out signed
+        self.key: bytes | None = None  # the stack's relay key: clients must sign with it, answers go out signed
+        self.nonces: dict[str, float] = {}  # nonces of the requests taken, by their time: none is taken twice
+        self.refused: dict[str, float] = {}  # client address → when a refusal of it was last logged
 
     def adopt(self, files: list[dict]) -> list[str]:
         """List ``files`` (the manifest being staged) from now on: a published file whose entry they
@@ -521,6 +583,32 @@ class Relay:
         with self.lock:
             self.received += n
 
+    def authenticate(self, header: str | None, target: str) -> tuple[str | None, str]:
+        """The name a request signed with the stack's key (its AUTH_HEADER, for GET ``target``), or None and
+        why not: no key here, no header, a malformed one, a time outside AUTH_WINDOW_S of this host's clock,
+        a nonce already taken, a wrong MAC. The nonce is what this relay signs its answer with."""
+        if self.key is None:
+            return None, "this relay has no key"
+        fields = (header or "").split(" ")
+        if len(fields) != 4:
+            return None, f"no {AUTH_HEADER} header of NAME TIME NONCE MAC"
+        name, at, nonce, mac = fields
+        if not CLIENT_NAME.fullmatch(name) or not at.isdigit() or not NONCE.fullmatch(nonce):
+            return None, f"a malformed {AUTH_HEADER} header"
+        now = time.time()
+        if abs(now - int(at)) > AUTH_WINDOW_S:
+            return None, (f"signed at {at}, {abs(now - int(at)):.0f} s from this host's clock (more than "
+                          f"{AUTH_WINDOW_S} s: replayed, or the hosts' clocks differ)")
+        if not hmac.compare_digest(mac.encode("latin-1"), client_mac(self.key, name, at, nonce, target).encode()):
+            return None, "not signed with this stack's relay key"
+        with self.lock:
+            if nonce in self.nonces:
+                return None, "a nonce already taken (replayed)"
+            for old in [n for n, t in self.nonces.items() if now - t > 2 * AUTH_WINDOW_S]:
+                del self.nonces[old]
+            self.nonces[nonce] = now
+        return name, nonce
+
     def seen(self, client: str, active: int = 0, done: bool = False) -> None:
         with self.lock:
             c = self.clients.setdefault(client, {"active": 0, "done": False})
@@ -530,21 +618,22 @@ class Relay:
 
 
 class _Files(http.server.SimpleHTTPRequestHandler):
-    """Static files with single-range requests (resumed transfers) and no directory listings.
-    With ``published_only`` it serves just the progress file and the files listed there as published."""
+    """Static files with single-range requests (resumed transfers) and no directory listings: with a
+    ``relay``, only to clients signed with its key and only the files it published; without, every file
+    (``serve``: the mirror stand-in, which logs what it served)."""
 
-    published_only = True
     relay: Relay | None = None  # the staging's own server: its state in memory, clients tracked
 
     def do_GET(self) -> None:  # noqa: N802 (http.server API)
         url = urllib.parse.urlparse(self.path)
         name = urllib.parse.unquote(url.path).lstrip("/")
-        query = urllib.parse.parse_qs(url.query)
-        client = query.get("host", [""])[0]
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}", client):
-            client = self.client_address[0]  # a name this host logs and keeps: only a plain one
         relay = self.relay
+        client = ""
         if relay is not None:
+            # Only a host holding the stack's key is served or counted, by the name it signed.
+            client, nonce = relay.authenticate(self.headers.get(AUTH_HEADER), self.path)
+            if client is None:
+                return self._refuse(relay, nonce)
             relay.seen(client, done=name == DONE)
             if name == DONE:
                 return self._send(b"ok\n", "text/plain")
@@ -552,13 +641,7 @@ class _Files(http.server.SimpleHTTPRequestHandler):
                 doc, published = relay.snapshot(), set(relay.published)
             if name == PROGRESS:
                 body = json.dumps(doc).encode()
-                mac = {MAC_HEADER: sign(relay.key, query.get("nonce", [""])[0], body)} if relay.key else {}
-                return self._send(body, "application/json", mac)
-        elif self.published_only and name != PROGRESS:
-            try:
-                published = set(read_json(os.path.join(self.directory, PROGRESS))["published"])
-            except (OSError, ValueError, KeyError):
-                published = set()
+                return self._send(body, "application/json", {MAC_HEADER: sign(relay.key, nonce, body)})
         else:
             published = None
         if published is not None and name not in published:
@@ -591,6 +674,22 @@ class _Files(http.server.SimpleHTTPRequestHandler):
             if relay is not None:
                 relay.seen(client, active=-1)
 
+    def _refuse(self, relay: Relay, why: str) -> None:
+        """401 for a request not signed with the stack's key; logged once a minute per address at most."""
+        who, now = self.client_address[0], time.monotonic()
+        with relay.lock:
+            quiet = now - relay.refused.get(who, -60.0) < 60
+            if not quiet:
+                relay.refused[who] = now
+        if not quiet:
+            log(f"refused a request from {who}: {why}")
+        body = f"unauthenticated relay client: {why}\n".encode()
+        self.send_response(401)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def _send(self, body: bytes, kind: str, headers: dict[str, str] | None = None) -> None:
         self.send_response(200)
         for k, v in (headers or {}).items():
@@ -601,7 +700,7 @@ class _Files(http.server.SimpleHTTPRequestHandler):
         self.wfile.write(body)
 
     def log_message(self, fmt: str, *a) -> None:
-        if not self.published_only:  # the mirror stand-in logs what it served
+        if self.relay is None:  # the mirror stand-in logs what it served; a relay only what it refused
             super().log_message(fmt, *a)
 
 
@@ -622,13 +721,49 @@ def files_server(directory: str, bind: str, **handler: object) -> _Server:
         (host, int(port)), functools.partial(type(_Files.__name__, (_Files,), handler), directory=directory))
 
 
+def port_holder(port: int) -> str | None:
+    """Who listens on TCP ``port`` on this host, from /proc: "pid N (COMMAND, user U)", or what /proc shows of
+    it; None when nothing visible listens there."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in list(f)[1:]:
+                fields = line.split()
+                # local_address is ADDR:PORT in hex; state 0A is LISTEN; the inode is the 10th field.
+                if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(fields[9])
+    if not inodes:
+        return None
+    for pid in sorted((p for p in os.listdir("/proc") if p.isdigit()), key=int):
+        with contextlib.suppress(OSError):
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in {f"socket:[{i}]" for i in inodes} for fd in fds):
+                with open(f"/proc/{pid}/comm") as f:
+                    comm = f.read().strip()
+                uid = os.stat(f"/proc/{pid}").st_uid
+                try:
+                    user = pwd.getpwuid(uid).pw_name
+                except KeyError:
+                    user = str(uid)
+                return f"pid {pid} ({comm}, user {user})"
+    return "a socket of a process this host's /proc does not show"
+
+
 def start_relay(relay: Relay, root: str, bind: str, stall: float) -> _Server:
     """Serve this host's verified files from a thread of the staging itself: nothing outlives the step.
-    A client that sends nothing (or stops reading) for ``stall`` seconds is dropped."""
+    A client that sends nothing (or stops reading) for ``stall`` seconds is dropped. Never without the
+    stack's key (clients must sign their requests with it, answers go out signed); a port already taken
+    fails, naming who holds it (a relay whose port another process took is never trusted by it)."""
+    if relay.key is None:
+        raise StageError(f"no relay key: a relay is served only with the stack's key (--relay-key-file), never "
+                         f"by its port {bind} alone")
     try:
         server = files_server(root, bind, relay=relay, timeout=stall)
     except OSError as e:
-        raise StageError(f"cannot serve the relay on {bind}: {e.strerror or e}") from None
+        port = bind.rpartition(":")[2]
+        holder = port_holder(int(port)) if port.isdigit() and e.errno == errno.EADDRINUSE else None
+        raise StageError(f"cannot serve the relay on {bind}: {e.strerror or e}"
+                         + (f" (held by {holder})" if holder else "")) from None
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -804,66 +939,148 @@ def hf_download(args: argparse.Namespace, root: str, entries: list[dict]) -> Non
             del e["git_blob"]
 
 
-def directory_files(args: argparse.Namespace) -> dict[str, tuple[str, int]]:
-    """The regular files of the directory source: each name (its path under --from) → where it is and
-    its size; all of --from, or what is under each --include. Anything else (a symlink, a socket …) or
-    a name the manifest cannot hold is skipped with a line. No symlink is followed: a file reached
-    through one could not be installed at its path (``install`` refuses it), and this staging's own
-    folder is never read into itself."""
+MAX_DIRECTORY_FILE = 1 << 30  # a file of the directory source larger than this is not staged (a cache file never is)
+
+
+def open_beneath(top: int, name: str, flags: int) -> int:
+    """A descriptor of ``name`` (a plain relative name) under the directory ``top`` (a descriptor), each
+    component opened without following a symlink: whatever the owner of the tree renames or links meanwhile,
+    what is opened is inside it. OSError (ELOOP, ENOTDIR: a symlink on the way) otherwise."""
+    *folders, last = name.split("/")
+    fd = os.dup(top)
+    try:
+        for part in folders:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return os.open(last, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def wanted(name: str, includes: list[str], kinds: list[str]) -> bool:
+    """Whether a file of the directory source is one the staging takes: under one of ``includes`` (all, when
+    none) and its name of one of ``kinds`` (fnmatch patterns of the last component; all, when none)."""
+    under = not includes or any(name == rel or name.startswith(rel + "/") for rel in includes)
+    return under and (not kinds or any(fnmatch.fnmatchcase(name.rsplit("/", 1)[-1], k) for k in kinds))
+
+
+def directory_files(args: argparse.Namespace) -> dict[str, int]:
+    """The regular files of the directory source: each name (its path under --from) → its size; all of
+    --from, or what is under each --include, of the --kind patterns. Anything else (a symlink, a socket, a
+    file of another kind, one larger than MAX_DIRECTORY_FILE) or a name the manifest cannot hold is skipped
+    (with a line; other kinds counted in one). No symlink is followed anywhere on the way (each folder is
+    opened from its parent's descriptor): what the folder's owner changes meanwhile cannot lead this root
+    process elsewhere; this staging's own folder is never read into itself."""
     top = args.from_dir
-    real_top = os.path.realpath(top)
-    own = os.path.realpath(revisions_dir(args.path))
-    found: dict[str, tuple[str, int]] = {}
+    found: dict[str, int] = {}
+    other_kinds: list[str] = []
+    try:
+        st = os.stat(revisions_dir(args.path))
+        own = (st.st_dev, st.st_ino)  # this staging's own folder, when it is under --from
+    except OSError:
+        own = None
 
     def skip(name: str, why: str) -> None:
         log(f"{top}: {name!r} skipped ({why})")
 
-    for rel in args.include or [""]:
-        start = os.path.join(top, rel) if rel else top
-        if not os.path.lexists(start):
-            log(f"{start}: not there, skipped")
-            continue
-        if os.path.realpath(start) != os.path.normpath(os.path.join(real_top, rel)):
-            skip(rel, "reached through a symlink, not followed")
-            continue
-        if os.path.isdir(start):
-            walk = os.walk(start, onerror=lambda e: log(f"{e.filename}: cannot list it ({e.strerror}), skipped"))
-        else:  # an include may name one file
-            walk = iter([(os.path.dirname(start), [], [os.path.basename(start)])])
-        for d, dirs, names in walk:
-            for n in list(dirs):
-                p = os.path.join(d, n)
-                if os.path.islink(p) or os.path.realpath(p) == own:
-                    dirs.remove(n)
-                    if os.path.islink(p):
-                        skip(os.path.relpath(p, top), "a symlink, not followed")
-            dirs.sort()
-            for n in sorted(names):
-                p = os.path.join(d, n)
-                name = os.path.relpath(p, top)
-                try:
-                    st = os.lstat(p)
-                except OSError as e:
-                    skip(name, e.strerror or str(e))
+    def take(name: str, st: os.stat_result) -> None:
+        if stat.S_ISLNK(st.st_mode):
+            skip(name, "a symlink, not followed")
+        elif not stat.S_ISREG(st.st_mode):
+            skip(name, "not a regular file")
+        elif problem := name_problem(name):
+            skip(name, problem)
+        elif not wanted(name, [], args.kind):
+            other_kinds.append(name)
+        elif st.st_size > MAX_DIRECTORY_FILE:
+            skip(name, f"{st.st_size} bytes, more than {MAX_DIRECTORY_FILE}")
+        else:
+            found[name] = st.st_size
+
+    def walk(fd: int, prefix: str) -> None:
+        try:
+            entries = sorted(os.scandir(fd), key=lambda e: e.name)
+        except OSError as e:
+            log(f"{os.path.join(top, prefix)}: cannot list it ({e.strerror}), skipped")
+            return
+        for e in entries:
+            name = f"{prefix}/{e.name}" if prefix else e.name
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError as err:
+                skip(name, err.strerror or str(err))
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                take(name, st)
+                continue
+            if (st.st_dev, st.st_ino) == own:
+                continue
+            try:
+                sub = os.open(e.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as err:
+                skip(name, f"cannot open it ({err.strerror})")
+                continue
+            try:
+                walk(sub, name)
+            finally:
+                os.close(sub)
+
+    top_fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for rel in args.include or [""]:
+            if not rel:
+                walk(top_fd, "")
+                continue
+            try:
+                fd = open_beneath(top_fd, rel, os.O_RDONLY | os.O_DIRECTORY)
+            except FileNotFoundError:
+                log(f"{os.path.join(top, rel)}: not there, skipped")
+                continue
+            except OSError as e:
+                if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+                    skip(rel, f"cannot open it ({e.strerror})")
                     continue
-                if not stat.S_ISREG(st.st_mode):
-                    skip(name, "a symlink, not followed" if stat.S_ISLNK(st.st_mode) else "not a regular file")
-                elif problem := name_problem(name):
-                    skip(name, problem)
+                # An include may name one file; a symlink on the way (or at its end) is not followed.
+                try:
+                    parent = open_beneath(top_fd, rel.rsplit("/", 1)[0], os.O_RDONLY | os.O_DIRECTORY) \
+                        if "/" in rel else os.dup(top_fd)
+                    try:
+                        st = os.stat(rel.rsplit("/", 1)[-1], dir_fd=parent, follow_symlinks=False)
+                    finally:
+                        os.close(parent)
+                except OSError:
+                    skip(rel, "reached through a symlink, not followed")
+                    continue
+                if stat.S_ISLNK(st.st_mode):
+                    skip(rel, "reached through a symlink, not followed")
                 else:
-                    found[name] = (p, st.st_size)
+                    take(rel, st)
+                continue
+            try:
+                walk(fd, rel)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(top_fd)
+    if other_kinds:
+        shown = ", ".join(repr(n) for n in other_kinds[:3])
+        log(f"{top}: {len(other_kinds)} files of other kinds than {', '.join(args.kind)} skipped ({shown}"
+            f"{' ...' if len(other_kinds) > 3 else ''})")
     return found
 
 
-def copy_hashed(src, dst, on_bytes=None) -> tuple[int, str]:  # noqa: ANN001 (open binary files)
+def copy_hashed(src, dst, on_bytes=None, limit: int | None = None) -> tuple[int, str]:  # noqa: ANN001 (open binary files)
     """The bytes of the open file ``src`` written to the open file ``dst``, CHUNK by CHUNK and hashed on
-    the way: the size and sha256 of what was written. The source read again could give other bytes (a
-    cache file may change while it is copied)."""
+    the way: the size and sha256 of what was written (at most ``limit`` bytes, then StageError). The source
+    read again could give other bytes (a cache file may change while it is copied)."""
     h, size = hashlib.sha256(), 0
     while chunk := src.read(CHUNK):
+        size += len(chunk)
+        if limit is not None and size > limit:
+            raise StageError(f"more than {limit} bytes")
         dst.write(chunk)
         h.update(chunk)
-        size += len(chunk)
         if on_bytes:
             on_bytes(len(chunk))
     return size, h.hexdigest()
@@ -873,41 +1090,58 @@ def copy_directory(args: argparse.Namespace, root: str) -> tuple[dict, set[str]]
     """The directory source copied into the revision directory: the manifest of what is here now, made
     anew from the bytes copied (the source is a cache: it changes between runs), and the names copied.
     A file here that matches its source is kept: the source is read to compare only when the copy here
-    has its size."""
+    has its size. Each source file is opened beneath --from without following a symlink (open_beneath)
+    and must still be a regular file once open."""
     relay: Relay = args.relay
     hashes: Hashes = args.hashes
     found = directory_files(args)
     for name in found:
         inside(root, name, args.from_dir)
-    need_disk(args, root, {"files": [{"path": n, "size": size} for n, (_, size) in found.items()]})
+    need_disk(args, root, {"files": [{"path": n, "size": size} for n, size in found.items()]})
     files: list[dict] = []
     fresh: set[str] = set()
-    for name, (src, size) in sorted(found.items()):
-        dest = os.path.join(root, name)
-        try:
-            if os.path.isfile(dest) and os.path.getsize(dest) == size:
-                e = {"path": name, "size": size, "sha256": sha256_file(src)}
-                if hashes.ok(e):
-                    files.append(e)
-                    continue
-            fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # never a link, never waiting on a fifo
-        except OSError as err:  # gone since it was listed (a cache evicts), or unreadable: not staged
-            log(f"{args.from_dir}: {name!r} skipped (cannot read it: {err.strerror or err})")
-            continue
-        partial = dest + ".partial"
-        try:
-            with open(fd, "rb") as f:
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
+    top = os.open(args.from_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for name, size in sorted(found.items()):
+            dest = os.path.join(root, name)
+            try:
+                # Never a link, never waiting on a fifo, and still a regular file once open.
+                fd = open_beneath(top, name, os.O_RDONLY | os.O_NONBLOCK)
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.close(fd)
+                    raise OSError(errno.EINVAL, "no longer a regular file")
+            except OSError as err:  # gone since it was listed (a cache evicts), swapped, or unreadable: not staged
+                log(f"{args.from_dir}: {name!r} skipped (cannot read it: {err.strerror or err})")
+                continue
+            partial = dest + ".partial"
+            try:
+                with open(fd, "rb") as f:
+                    if os.path.isfile(dest) and os.path.getsize(dest) == os.fstat(f.fileno()).st_size:
+                        e = {"path": name, "size": os.path.getsize(dest),
+                             "sha256": read_hashed(f, hashlib.sha256()).hexdigest()}
+                        if hashes.ok(e):
+                            files.append(e)
+                            continue
+                        f.seek(0)
+                    os.makedirs(os.path.dirname(dest), exist_ok=True)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(partial)  # a cut copy, or a link planted there: never written through
+                    with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb") as out:
+                        size, sha = copy_hashed(f, out, relay.got, MAX_DIRECTORY_FILE)
+                os.replace(partial, dest)
+            except StageError as err:  # grew past the bound while it was copied
                 with contextlib.suppress(FileNotFoundError):
-                    os.remove(partial)  # a cut copy, or a link planted there: never written through
-                with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb") as out:
-                    size, sha = copy_hashed(f, out, relay.got)
-            os.replace(partial, dest)
-        except OSError as err:
-            raise StageError(f"{name}: cannot copy {src} into {root}: {err.strerror or err}") from None
-        hashes.remember(name, sha)
-        files.append({"path": name, "size": size, "sha256": sha})
-        fresh.add(name)
+                    os.remove(partial)
+                log(f"{args.from_dir}: {name!r} skipped ({err})")
+                continue
+            except OSError as err:
+                raise StageError(f"{name}: cannot copy it from {args.from_dir} into {root}: {err.strerror or err}") \
+                    from None
+            hashes.remember(name, sha)
+            files.append({"path": name, "size": size, "sha256": sha})
+            fresh.add(name)
+    finally:
+        os.close(top)
     return {"revision": args.revision, "files": files}, fresh
 
 
@@ -972,25 +1206,28 @@ def stage_seed(args: argparse.Namespace, root: str) -> None:
 # --- a peer: copies from its parent in the relay tree, from the next ancestor up when that fails ----
 
 
-def get_json(url: str, timeout: float, key: bytes | None = None) -> object:
-    """A JSON document from a relay host: at most MAX_JSON bytes, never redirected. With the stack's
-    relay key, it must come signed with it, together with the nonce this request sent (not replayed)."""
-    nonce = secrets.token_hex(16)
-    if key is not None:
-        url += f"&nonce={nonce}"
+def get_json(url: str, timeout: float, auth: Auth | None = None) -> object:
+    """A JSON document from a relay host: at most MAX_JSON bytes, never redirected. With ``auth`` (the stack's
+    relay key) the request goes signed and the answer must come signed with the key, for this request's
+    nonce (not replayed): else Forged, naming the host."""
+    headers, nonce = auth.headers(url) if auth is not None else ({}, "")
     try:
-        with open_url(url, timeout) as r:
+        with open_url(url, timeout, headers) as r:
             body = r.read(MAX_JSON + 1)
             mac = r.headers.get(MAC_HEADER, "")
     except urllib.error.HTTPError as e:
+        if e.code == 401 and auth is not None:
+            raise Forged(f"refusing {url}: HTTP 401: {e.read(300).decode(errors='replace').strip()} (this host's "
+                         "relay key is not the one its source holds)") from None
         raise SourceFailed(f"{url}: HTTP {e.code}") from None
     except (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException) as e:
         raise SourceFailed(f"{url}: {getattr(e, 'reason', None) or e}") from None
     if len(body) > MAX_JSON:
         raise SourceFailed(f"{url}: more than {MAX_JSON} bytes")
-    if key is not None and not hmac.compare_digest(mac.encode("latin-1"), sign(key, nonce, body).encode()):
-        raise StageError(f"refusing the manifest from {url}: {'a wrong signature' if mac else 'not signed'} "
-                         f"(it is not signed with this stack's relay key: a host of another stack, or forged)")
+    if auth is not None and not hmac.compare_digest(mac.encode("latin-1"), sign(auth.key, nonce, body).encode()):
+        raise Forged(f"refusing the manifest from {url}: {'a wrong signature' if mac else 'not signed'} "
+                     f"(not signed with this stack's relay key: another process on that port, a host of another "
+                     f"stack, or a forgery)")
     try:
         return json.loads(body)
     except ValueError as e:
@@ -1044,7 +1281,7 @@ def stage_peer(args: argparse.Namespace, root: str) -> None:
     relay: Relay = args.relay
     hashes: Hashes = args.hashes
     sources = [u.removesuffix("/") for u in args.peer]
-    me = urllib.parse.urlencode({"host": args.name})
+    auth: Auth = args.auth
     deadline = time.monotonic() + args.timeout
     at = 0
     answered = False  # the current source answered at least once
@@ -1096,7 +1333,7 @@ def stage_peer(args: argparse.Namespace, root: str) -> None:
         role = "the seed" if nxt == len(sources) - 1 else ("its parent" if nxt == 0 else "an ancestor")
         log(f"{sources[at]}: {why}; copying from {sources[nxt]} ({role}) now")
         if nxt != at:  # it need not wait for this host any longer
-            say_done(f"{sources[at]}/{DONE}?{me}&moved=1", timeout=3)
+            say_done(f"{sources[at]}/{DONE}?moved=1", auth, timeout=3)
         at, answered, since, last_sig = nxt, False, time.monotonic(), None
 
     while True:
@@ -1107,11 +1344,11 @@ def stage_peer(args: argparse.Namespace, root: str) -> None:
                              f"(sources: {', '.join(sources)})")
         base = sources[at]
         try:
-            raw = get_json(f"{base}/{PROGRESS}?{me}", args.stall, args.relay_key)
+            raw = get_json(f"{base}/{PROGRESS}", args.stall, auth)
         except SourceFailed as e:
             if answered:
                 move(f"failed ({e})")
-            elif time.monotonic() - since > args.stall and (up := first_answering(sources, at, me)) is not None:
+            elif time.monotonic() - since > args.stall and (up := first_answering(sources, at, auth)) is not None:
                 # Not started yet, or gone: a parent starts no later than its ancestors, so one that
                 # still does not answer while an ancestor does has failed.
                 move(f"did not answer within {args.stall:g}s", to=up)
@@ -1159,8 +1396,8 @@ def stage_peer(args: argparse.Namespace, root: str) -> None:
                     os.remove(p)
                 os.makedirs(os.path.dirname(p), exist_ok=True)
                 try:
-                    sha = download(f"{base}/{urllib.parse.quote(name)}?{me}", p, e["size"], timeout=args.stall,
-                                   on_bytes=relay.got, follow=False)
+                    sha = download(f"{base}/{urllib.parse.quote(name)}", p, e["size"], timeout=args.stall,
+                                   on_bytes=relay.got, follow=False, auth=auth)
                 except NotThere:
                     break  # listed in a progress file the source has since rewritten: next round
                 except SourceFailed as err:
@@ -1186,23 +1423,25 @@ def stage_peer(args: argparse.Namespace, root: str) -> None:
         time.sleep(0.5)
     relay.publish(complete=True)
     for base in sources:  # every host copied from may be waiting for this one
-        say_done(f"{base}/{DONE}?{me}")
+        say_done(f"{base}/{DONE}", auth)
     where = ", ".join(f"{n} from {b}" for b, n in copied.items()) or "none"
     log(f"peer: {sum(copied.values())} files copied ({where}), {len(kept)} already here and verified")
 
 
-def first_answering(sources: list[str], at: int, me: str) -> int | None:
-    """The index of the first source after ``at`` (in failover order) that answers, if any."""
+def first_answering(sources: list[str], at: int, auth: Auth) -> int | None:
+    """The index of the first source after ``at`` (in failover order) that answers, signed, if any (one that
+    answers unsigned is Forged: never taken for a source that answers)."""
     for i in list(range(at + 1, len(sources))) + list(range(at)):
         with contextlib.suppress(SourceFailed):
-            get_json(f"{sources[i]}/{PROGRESS}?{me}", timeout=5)
+            get_json(f"{sources[i]}/{PROGRESS}", 5, auth)
             return i
     return None
 
 
-def say_done(url: str, timeout: float = 5) -> None:
-    """Tell a host copied from that this one needs nothing more from it (if it still listens)."""
-    with contextlib.suppress(OSError, http.client.HTTPException), open_url(url, timeout) as r:  # (URLError too)
+def say_done(url: str, auth: Auth, timeout: float = 5) -> None:
+    """Tell a host copied from that this one needs nothing more from it (if it still listens), signed."""
+    with contextlib.suppress(OSError, http.client.HTTPException), \
+            open_url(url, timeout, auth.headers(url)[0]) as r:  # (URLError too)
         r.read(1024)
 
 
@@ -1282,13 +1521,20 @@ def cmd_stage(args: argparse.Namespace) -> int:
                 raise StageError(f"--include {rel!r}: {problem} (it names a path under --from)")
     if args.role == "peer" and not args.peer:
         raise StageError("--role peer needs at least one --peer URL (its parent, then its ancestors)")
+    if (args.role == "peer" or args.serve) and not args.relay_key_file:
+        raise StageError(f"{'--serve' if args.serve else '--role peer'} needs --relay-key-file F (the stack's relay key): "
+                         "a relay host is never served, nor trusted, by its port alone")
+    if not CLIENT_NAME.fullmatch(args.name):
+        raise StageError(f"--name {args.name!r}: not a host name")
+    key = relay_key(args.relay_key_file) if args.relay_key_file else None  # (read before anything is written)
     children = [c for c in (args.children or "").split(",") if c]
     with locked(args.path):
         root = revision_dir(args.path, args.revision)
         os.makedirs(root, exist_ok=True)
         args.relay = relay = Relay(args.revision, args.name)
         relay.progress_path = os.path.join(root, PROGRESS)
-        relay.key = args.relay_key = relay_key(args.relay_key_file) if args.relay_key_file else None
+        relay.key = key
+        args.auth = Auth(key, args.name) if key is not None else None
         args.hashes = hashes = Hashes(root, os.path.join(root, HASHES))
         server = start_relay(relay, root, args.serve, args.stall) if args.serve else None
         try:
@@ -1393,38 +1639,90 @@ def staged_whole(args: argparse.Namespace, otherwise: str) -> tuple[str, dict]:
 def cmd_install(args: argparse.Namespace) -> int:
     """The files of a staged revision (a warm-start cache) at their paths under --into, where nothing is
     there: a file the host has is left as it is (vLLM keys its caches itself, what it built wins).
-    Each is copied to a temporary name beside it, checked against the manifest on the way, and renamed
-    into place. A manifest path that would land outside --into ('..', a symlink on the way) is refused
-    before anything is written. Running it again installs nothing more."""
+    Each is copied to a temporary name beside it, checked against the manifest on the way, and linked into
+    place only if the name is still free. A manifest path that would land outside --into ('..', a symlink on
+    the way) or that is not of the --include/--kind the staging takes is refused before anything is
+    written; then every folder is opened from its parent without following a symlink, so the owner of
+    --into (the services' user, whose tree it is) cannot lead this root process elsewhere meanwhile, and
+    what is created is given to --owner. Running it again installs nothing more."""
+    owner = None
+    if args.owner:
+        try:
+            pw = pwd.getpwnam(args.owner)
+        except KeyError:
+            raise StageError(f"--owner {args.owner}: no such user") from None
+        owner = (pw.pw_uid, pw.pw_gid)
     root, manifest = staged_whole(args, "nothing installed")
     files = manifest["files"]
-    dests = {e["path"]: inside(args.into, e["path"], os.path.join(root, MANIFEST)) for e in files}
-    installed = kept = total = 0
+    origin = os.path.join(root, MANIFEST)
     for e in files:
-        dest = dests[e["path"]]
-        if os.path.lexists(dest):
-            kept += 1
-            continue
-        src = os.path.join(root, e["path"])
-        try:
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".glm-install-", dir=os.path.dirname(dest))
+        inside(args.into, e["path"], origin)
+        if not wanted(e["path"], args.include, args.kind):
+            raise StageError(f"refusing the manifest from {origin}: {e['path']!r} is not under "
+                             f"{', '.join(args.include) or '--into'} or not of the kinds "
+                             f"{', '.join(args.kind) or '(any)'}")
+    installed = kept = total = 0
+    os.makedirs(args.into, exist_ok=True)
+    try:
+        top = os.open(args.into, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        raise StageError(f"cannot install into {args.into}: {err.strerror or err}") from None
+    try:
+        for e in files:
             try:
-                with open(fd, "wb") as out, open(src, "rb") as f:
-                    got = copy_hashed(f, out)
-                    os.fchmod(out.fileno(), 0o644)
-                if got != (e["size"], e["sha256"]):
-                    raise StageError(f"{src}: not the bytes its manifest lists (changed since it was staged)")
-                os.replace(tmp, dest)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(tmp)  # (gone once renamed)
-        except OSError as err:
-            raise StageError(f"cannot install {e['path']} into {args.into}: {err.strerror or err}") from None
-        installed += 1
-        total += e["size"]
+                if install_one(top, os.path.join(root, e["path"]), e, owner):
+                    installed += 1
+                    total += e["size"]
+                else:
+                    kept += 1
+            except OSError as err:
+                raise StageError(f"cannot install {e['path']} into {args.into}: {err.strerror or err}") from None
+    finally:
+        os.close(top)
     log(f"installed {installed} files ({total} bytes) into {args.into}, {kept} already there")
     return 0
+
+
+def install_one(top: int, src: str, e: dict, owner: tuple[int, int] | None) -> bool:
+    """Install the staged file ``src`` at e["path"] under the folder ``top`` (a descriptor) unless something is
+    there; False when something was. Folders are made and opened one by one without following a symlink
+    (one on the way fails with ELOOP or ENOTDIR), the file is written under a temporary name there, checked
+    against ``e`` and linked to its name (which fails if the name was taken meanwhile: kept)."""
+    *folders, last = e["path"].split("/")
+    fd = os.dup(top)
+    try:
+        for part in folders:
+            made = False
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=fd)
+                made = True
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+            if made and owner:
+                os.fchown(fd, *owner)
+        with contextlib.suppress(FileNotFoundError):
+            os.stat(last, dir_fd=fd, follow_symlinks=False)
+            return False
+        tmp = f".glm-install-{secrets.token_hex(8)}"
+        out_fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=fd)
+        try:
+            with open(out_fd, "wb") as out, open(src, "rb") as f:
+                got = copy_hashed(f, out)
+                os.fchmod(out.fileno(), 0o644)
+                if owner:
+                    os.fchown(out.fileno(), *owner)
+            if got != (e["size"], e["sha256"]):
+                raise StageError(f"{src}: not the bytes its manifest lists (changed since it was staged)")
+            try:
+                os.link(tmp, last, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
+            except FileExistsError:
+                return False  # its owner made one meanwhile: what it built wins
+            return True
+        finally:
+            os.unlink(tmp, dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 def cmd_relay(args: argparse.Namespace) -> int:
@@ -1432,9 +1730,13 @@ def cmd_relay(args: argparse.Namespace) -> int:
     said it has every file or went silent for --stall seconds: the pool's first host runs it as a transient
     unit, so the steps of the hosts that copy from it can follow its own. Exit 1 naming a child that left
     before it had every file."""
+    if not args.relay_key_file:
+        raise StageError("relay needs --relay-key-file F (the stack's relay key): a relay is never served by its "
+                         "port alone")
+    key = relay_key(args.relay_key_file)
     root, manifest = staged_whole(args, "nothing to serve")
     relay = Relay(args.revision, args.name)
-    relay.key = relay_key(args.relay_key_file) if args.relay_key_file else None
+    relay.key = key
     relay.commit = manifest.get("commit")
     relay.adopt(manifest["files"])
     for e in relay.files:
@@ -1443,6 +1745,7 @@ def cmd_relay(args: argparse.Namespace) -> int:
     children = [c for c in args.children.split(",") if c]
     server = start_relay(relay, root, args.bind, args.stall)
     try:
+        notify_ready()  # (a transient unit of Type=notify: its start, and the step, wait for this)
         log(f"{args.revision}: serving {len(relay.files)} files on {args.bind} to {', '.join(children)}")
         left = wait_for_children(relay, children, args.stall)
     finally:
@@ -1454,9 +1757,20 @@ def cmd_relay(args: argparse.Namespace) -> int:
     return 0
 
 
+def notify_ready() -> None:
+    """Tell systemd this service is ready (sd_notify READY=1), when it runs as a unit of Type=notify."""
+    where = os.environ.get("NOTIFY_SOCKET")
+    if not where:
+        return
+    address = "\0" + where[1:] if where.startswith("@") else where  # "@": an abstract socket
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.connect(address)
+        s.sendall(b"READY=1")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Every file of a folder (--all: the mirror stand-in) or only what its progress file published."""
-    with files_server(args.dir, args.bind, published_only=not args.all) as httpd:
+    """Every file of a folder: the mirror stand-in (a relay is ``relay`` or ``stage --serve``, signed)."""
+    with files_server(args.dir, args.bind) as httpd:
         httpd.serve_forever()
     return 0
 
@@ -1471,6 +1785,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--url")
     s.add_argument("--from", dest="from_dir")
     s.add_argument("--include", action="append", default=[])
+    s.add_argument("--kind", action="append", default=[])
     s.add_argument("--repo")
     s.add_argument("--hf-python", default="/opt/glm-infra/hf/bin/python")
     s.add_argument("--token-file")
@@ -1494,6 +1809,9 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--revision", required=True)
     i.add_argument("--path", required=True)
     i.add_argument("--into", required=True)
+    i.add_argument("--owner")
+    i.add_argument("--include", action="append", default=[])
+    i.add_argument("--kind", action="append", default=[])
     r = sub.add_parser("relay")
     r.add_argument("--revision", required=True)
     r.add_argument("--path", required=True)
@@ -1505,7 +1823,6 @@ def parser() -> argparse.ArgumentParser:
     v = sub.add_parser("serve")
     v.add_argument("--dir", required=True)
     v.add_argument("--bind", required=True)
-    v.add_argument("--all", action="store_true")
     return ap
 
 
@@ -1523,7 +1840,7 @@ def main(argv: list[str] | None = None) -> int:
         return handlers[args.cmd](args)
     except StageError as e:
         print(f"{HOST}: weights: {e}", file=sys.stderr)
-        return 1
+        return EXIT_FORGED if isinstance(e, Forged) else 1
 
 
 if __name__ == "__main__":

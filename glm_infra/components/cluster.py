@@ -30,7 +30,7 @@ from .drivers import Drivers, DriversArgs
 from .host import Host, HostArgs
 from .host_step import HostStep, HostStepArgs
 from .monitoring import STEP_KEYS, MonitoredHost, Monitoring, MonitoringArgs
-from .remote_step import run_step, trigger_key
+from .remote_step import relay_key, run_step, trigger_key
 from .router import Router, RouterArgs
 from .vllm_service import VllmService, VllmServiceArgs, WarmCacheRelays
 from .weights import ModelWeights, stage_weights
@@ -88,6 +88,10 @@ class _Deployment(pulumi.ComponentResource):
         self.secrets: dict[str, pulumi.Output[str]] = secrets
         """The secret values given (router_api_key, hf_token), as secret Outputs."""
         self._secret_values = pulumi.Output.secret(pulumi.Output.all(**secrets)) if secrets else pulumi.Output.from_input({})
+        # The stack's relay key, for the hosts that relay (their relay-key file) and for nothing else: no other
+        # step's inputs wait for it (a preview before it exists shows only those files as unknown).
+        self._relay_key = relay_key(f"{name}-relay-key", self) if any(
+            "relay-key" in hs.steps for h, hs in self.steps.items() if self.mine(h)) else None
         key = self._split.secrets.get("private_key")
         self._private_key = pulumi.Output.secret(key if key is not None else
                                                  _read_key(self._split.private_key_path or "", source))
@@ -129,6 +133,9 @@ class _Deployment(pulumi.ComponentResource):
 
     def secret_file(self, step: Step) -> pulumi.Output[str]:
         assert step.secret_render is not None
+        if step.name == "relay-key":
+            assert self._relay_key is not None
+            return self._relay_key.apply(lambda k: step.secret_render({"relay_key": k}))
         return self._secret_values.apply(step.secret_render)
 
     def secret_digest(self, renderer: Callable[[Mapping[str, str]], str]) -> pulumi.Output[str]:

@@ -17,6 +17,10 @@ from glm_infra.steps import TRIGGERS_TOKEN, Step, digest, keyed_digest
 # secret trigger would re-run (the vLLM instances and the router restart), so leave it as it is.
 TRIGGER_KEY_COMMAND = "od -An -N32 -tx1 /dev/urandom | tr -d ' \\n'"
 _TRIGGER_KEY: ContextVar[pulumi.Output[str] | None] = ContextVar("glm_infra_trigger_key", default=None)
+# The stack's relay key, made the same way (another command text: another resource's, never the trigger key):
+# what the weights and warm-cache relays send between hosts is signed with it (agent/weights.py).
+# Replacing the resource (pulumi up --replace URN) makes a new key: every host's key file is written again.
+RELAY_KEY_COMMAND = "head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'"
 
 
 def trigger_key(name: str, parent: pulumi.Resource) -> pulumi.Output[str]:
@@ -28,6 +32,14 @@ def trigger_key(name: str, parent: pulumi.Resource) -> pulumi.Output[str]:
     key = pulumi.Output.secret(made.stdout)
     _TRIGGER_KEY.set(key)
     return key
+
+
+def relay_key(name: str, parent: pulumi.Resource) -> pulumi.Output[str]:
+    """Register the stack's relay key (a ``command:local:Command`` whose stdout is the key, a secret, made once
+    and kept in the state) and return it."""
+    made = local.Command(name, create=RELAY_KEY_COMMAND, logging=local.Logging.NONE, add_previous_output_in_env=False,
+                         opts=pulumi.ResourceOptions(parent=parent, additional_secret_outputs=["stdout", "stderr"]))
+    return pulumi.Output.secret(made.stdout)
 
 
 def inherited(opts: pulumi.ResourceOptions | None) -> list[pulumi.Resource]:

@@ -17,6 +17,7 @@ NIC_AFFINITY_ENV = f"{ETC}/nic-affinity.env"  # written on the host from its own
 VLLM_SECRETS = f"{SECRETS_DIR}/vllm.env"
 ROUTER_SECRETS = f"{SECRETS_DIR}/router.env"
 HF_SECRETS = f"{SECRETS_DIR}/hf.env"
+RELAY_KEY = f"{SECRETS_DIR}/relay.env"  # the stack's relay key (GLM_RELAY_KEY=): what crosses hosts is signed with it
 FRONT_CONF = "/etc/nginx/conf.d/glm-infra-router.conf"
 FRONT_KEYS = f"{SECRETS_DIR}/router-front-keys.conf"
 # TLS of the router's public port: what nginx serves, and the CA glm-infra signs it with when the stack
@@ -74,9 +75,15 @@ def credential(unit: str, name: str) -> str:
 
 # vLLM's warm-start caches, relative to the services' home (HOME, home() below): what the warm-cache relay
 # copies from a pool's first host to its others (docs/research/vllm-0.33-compile-cache.md §1.5). Not the
-# host-specific ones beside them: gpu_p2p_access_cache_*.json, startup_plan/.
-WARM_CACHES = (".cache/vllm/torch_compile_cache", ".cache/vllm/flashinfer_autotune_cache", ".cache/vllm/deep_gemm",
-               ".cache/flashinfer", ".triton/cache")
+# host-specific ones beside them: gpu_p2p_access_cache_*.json, startup_plan/. Not torch.compile's cache
+# (torch_compile_cache: pickled graph modules and generated Python, loaded as code; GLM-5.2 is not
+# torch.compiled in vLLM 0.33.0 anyway, §"Short answer").
+WARM_CACHES = (".cache/vllm/flashinfer_autotune_cache", ".cache/vllm/deep_gemm", ".cache/flashinfer", ".triton/cache")
+# The kinds of file relayed from those caches (fnmatch of the name): tuning results and GPU code or its IR —
+# FlashInfer's autotune_configs*.json, DeepGEMM's and FlashInfer's kernel.cubin, Triton's <kernel>.json,
+# .ttir, .ttgir, .llir, .ptx, .cubin. Never what runs on the host (Triton's launcher and FlashInfer's JIT
+# .so, .py, pickles): the services' user writes these folders, and another host's services would load it.
+WARM_CACHE_KINDS = ("*.json", "*.cubin", "*.ptx", "*.ttir", "*.ttgir", "*.llir")
 
 
 def home(state_dir: str) -> str:

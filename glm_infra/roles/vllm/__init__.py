@@ -192,22 +192,29 @@ def warm_cache_key(stack: StackConfig, role: str) -> str:
 
 def warm_cache_steps(stack: StackConfig, host: str) -> list[Step]:
     """``<pool>-warm-cache`` on each host of a pool that spans hosts (plan/startup.py). On the pool's first host,
-    once its instances there serve: its warm-start caches (paths.WARM_CACHES under the services' home) are
-    copied into a revision named by warm_cache_key, and a transient unit serves them to its relay children
-    until each has every file (or goes silent). Every other host then copies them from its parent (failing
-    over to its ancestors), verifies each file's sha256, adds to its own caches the files it lacks (never
-    replacing one of its own), and only then are its instances restarted; a copy that fails is reported and
-    they start cold. Runs again when the key changes; older keys' copies go."""
+    once its instances there serve: the files of the expected kinds (paths.WARM_CACHE_KINDS: tuning results
+    and GPU code, never host code) of its warm-start caches (paths.WARM_CACHES under the services' home) are
+    copied into a revision named by warm_cache_key, and a transient unit serves them, signed with the stack's
+    relay key, to its relay children until each has every file (or goes silent); a relay that cannot listen
+    (its port taken) fails the step, naming who holds the port. Every other host then copies them from its
+    parent (failing over to its ancestors), taking only a manifest signed with the key and each file with the
+    sha256 it lists, adds to its own caches the files it lacks (never replacing one of its own; as the
+    services' user's, without following a link the user could plant), and only then are its instances
+    restarted; a copy that fails is reported and they start cold, but one refused as forged fails the step.
+    Runs again when the key changes; older keys' copies go."""
     out = []
     rt = stack.runtime
     home = paths.home(rt.state_dir)
     stall = ["--stall", str(stack.model.relay_stall_seconds)] if stack.model.relay_stall_seconds is not None else []
+    kinds = [x for cache in paths.WARM_CACHES for x in ("--include", cache)]
+    kinds += [x for kind in paths.WARM_CACHE_KINDS for x in ("--kind", kind)]
     for role, relays in startup.warm_cache_relays(stack).items():
         me = relays.get(host)
         if me is None:
             continue
         key, folder = warm_cache_key(stack, role), paths.warm_cache(rt.state_dir, role)
         port, unit = startup.relay_port(stack, role), paths.warm_cache_relay_unit(role)
+        signed = ["--relay-key-file", paths.RELAY_KEY]
         serve = ["--serve" if me.parent else "--bind", f"{stack.host(host).address}:{port}",
                  "--children", ",".join(me.children)] if me.children else []
         stage = [paths.WEIGHTS, "stage", "--revision", key, "--path", folder, "--name", host,
@@ -218,29 +225,35 @@ def warm_cache_steps(stack: StackConfig, host: str) -> list[Step]:
         remove = (f"{command(paths.WEIGHTS, 'remove', '--path', folder)} && "
                   f"{{ rmdir {posixpath.dirname(folder)} 2>/dev/null || true; }}")
         if me.parent is None:
-            stage += ["--role", "seed", "--source", "directory", "--from", home]
-            stage += [x for cache in paths.WARM_CACHES for x in ("--include", cache)]
+            stage += ["--role", "seed", "--source", "directory", "--from", home, *kinds]
             # Served by a transient unit, so the other hosts' steps can follow this one (and are not run
-            # at all when it fails); it stops once each child has every file or went silent.
-            relay = ["systemd-run", "--unit", unit, "--collect", "--quiet", "-p",
+            # at all when it fails); it stops once each child has every file or went silent. Type=notify:
+            # systemd-run returns once the relay listens (weights.py tells it), or fails when it cannot.
+            relay = ["systemd-run", "--unit", unit, "--collect", "--quiet", "-p", "Type=notify", "-p",
                      f"RuntimeMaxSec={SERVICE_START_TIMEOUT_S}", paths.WEIGHTS, "relay", "--revision", key,
-                     "--path", folder, *serve, *stall]
-            create = [command(*stage), prune, stop_relay, command(*relay)]
+                     "--path", folder, *serve, *stall, *signed]
+            failed = (f"{{ journalctl --no-pager -o cat -n 5 -u {unit}.service >&2; echo "
+                      f"{shlex.quote(f'{host}: warm-cache: the relay of the {role} pool caches did not start (above)')}"
+                      " >&2; exit 1; }")
+            create = [command(*stage), prune, stop_relay, f"{{ {command(*relay)} || {failed}; }}"]
             delete = f"{stop_relay} && {remove}"
         else:
-            stage += ["--role", "peer", "--timeout", str(SERVICE_START_TIMEOUT_S)]
+            stage += ["--role", "peer", "--timeout", str(SERVICE_START_TIMEOUT_S), *signed]
             for up in me.ancestors:  # the parent first, the pool's first host last
                 stage += ["--peer", f"http://{paths.url_host(stack.host(up).address)}:{port}"]
-            # Root copies them in; the services own their home (runtime.sh.j2), so what it adds is theirs.
-            owned = " && ".join(f"{{ [ ! -e {home}/{top} ] || chown -R {rt.user}: {home}/{top}; }}"
-                                for top in sorted({c.split("/")[0] for c in paths.WARM_CACHES}))
-            install = command(paths.WEIGHTS, "install", "--revision", key, "--path", folder, "--into", home)
+            # Root copies them into the services' home, as theirs, never through a link they could plant.
+            install = command(paths.WEIGHTS, "install", "--revision", key, "--path", folder, "--into", home,
+                              "--owner", rt.user, *kinds)
             # The caches only save time: a copy that fails leaves this host's instances to start cold (and
-            # doctor shows the step drifted) rather than holding back their restart.
+            # doctor shows the step drifted) rather than holding back their restart. Forged is not a failed
+            # copy: it fails the step (exit 3 of weights.py).
             cold = (f"{host}: warm-cache: no verified copy of the {role} pool's caches from {me.parent}; "
                     "its instances here start cold")
-            create = [f"if {command(*stage, *serve)}; then {install} && {owned}; else echo {shlex.quote(cold)} >&2; fi",
-                      prune]
+            forged = (f"{host}: warm-cache: refused what answered for the {role} pool's caches as forged (above): "
+                      "nothing installed")
+            create = [f"if {command(*stage, *serve)}; then {install}; else rc=$?; "
+                      f"if [ \"$rc\" = 3 ]; then echo {shlex.quote(forged)} >&2; exit 3; fi; "
+                      f"echo {shlex.quote(cold)} >&2; fi", prune]
             delete = remove
         out.append(Step(f"{role}-warm-cache", " && ".join(create), delete, triggers=(key, digest(*relays)),
                         timeout=f"{SERVICE_START_TIMEOUT_S + 600}s",

@@ -7,7 +7,7 @@ import shlex
 from collections.abc import Mapping
 
 from glm_infra import render
-from glm_infra.plan import topology
+from glm_infra.plan import startup, topology
 from glm_infra.plan.topology import HostPlan, Plan, seed_host
 from glm_infra.render import render_template
 from glm_infra.spec import paths
@@ -17,6 +17,20 @@ from glm_infra.steps import RenderedFile, Step, command, digest
 
 def hf_secrets_env(secrets: Mapping[str, str]) -> str:
     return render_template("hf-secrets.env.j2", secrets=secrets)
+
+
+def relay_secrets_env(secrets: Mapping[str, str]) -> str:
+    return render_template("relay-secrets.env.j2", secrets=secrets)
+
+
+def relays_on(stack: StackConfig, plan: Plan, h: HostPlan) -> bool:
+    """Whether ``h`` sends or takes anything from another host through a relay (the checkpoint's, a pool's
+    warm-start caches'): then it holds the stack's relay key (paths.RELAY_KEY), and signs and checks with it."""
+    staged = h.provisioned and stack.model.source != "local" and seed_host(stack, plan.serve) is not None
+    tree = topology.weights_relay(stack, plan.serve) if staged else {}
+    if len(tree) > 1 and h.name in tree:
+        return True
+    return bool(h.instances) and any(h.name in pool for pool in startup.warm_cache_relays(stack).values())
 
 
 def weights_steps(stack: StackConfig, plan: Plan, h: HostPlan) -> list[Step]:
@@ -46,6 +60,8 @@ def weights_steps(stack: StackConfig, plan: Plan, h: HostPlan) -> list[Step]:
             argv += ["--stall", str(m.relay_stall_seconds)]
         if relay.children:
             argv += ["--serve", f"{stack.host(h.name).address}:{m.fanout_port}", "--children", ",".join(relay.children)]
+        if relay.children or relay.parent is not None:  # signed requests and answers, nothing taken unsigned
+            argv += ["--relay-key-file", paths.RELAY_KEY]
     # Re-staged when the checkpoint, its source or the set of hosts changes, or on request (verify).
     staged_on = sorted(x.name for x in plan.hosts if x.provisioned)
     triggers = (m.repo, m.revision, m.source, m.mirror_url or "", m.path, m.verify, digest(*staged_on), digest(source))
