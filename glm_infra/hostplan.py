@@ -7,9 +7,10 @@ real values inside Pulumi (``Step.secret_render``).
 
 Step keys per host, in the order the steps run:
 
-    preflight, <host files>, turn-acquire (local), host-drain, drivers-install, drivers-reboot,
+    preflight, <host files: vllm-secrets, hf-secrets, relay-key>, turn-acquire (local), host-drain, drivers-install, drivers-reboot,
     drivers-wait (local), drivers-back, firewall, health-gate, rdma, nic-affinity, ucx-env, host-return, turn-release (local),
     facts, runtime, vllm-placement (what a re-laid-out pool moves off the host, before its instances start),
+    canary-transition (the router's host: a change of identity marked before any instance restarts),
     weights-hf-cli (the seed, from the hub), weights-stage (serving the host's relay children while it runs),
     <instance>-unit, <instance>-service, <instance>-rollout, <instance>-stop,
     <pool>-warm-cache (a pool's warm-start caches, relayed from its first host), prune-weights,
@@ -99,6 +100,8 @@ def host_steps(stack: StackConfig, plan: Plan, h: HostPlan, secrets: Mapping[str
         steps += weights.weights_steps(stack, plan, h)
     if h.instances or h.runs_router:
         steps.append(vllm.placement_step(h.name, h.instances))
+    if h.runs_router:  # before any instance of the stack restarts (Cluster orders every rollout after it)
+        steps.append(router.canary_transition_step(stack, plan))
     for inst in h.instances:
         steps += vllm.instance_steps(stack, inst)
     if h.instances:

@@ -20,6 +20,7 @@ from glm_infra.args import ClusterArgs, HostsArgs
 from glm_infra.hostplan import HostSteps
 from glm_infra.plan import topology
 from glm_infra.plan.validate import Problem
+from glm_infra.roles import router as router_role
 from glm_infra.roles import vllm
 from glm_infra.spec import paths
 from glm_infra.spec.config import SERVING_KEYS
@@ -323,6 +324,14 @@ class Cluster(_Deployment):
             if (step := self.steps[h].steps.get("vllm-placement")) is not None:
                 chain.ready = [self._host_step(f"{name}-{h}-vllm-placement", "placement", chain.host.connection, step,
                                                h, [], chain.ready)]
+        # A change of the canaries' identity (revision, vLLM) is marked on the router's host before any instance
+        # restarts onto it, so that the canaries take out no instance for answering as the new software does.
+        transition: list[pulumi.Resource] = []
+        if plan.router is not None and self.mine(plan.router.host):
+            r = plan.router.host
+            transition = [run_step(f"{name}-canary-transition", self.steps[r].steps[router_role.CANARY_TRANSITION],
+                                   self.hosts[r].connection, self, live=self.live(r, router_role.CANARY_TRANSITION),
+                                   depends_on=list(self._chains[r].ready))]
         for inst in plan.instances:
             if not self.mine(inst.host):
                 continue
@@ -338,7 +347,7 @@ class Cluster(_Deployment):
                     restart_triggers=[vllm_secrets],
                     stop_after=prefill_stoppers if inst.role == "decode" else [],
                     rollout_after=[*([last_of_pool[inst.role].rollout] if inst.role in last_of_pool else []),
-                                   *warm_caches.before_rollout(inst.role, inst.host, self.services)],
+                                   *warm_caches.before_rollout(inst.role, inst.host, self.services), *transition],
                     live=self.lives(inst.host, keys),
                 ),
                 pulumi.ResourceOptions(parent=self, depends_on=list(self._chains[inst.host].ready)),
@@ -371,6 +380,7 @@ class Cluster(_Deployment):
                     # After every instance's health-gated start, before every stopper: the router
                     # starts last and stops first.
                     after=[x for svc in self.services.values() for x in (svc.service, svc.stopper)],
+                    rollouts=[svc.rollout for svc in self.services.values()],
                     live=self.lives(r.host, router_steps),
                 ),
                 pulumi.ResourceOptions(parent=self, depends_on=list(self._chains[r.host].ready)),

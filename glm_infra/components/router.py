@@ -32,6 +32,8 @@ class RouterArgs:
     the steps hold placeholders)."""
     after: Sequence[pulumi.Resource] = field(default_factory=list)
     """What the router starts after and stops before: every instance's start and stopper."""
+    rollouts: Sequence[pulumi.Resource] = field(default_factory=list)
+    """Every instance's rollout: the canaries record a new reference only once each has rolled onto it."""
     live: Mapping[str, pulumi.Output[Step]] = field(default_factory=dict)
     """The steps as resolved at deploy time (they name the workers' addresses)."""
 
@@ -67,9 +69,10 @@ class Router(pulumi.ComponentResource):
         unit_file = step("router-unit", depends_on=deps)
         self.service = step("router-service", triggers=digest_of("router-secrets"),
                             depends_on=[unit_file, secrets, self.gates, *deps, *args.after])
-        # The canaries once the router serves (their first run records the references); a new API key
-        # re-runs them.
-        self.canary = step("router-canary", triggers=digest_of("router-secrets"), depends_on=[self.service])
+        # The canaries once the router serves and every instance has rolled (their run records the reference
+        # the instances agree on, of what they all run now); a new API key re-runs them.
+        self.canary = step("router-canary", triggers=digest_of("router-secrets"),
+                           depends_on=[self.service, *args.rollouts])
         # The front goes up after the router and comes down before it.
         conf = step("router-front-conf", depends_on=[self.service])
         keys = step("router-front-keys", depends_on=[self.service])

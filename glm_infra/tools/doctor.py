@@ -25,6 +25,7 @@ from glm_infra.steps import Step
 
 EXIT_OK, EXIT_DRIFT, EXIT_UNREACHABLE = 0, 1, 2
 BEGIN, END = "@@glm-doctor-begin", "@@glm-doctor-end"
+SHOW = "@@glm-doctor-show "  # a line a check prints to be shown even when it passes (the canaries' reference)
 MAX_LINES = 10  # of what a drifted step said (a service's check appends its journal)
 
 
@@ -161,8 +162,12 @@ def run(stack: StackConfig, stack_name: str, args: argparse.Namespace) -> int:
         for s in r.steps:
             if s.ok:
                 print(f"{r.host}  {s.step:<24} ok")
+                for line in s.lines:
+                    if line.startswith(SHOW):
+                        print(f"{r.host}  {'':<24} {line[len(SHOW):]}")
             else:
-                shown = s.lines[:MAX_LINES] or ["check failed (no output)"]
+                lines = [line.removeprefix(SHOW) for line in s.lines]
+                shown = lines[:MAX_LINES] or ["check failed (no output)"]
                 if len(s.lines) > MAX_LINES:
                     shown.append(f"({len(s.lines) - MAX_LINES} more lines)")
                 for i, line in enumerate(shown):

@@ -362,7 +362,7 @@ def test_a_wrong_answer_or_a_hung_rank_takes_the_instance_out_of_rotation_until_
         took = in_rotation_within(gates, False, out_bound)
         RECOVERY["canary: wrong answer and hung rank out of rotation after (s)"] = round(took, 1)
         journal = on_host("sim-3", "journalctl -u glm-canary --no-pager -o cat -n 200")
-        assert re.search(r"canary: prefill-0: answered '.*' where its reference is '.*'", journal), journal[-3000:]
+        assert re.search(r"canary: prefill-0: answered '.*' where the reference is '.*'", journal), journal[-3000:]
         assert (f"canary: prefill-2: 1 of 4 canaries failed: DP rank 1: no answer within {CANARY_TIMEOUT_S} s"
                 in journal), journal[-3000:]
         for name in gates:

@@ -494,6 +494,32 @@ def test_every_listening_socket_is_the_plans_or_ssh_and_nothing_else_gets_in(sta
         on_host("sim-2", f"kill {pid} 2>/dev/null || true")
 
 
+# Listeners of the test bed's own stand-ins, which a real host does not have: the vLLM stand-in runs
+# llm-d-inference-sim on a port of its own behind each instance's (testbed/standins/vllm/serve.py).
+STANDIN_LISTENERS = ("llm-d-inference",)
+
+
+def test_every_port_a_converged_host_listens_on_is_in_the_security_page(stack):
+    """docs/SECURITY.md's table (prod-b300's hosts, the sim stack's in the same order and with the same ports)
+    names every port a converged host listens on, loopback included: who may connect and what it must carry."""
+    from glm_infra.tools import security_doc
+
+    text = (ROOT / security_doc.DOC_FILE).read_text()
+    prod = [m[1] for m in re.finditer(r"^\| (b300-\d+) \| 22 \|", text, re.M)]
+    as_sim = {p: s for p, s in zip(prod, HOSTS)}
+    documented = {(as_sim[m[1]], int(m[2])) for m in re.finditer(r"^\| (b300-\d+) \| (\d+) \|", text, re.M)}
+    missing = []
+    for h in HOSTS:
+        for line in on_host(h, "ss -Hltnup").splitlines():
+            f = line.split()
+            port, process = int(f[4].rsplit(":", 1)[1]), " ".join(f[6:])
+            if any(s in process for s in STANDIN_LISTENERS):
+                continue
+            if (h, port) not in documented:
+                missing.append(f"{h} {f[0]} {f[4]} {process}")
+    assert not missing, f"listening, but not in {security_doc.DOC_FILE}: {missing}"
+
+
 def test_a_table_flushed_by_hand_is_found_and_loaded_again_without_a_restart(stack, outsider):
     """The drift check compares the live table with the plan: flushed, it is drift; the step's apply
     loads it again with a reload, so the vLLM units that require it keep running."""

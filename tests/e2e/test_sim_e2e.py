@@ -402,6 +402,14 @@ def test_a_vllm_upgrade_reinstalls_and_restarts_the_instances_not_the_router(sta
     prefill = [u for us in PREFILL_UNITS.values() for u in us]
     assert sorted(prefill, key=lambda u: after[u]) == prefill, "prefill one at a time, in order"
     assert chat("after the upgrade")["choices"]
+    # The canaries' reference of the new identity, recorded once every instance had rolled and agreed on it
+    # (issue 38), and the change marked before the first restart is over.
+    reference = json.loads(on_host("sim-3", "cat /var/lib/glm-infra/canary/reference.json"))
+    assert reference["identity"].endswith(f" vllm {version}") and reference["of"] == 5
+    assert reference["agreed"] == ["decode-0", "prefill-0", "prefill-1", "prefill-2", "prefill-3"]
+    assert on_host("sim-3", "ls /var/lib/glm-infra/canary").split() == ["reference.json"], "no transition left"
+    assert f"sim-3: canary: a change to nvidia/GLM-5.2-NVFP4@0000000000000000000000000000000000000001 vllm {version} " \
+        "rolls out" in out.stdout, "marked before the instances rolled"
 
 
 def test_broken_stand_in_fails_naming_host_and_check(stack):
@@ -437,6 +445,74 @@ def test_corrupted_shard_is_repaired_from_the_seed(stack):
     assert source_gets == [], "the repair came from the seed, not the source"
     sums = {h: on_host(h, "sha256sum /mnt/model/glm/GLM-5.2-NVFP4/model-00003-of-00008.safetensors").split()[0] for h in HOSTS}
     assert len(set(sums.values())) == 1
+
+
+# A process of an unprivileged user on the seed that answers on a relay port as a relay would, unsigned: a
+# progress document that publishes a forged config.json (Python that vLLM would run: trustRemoteCode).
+SQUATTER = r"""
+import http.server, json, hashlib, sys
+body = b"import os  # forged\n"
+doc = {"revision": sys.argv[2], "complete": True, "received": 0, "published": ["config.json"],
+       "files": [{"path": "config.json", "size": len(body), "sha256": hashlib.sha256(body).hexdigest()}]}
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        data = json.dumps(doc).encode() if "progress" in self.path else body
+        self.send_response(200); self.send_header("Content-Length", str(len(data))); self.end_headers()
+        self.wfile.write(data)
+http.server.HTTPServer((sys.argv[1], int(sys.argv[3])), H).serve_forever()
+"""
+
+
+def squat(host: str, address: str, port: int, revision: str) -> None:
+    """``nobody`` on ``host`` takes ``address:port`` first (a transient unit, so that it outlives this call)."""
+    on_host(host, f"systemd-run --unit glm-test-squatter --uid nobody --gid nogroup --collect --quiet "
+                  f"python3 -c {shlex.quote(SQUATTER)} {address} {revision} {port} && sleep 1 && "
+                  f"ss -ltn 'sport = :{port}' | grep -q LISTEN")
+
+
+def test_what_answers_on_a_relay_port_is_not_trusted_by_the_port(stack):
+    """Issue 38: any local user can bind the seed's relay port before the seed does. The seed's staging fails
+    naming the port and who holds it; the peers refuse what answers there, unsigned (their steps fail as
+    forged): nothing staged changes, no service restarts. So does the warm-cache relay's transient unit (its
+    start waits until it listens). Once the squatter is gone the next up converges."""
+    from glm_infra import hostplan
+    from glm_infra.plan.topology import plan
+    from glm_infra.stack import load_file
+
+    revision = "0000000000000000000000000000000000000001"
+    before, links = all_starts(), {h: on_host(h, "readlink /mnt/model/glm/GLM-5.2-NVFP4").strip() for h in HOSTS}
+    squat("sim-1", "10.88.0.11", 8090, revision)
+    try:
+        stack.config_set("glm-infra:model.verify", "with-a-squatter")
+        out = stack.up(check=False)
+        text = out.stdout + out.stderr
+        assert out.returncode != 0
+        held = re.search(r"sim-1: weights: cannot serve the relay on 10\.88\.0\.11:8090: Address already in use "
+                         r"\(held by pid \d+ \(python3, user nobody\)\)", text)
+        assert held, text[-4000:]
+        for peer in ("sim-2", "sim-3"):
+            assert (f"{peer}: weights: refusing the manifest from http://10.88.0.11:8090/.glm-progress.json: not "
+                    "signed") in text, text[-4000:]
+        assert {h: on_host(h, "readlink /mnt/model/glm/GLM-5.2-NVFP4").strip() for h in HOSTS} == links
+        assert "forged" not in on_host("sim-2", "cat /mnt/model/glm/GLM-5.2-NVFP4/config.json")
+        # The warm-cache relay as the prefill pool's first host starts it (its rendered command), its port taken.
+        on_host("sim-1", "systemctl stop glm-test-squatter")
+        cfg = load_file(SIM_STACK).config
+        seed_step = hostplan.host_steps(cfg, plan(cfg), next(h for h in plan(cfg).hosts if h.name == "sim-1"),
+                                        stack_name="t").steps["prefill-warm-cache"].create
+        relay = seed_step.split(" && ", 3)[3]  # after stage, prune and the stop of the previous relay
+        squat("sim-1", "10.88.0.11", 7090, revision)
+        failed = subprocess.run([str(ROOT / "scripts/sim"), "ssh", "sim-1", relay], capture_output=True, text=True,
+                                timeout=120)
+        assert failed.returncode == 1, failed.stdout + failed.stderr
+        assert re.search(r"cannot serve the relay on 10\.88\.0\.11:7090: Address already in use \(held by pid \d+ "
+                         r"\(python3, user nobody\)\)", failed.stderr), failed.stderr
+        assert "sim-1: warm-cache: the relay of the prefill pool caches did not start (above)" in failed.stderr
+    finally:
+        on_host("sim-1", "systemctl stop glm-test-squatter 2>/dev/null || true")
+    stack.config_set("glm-infra:model.verify", "squatter-gone")
+    stack.up()
+    assert all_starts() == before, "nothing restarted"
 
 
 def boot_ids() -> dict[str, str]:

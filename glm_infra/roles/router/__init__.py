@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import shlex
 from collections.abc import Mapping
 
+from glm_infra.agent import canary as canary_agent
 from glm_infra.plan.topology import Plan
 from glm_infra.render import canary_source, render_template, systemd_quote
 from glm_infra.spec import paths
@@ -159,6 +161,30 @@ def canary_identity(stack: StackConfig) -> str:
     reference again. Not the serving flags: the prompt (a count) is answered the same by any setting
     that serves the model correctly, and a flag change that breaks it is what a canary is for."""
     return f"{stack.model.repo}@{stack.model.revision} vllm {stack.runtime.vllm_version}"
+
+
+CANARY_TRANSITION = "canary-transition"  # the step on the router's host before any instance restarts
+
+
+def canary_transition_step(stack: StackConfig, plan: Plan) -> Step:
+    """Before the instances restart onto another identity (a model revision, a vLLM): the canaries' state says
+    a change to it is rolling out (canary.py's transition marker), so that an instance already restarted that
+    answers otherwise than the old reference is reported but not taken out of rotation; the canary step, after
+    every instance has rolled, records the new reference once they agree and the marker goes. Nothing when the
+    reference is already of this identity (a step run again)."""
+    assert plan.router is not None
+    identity = canary_identity(stack)
+    state, host = paths.CANARY_STATE, plan.router.host
+    marker = f"{state}/{canary_agent.TRANSITION}"
+    is_current = ("python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1])).get(\"identity\") != sys.argv[2])' "
+                  f"{shlex.quote(f'{state}/{canary_agent.REFERENCE}')} {shlex.quote(identity)} 2>/dev/null")
+    doc = shlex.quote(f'{{"to": {json.dumps(identity)}, "since": ')
+    create = (f"install -d -m 0755 {shlex.quote(state)} && if {is_current}; then "
+              f"echo {shlex.quote(f'{host}: canary: the reference is already of {identity}')}; else "
+              f"printf '%s%s}}\\n' {doc} \"$(date +%s)\" > {shlex.quote(marker + '.tmp')} && "
+              f"mv -f {shlex.quote(marker + '.tmp')} {shlex.quote(marker)} && "
+              f"echo {shlex.quote(f'{host}: canary: a change to {identity} rolls out: what differs is reported, not taken out of rotation, until every instance has rolled')}; fi")
+    return Step(CANARY_TRANSITION, create, f"rm -f {shlex.quote(marker)}", triggers=(identity,))
 
 
 def canary_targets(stack: StackConfig, plan: Plan) -> str:
