@@ -33,8 +33,9 @@ def _expected_commands(stack: str) -> int:
     router_only = sum(1 for h in p.hosts if h.runs_router and not h.instances) * 3  # preflight, runtime, placement
     bare = sum(1 for h in p.hosts if not h.runs_router and not h.instances)  # preflight only
     per_instance = 4  # unit file, service (start), rollout (restart), stopper
-    # secrets file, gates conf, gates, unit file, service, canary, front conf, front keys, front TLS, front
-    router = 10 if p.router else 0
+    # secrets file, gates conf, gates, unit file, service, canary, front conf, front keys, front TLS, front; the
+    # canaries' transition marker, before any instance restarts
+    router = 11 if p.router else 0
     # Weights (huggingface source in the committed stacks): the seed's token file and hf CLI; a staging
     # step (which also serves the host's relay children) and, after the services, a prune step per serving host.
     weights = 2 + 2 * len(p.serving_hosts)

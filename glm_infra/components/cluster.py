@@ -324,8 +324,7 @@ class Cluster(_Deployment):
             if (step := self.steps[h].steps.get("vllm-placement")) is not None:
                 chain.ready = [self._host_step(f"{name}-{h}-vllm-placement", "placement", chain.host.connection, step,
                                                h, [], chain.ready)]
-        # A change of the canaries' identity (revision, vLLM) is marked on the router's host before any instance
-        # restarts onto it, so that the canaries take out no instance for answering as the new software does.
+        # A change of identity (revision, vLLM) marked on the router's host before any instance restarts onto it.
         transition: list[pulumi.Resource] = []
         if plan.router is not None and self.mine(plan.router.host):
             r = plan.router.host

@@ -686,7 +686,7 @@ def test_the_canary_program_catches_a_wrong_answer_and_a_hung_rank(launch, tmp_p
     spec = tmp_path / "targets.json"
     spec.write_text(json.dumps({"identity": "rev1|0.33.0+glmsim", "model": MODEL_NAME,
                                 "api_key_file": str(tmp_path / "vllm.env"),
-                                "targets": [{"name": "prefill-0", "role": "prefill", "requests": 2,
+                                "targets": [{"name": "prefill-0", "role": "prefill", "requests": 2, "gate": True,
                                              "url": f"http://127.0.0.1:{vllm.port}"}]}))
 
     def run() -> tuple[int, str]:
@@ -695,12 +695,14 @@ def test_the_canary_program_catches_a_wrong_answer_and_a_hung_rank(launch, tmp_p
         return rc, out.out + out.err
 
     rc, said = run()
-    assert rc == 0 and "prefill-0 ok: reference recorded" in said
+    assert rc == 1 and "no reference of 'rev1|0.33.0+glmsim' agreed yet" in said, "one instance: nothing to agree with"
+    assert canary.main(["accept", "--targets", str(spec), "--state", str(tmp_path / "state"), "--timeout", "2"]) == 0
+    assert "accepted by the operator from prefill-0" in capsys.readouterr().out
     rc, said = run()
     assert rc == 0 and "canary: prefill-0 ok (" in said, "the same greedy answer from both ranks, again"
     (faults / str(vllm.port)).write_text("wrong\n")
     rc, said = run()
-    assert rc == 1 and "prefill-0: answered '" in said and "where its reference is '" in said
+    assert rc == 1 and "prefill-0: answered '" in said and "where the reference is '" in said
     (faults / str(vllm.port)).write_text("hang-rank=1\n")
     rc, said = run()
     assert rc == 1 and "prefill-0: 1 of 2 canaries failed: no answer within 2 s" in said
