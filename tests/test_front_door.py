@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import shutil
 import ssl
 import subprocess
@@ -72,6 +73,22 @@ def test_the_front_has_a_location_per_public_route_and_a_404_for_the_rest():
     assert "proxy_pass" not in catch_all and "glm_infra_authorized" not in catch_all, "404 with or without a key"
     assert catch_all.count("return 404 ") == 1 and router.not_served_message() in catch_all
     assert conf.count("proxy_pass ") == len(router.PUBLIC_ROUTES)
+
+
+def test_the_routers_own_port_stays_on_loopback():
+    """The admin API's port: vllm-router binds loopback, and the firewall opens it to nobody (it used to open
+    it to every stack host: anything that made the router listen wider would have served its admin API)."""
+    from glm_infra.plan import ports
+    from glm_infra.roles import firewall
+
+    cfg, p = _stack()
+    args = router.router_args(cfg, p)
+    bind = (args[args.index("--host") + 1], args[args.index("--port") + 1])
+    assert bind == ("127.0.0.1", str(cfg.router.internal_port))
+    (own,) = [li for li in ports.listeners(cfg) if li.port == cfg.router.internal_port]
+    assert (own.host, own.owner, own.audience) == (cfg.router.host, "router internal", ports.LOOPBACK)
+    rules = firewall.ruleset(cfg, p, cfg.router.host)
+    assert not re.search(rf"\b{cfg.router.internal_port}\b", rules) and "router internal" not in rules, rules
 
 
 # --- the real nginx, in front of the real vllm-router ----------------------------------------------------
