@@ -30,7 +30,7 @@ from glm_infra.stack import StackError, load_dict, load_file
 # Defaults (glm_infra/spec/config.py): prefill HTTP 8100, DP RPC 29550, NIXL side channel 5600; decode 8200,
 # 29650, 5700; colocated 8100, 29550; each further instance on a host +1 (HTTP, DP RPC), its NIXL base
 # after the previous instance's DP ranks (one side-channel port per DP rank: base+rank); the router 8000
-# public (nginx), 8001 internal, 29000 metrics; the weights relay 8090 on a host with relay children
+# public (nginx), 29000 metrics (8001, its own port, and its gates: loopback, opened to nobody); the weights relay 8090 on a host with relay children
 # (the seed, the first serving host, when other hosts copy from it); node exporter 9100 on every host,
 # DCGM exporter 9400 where the driver step installs (drivers.mode install, the default); Prometheus
 # 9090 and Alertmanager 9093 on the router host, else the last host.
@@ -44,7 +44,7 @@ DECODE_DP8 = {8200, 29650, 5700, 5701, 5702, 5703, 5704, 5705, 5706, 5707}
 EXPORTERS = {9100, 9400}
 RELAY = {8090}
 WARM_CACHE = {7090}  # the prefill pool's warm-cache relay, on its first host (its relay has children)
-ROUTER_PRIVATE = {8001, 29000}
+ROUTER_PRIVATE = {29000}
 MONITORING = {9090, 9093}
 
 PROD_HOSTS = {"10.0.0.11/32", "10.0.0.12/32", "10.0.0.13/32"}
@@ -184,7 +184,7 @@ def test_the_file_says_what_listens_on_each_port():
     lines = rules_of(config("prod-b300"), "b300-3").splitlines()
     for comment in ("# ssh (sshd on 22): from anywhere",
                     "# peers: DCGM exporter, decode-0 dp-rpc, decode-0 http, decode-0 nixl, node exporter, "
-                    "router internal, router metrics",
+                    "router metrics",
                     "# router: router http", "# operators: alertmanager, prometheus"):
         assert f"\t\t{comment}" in lines, comment
 

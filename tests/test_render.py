@@ -179,6 +179,9 @@ def test_router_unit(prod):
     assert front.count("server 127.0.0.1:8001 max_fails=0;") == 3  # one attempt per entry
     assert "proxy_next_upstream error timeout http_500 http_502 http_503 non_idempotent;" in front
     assert "default 1;" in front, "no apiKey in prod-b300: the front lets every client in (validate warns)"
+    # Only the allowlist reaches the router (tests/test_front_door.py drives it with the real nginx).
+    assert front.count("proxy_pass http://glm_infra_router;") == len(router.PUBLIC_ROUTES)
+    assert "    location / {\n        return 404 " in front
 
 
 def test_front_requires_the_api_key_when_set(write_stack, prod_config):

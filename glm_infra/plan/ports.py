@@ -3,9 +3,10 @@ reach it: one list, from which ``validate`` finds collisions and the firewall op
 
 Audiences: ``peers`` (the stack's hosts only: vLLM HTTP, DP RPC, NIXL side channels, the weights
 relay and each pool's warm-cache relay on the hosts that have relay children, the exporters, the
-router's own ports), ``router`` (the public port: the stack's hosts and ``router.allowedCidrs``),
+router's metrics), ``router`` (the public port: the stack's hosts and ``router.allowedCidrs``),
 ``operators`` (Prometheus and Alertmanager: the stack's hosts and ``monitoring.allowedCidrs``),
-``loopback`` (the router's gates: its host only).
+``loopback`` (vllm-router's own port, which serves its admin API without a credential, and its gates:
+the router's host only).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def listeners(stack: StackConfig, serve: bool = True) -> list[Listener]:
     if r is not None and serve:
         out.append(Listener(r.host, r.port, "router http", _key("router", ".port"), ROUTER))
         out.append(Listener(r.host, r.metrics_port, "router metrics", _key("router", ".metricsPort"), PEERS))
-        out.append(Listener(r.host, r.internal_port, "router internal", _key("router", ".internalPort"), PEERS))
+        out.append(Listener(r.host, r.internal_port, "router internal", _key("router", ".internalPort"), LOOPBACK))
         for g in gates(stack, allocate(stack)):
             out.append(Listener(r.host, g.port, f"router gate of {g.instance}", _key("router", ".gatePort"), LOOPBACK))
     m = stack.monitoring

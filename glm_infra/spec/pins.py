@@ -92,6 +92,34 @@ ROUTER_CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 
+# vllm-router version → every HTTP route its server defines, (method, path), axum's {name} a path segment:
+# vllm-router 0.1.17's src/server.rs build_app_with_wasm_middleware (the sdist, sha256 6c37f9a8…d9d;
+# docs/research/vllm-router-0.1.17-rotation.md §1). None asks for a credential when the vllm-router command
+# starts it (§2.1): whoever reaches its port may take every worker out (POST /remove_worker).
+ROUTER_ROUTES: dict[str, tuple[tuple[str, str], ...]] = {
+    "0.1.17": (
+        # inference ("protected_routes": behind the concurrency limit, not behind any key)
+        ("POST", "/generate"), ("POST", "/inference/v1/generate"), ("POST", "/v1/chat/completions"),
+        ("POST", "/v1/completions"), ("POST", "/rerank"), ("POST", "/v1/rerank"), ("POST", "/v1/responses"),
+        ("POST", "/v1/embeddings"), ("GET", "/v1/responses/{response_id}"),
+        ("POST", "/v1/responses/{response_id}/cancel"), ("DELETE", "/v1/responses/{response_id}"),
+        ("GET", "/v1/responses/{response_id}/input"),
+        # probes and information ("public_routes")
+        ("GET", "/liveness"), ("GET", "/readiness"), ("GET", "/health"), ("GET", "/health_generate"),
+        ("GET", "/v1/models"), ("GET", "/get_model_info"), ("GET", "/get_server_info"),
+        # administration ("admin_routes", "worker_routes")
+        ("POST", "/add_worker"), ("POST", "/remove_worker"), ("GET", "/list_workers"), ("POST", "/flush_cache"),
+        ("GET", "/get_loads"), ("GET", "/scheduling/diagnostics"), ("POST", "/finish_session"),
+        ("POST", "/workers"), ("GET", "/workers"), ("GET", "/workers/{url}"), ("DELETE", "/workers/{url}"),
+    ),
+}
+# What the router does with a request no route above takes: 0.1.17 turns its transparent proxy on in every
+# mode (src/server.rs startup: enable_transparent_proxy = true), so a POST with a JSON body to any other path
+# is sent to a prefill and a decode worker at that path (vLLM's own /reset_prefix_cache, /pause, …); any
+# other method gets 405.
+ROUTER_FALLBACK: dict[str, str] = {"0.1.17": "POST"}
+
+
 def release(version: str) -> str:
     """A version without its local part: the stand-ins' ``0.33.0+glmsim`` is vLLM 0.33.0's interface."""
     return version.split("+", 1)[0]

@@ -408,14 +408,15 @@ def probe_from(ns: str | None, targets: list[str], host: str | None = None) -> d
 # defaults of glm_infra/spec/config.py (not from glm_infra.plan.ports, which the firewall's rules come from):
 # prefill TP1 DP4 twice on sim-1 and sim-2 (HTTP 8100, 8101; DP RPC 29550, 29551; NIXL side channels
 # 5600-5603 and 5604-5607, one per DP rank), decode TP1 DP8 on sim-3 (8200; 29650; 5700-5707), the
-# router on sim-3 (8000 public, 8001 internal, 29000 metrics) with Prometheus 9090 and Alertmanager
-# 9093, the node and DCGM exporters (9100, 9400) everywhere, the weights relay 8090 on the seed sim-1
-# (listening only while it stages). The public ones (8000, 9090, 9093) also for the machine (10.88.0.1).
+# router on sim-3 (8000 public, 29000 metrics; its own 8001 and its gates on loopback, opened to nobody)
+# with Prometheus 9090 and Alertmanager 9093, the node and DCGM exporters (9100, 9400) everywhere, the
+# weights relay 8090 on the seed sim-1 (listening only while it stages). The public ones (8000, 9090,
+# 9093) also for the machine (10.88.0.1).
 PREFILL_PORTS = {8100, 8101, 29550, 29551, 5600, 5601, 5602, 5603, 5604, 5605, 5606, 5607}
 SIM_PORTS = {
     "sim-1": PREFILL_PORTS | {9100, 9400, 8090},
     "sim-2": PREFILL_PORTS | {9100, 9400},
-    "sim-3": {8200, 29650, 5700, 5701, 5702, 5703, 5704, 5705, 5706, 5707, 8000, 8001, 29000, 9090, 9093, 9100, 9400},
+    "sim-3": {8200, 29650, 5700, 5701, 5702, 5703, 5704, 5705, 5706, 5707, 8000, 29000, 9090, 9093, 9100, 9400},
 }
 PUBLIC = {8000, 9090, 9093}
 ADDRESS = {"sim-1": "10.88.0.11", "sim-2": "10.88.0.12", "sim-3": "10.88.0.13"}

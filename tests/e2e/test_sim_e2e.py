@@ -6,6 +6,7 @@ destroy. Each asserts what reached the hosts, read back over SSH.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -16,10 +17,12 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import proctree
 import pytest
+import router_api
 import yaml
 
 from e2e.harness import (
@@ -160,6 +163,50 @@ def test_public_port_wants_the_api_key(stack):
         modes = on_host(h, "find /etc/glm-infra/secrets -type f -exec stat -c '%a %U %G %n' {} +").splitlines()
         assert modes and all(m.split()[:3] == ["600", "root", "root"] for m in modes), (h, modes)
     assert API_KEY[0] not in sh("pulumi stack export -s sim").stdout, "state holds it encrypted only"
+
+
+
+def router_view() -> dict[str, str]:
+    """The router's workers, asked on its loopback port on sim-3 (never through the front): URL → role."""
+    workers = json.loads(on_host("sim-3", "curl -fsS --max-time 5 http://127.0.0.1:8001/workers"))["workers"]
+    return {w["url"]: w["worker_type"] for w in workers}
+
+
+def test_the_front_passes_no_admin_route_of_the_router(stack):
+    """Issue 38: every route vllm-router 0.1.17 defines, and paths spelled to reach its admin API, through the
+    public port with the stack's own key. Only the allowlist is served (the rest: the front's 404 naming the
+    path as not served); the router keeps every worker and still serves. tests/test_front_door.py shows on
+    loopback that the router is sent nothing but the allowed paths."""
+    before = router_view()
+    prefill = next(u for u, role in before.items() if role == "prefill")
+    decode = next(u for u, role in before.items() if role == "decode")
+
+    def send(method: str, target: str, body: bytes | None) -> tuple[int, bytes]:
+        conn = http.client.HTTPSConnection("10.88.0.13", 8000, context=trusting(), timeout=60)
+        try:
+            conn.request(method, target, body=body, headers={"authorization": f"Bearer {API_KEY[0]}",
+                                                            "content-type": "application/json"})
+            r = conn.getresponse()
+            return r.status, r.read()
+        finally:
+            conn.close()
+
+    def not_served(status: int, data: bytes) -> bool:
+        return status == 404 and b"this path is not served here" in data
+
+    wrong = []
+    for method, target, body in router_api.every_route(prefill, decode):
+        status, data = send(method, target, body)
+        if not ((status == 200) if (method, urllib.parse.urlsplit(target).path) in router_api.ALLOWED
+                else not_served(status, data)):
+            wrong.append((method, target, status, data[:200]))
+    chat_body = json.dumps(router_api.CHAT).encode()
+    for method, target in router_api.path_tricks(prefill, decode):  # served as an allowed route, or not at all
+        status, data = send(method, target, chat_body if method == "POST" else None)
+        if not (status in (200, 400) or not_served(status, data)):
+            wrong.append((method, target, status, data[:200]))
+    assert (wrong, router_view()) == ([], before)
+    assert chat("still served")["choices"][0]["message"]["content"]
 
 
 def test_second_up_changes_nothing(stack):

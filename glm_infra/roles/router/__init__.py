@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import shlex
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from glm_infra.agent import canary as canary_agent
 from glm_infra.plan.topology import Plan
@@ -33,6 +35,49 @@ TLS_RENEW_DAYS = 30
 
 
 TLS_CA_DAYS = 3650
+
+
+@dataclass(frozen=True)
+class PublicRoute:
+    """A route the public front passes to vllm-router: its exact path, the methods it takes, whether it
+    wants the API key, and why clients need it."""
+
+    path: str
+    methods: tuple[str, ...]
+    api_key: bool
+    why: str
+
+
+# The front's allowlist: the OpenAI-compatible API of the served model, and the probe. vllm-router serves its
+# admin API on the same port without a credential and sends any other POST on to the workers (spec/pins.py
+# ROUTER_ROUTES, ROUTER_FALLBACK): nginx matches each path exactly (on the URI it normalized: %-decoded, dot
+# segments resolved, slashes merged) and sends the router that path, never the client's URI nor its query;
+# every other path is 404 before any key check, so the answer tells nothing about the key. What is left out
+# and why: docs/DEPLOYING.md, "What the public port serves".
+PUBLIC_ROUTES: tuple[PublicRoute, ...] = (
+    PublicRoute("/v1/chat/completions", ("POST",), True,
+                "the chat API: what clients, the demo and the SLA gate (AIPerf's chat endpoint) send"),
+    PublicRoute("/v1/completions", ("POST",), True, "the text completions API of the same model"),
+    PublicRoute("/v1/models", ("GET",), True,
+                "the served model's name (`model.servedModelName`), which OpenAI clients list"),
+    PublicRoute("/health", ("GET",), False,
+                "200 while every worker is healthy, else 503: the front step's and load balancers' probe"),
+)
+_PLAIN_PATH = re.compile(r"/[a-z0-9_][a-z0-9_./-]*")  # nothing nginx would read in a return text or a location
+
+
+def public_routes_table() -> str:
+    """PUBLIC_ROUTES as the Markdown table docs/DEPLOYING.md shows (tests/test_front_door.py compares them)."""
+    rows = ["| method | path | API key | what for |", "| --- | --- | --- | --- |"]
+    rows += [f"| {', '.join(r.methods)} | `{r.path}` | {'yes' if r.api_key else 'no'} | {r.why} |"
+             for r in PUBLIC_ROUTES]
+    return "\n".join(rows) + "\n"
+
+
+def not_served_message() -> str:
+    """The 404 body's text: the path is not served, and what is."""
+    served = ", ".join(f"{'|'.join(r.methods)} {r.path}" for r in PUBLIC_ROUTES)
+    return f"not found: this path is not served here; the front serves {served}"
 
 
 def router_args(stack: StackConfig, plan: Plan) -> list[str]:
@@ -81,8 +126,12 @@ def router_service_script(stack: StackConfig, plan: Plan) -> str:
 def router_front_conf(stack: StackConfig, plan: Plan) -> str:
     assert plan.router is not None and stack.router is not None
     address = plan.router.address
+    for route in PUBLIC_ROUTES:  # each goes into a location and a return text as it is
+        assert _PLAIN_PATH.fullmatch(route.path) and "/." not in route.path, route.path
+        assert route.methods and all(m.isalpha() and m.isupper() for m in route.methods), route.methods
     return render_template(
         "router-front.conf.j2", host=plan.router.host, r=stack.router, keys_path=FRONT_KEYS,
+        routes=PUBLIC_ROUTES, not_served=not_served_message(),
         api_key=stack.router.api_key is not None, listen=paths.url_host(address), api_key_max=API_KEY_MAX,
         map_bucket=1 << (len("Bearer ") + API_KEY_MAX + 16).bit_length(),
         cert=paths.FRONT_CERT, key=paths.FRONT_KEY,
