@@ -644,9 +644,10 @@ def live(lab, tmp_path):
     script = tmp_path / "firewall-live.sh"
     script.write_text(firewall.live_script())
 
-    def check(expected: str = rules) -> subprocess.CompletedProcess:
-        return subprocess.run(["ip", "netns", "exec", srv, "bash", str(script)], input=expected, capture_output=True,
-                              text=True, timeout=30)
+    def check(expected: str = rules, path: str | None = None, args: list[str] = ()) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PATH": path} if path else None
+        return subprocess.run(["ip", "netns", "exec", srv, "bash", str(script), *args], input=expected,
+                              capture_output=True, text=True, timeout=30, env=env)
 
     def nft(*args: str) -> str:
         return subprocess.run(["ip", "netns", "exec", srv, "nft", *args], check=True, capture_output=True,
@@ -724,6 +725,29 @@ def test_the_live_check_refuses_an_empty_or_unloadable_expectation(live):
     assert p.returncode == 1 and "empty input" in p.stdout, p
     p = check("table inet glm_infra { set x { type ipv4_addr; elements = { b300-3.example.com } } }\n")
     assert p.returncode == 1 and "does not load on its own" in p.stdout, p
+
+
+@pytest.mark.parametrize("dropins, load_state, ok", [
+    (firewall.NFTABLES_DROPIN, "loaded", True),
+    (f"/usr/lib/systemd/system/nftables.service.d/x.conf {firewall.NFTABLES_DROPIN}", "loaded", True),
+    ("", "loaded", False),
+    (f"{firewall.NFTABLES_DROPIN}.off", "loaded", False),
+    ("", "masked", True),  # it cannot run: nothing of it flushes the ruleset
+    ("", "not-found", False),
+], ids=["loaded", "among-others", "none", "another-name", "masked", "not-found"])
+def test_the_live_check_reads_which_drop_ins_systemd_runs_nftables_service_with(live, tmp_path, dropins, load_state, ok):
+    check, _ = live
+    stubs = StubPath(tmp_path / "stubs")
+    stubs.add("systemctl", f'''case "$*" in
+  "show -p DropInPaths --value nftables.service") echo {shlex.quote(dropins)} ;;
+  "show -p LoadState --value nftables.service") echo {load_state} ;;
+  *) exit 1 ;;
+esac''')
+    p = check(path=f"{stubs.bin}:/usr/sbin:/usr/bin:/sbin:/bin", args=[firewall.NFTABLES_DROPIN])
+    assert (p.returncode == 0) == ok, p
+    if not ok:
+        assert (f"systemd runs nftables.service without {firewall.NFTABLES_DROPIN} (its drop-ins: {dropins or 'none'}): "
+                "a restart, stop, start or reload of it would leave the table inet glm_infra flushed") in p.stdout, p
 
 
 def test_the_step_and_its_check_script_are_shellcheck_clean(tmp_path):
