@@ -188,6 +188,9 @@ UNREADABLE = {
     "no-gpus": (lambda u: _edit(u, "Environment=CUDA_VISIBLE_DEVICES=4,5,6,7\n", ""), "no Environment=CUDA_VISIBLE_DEVICES"),
     "gpus-garbled": (lambda u: _edit(u, "CUDA_VISIBLE_DEVICES=4,5,6,7", "CUDA_VISIBLE_DEVICES=GPU-4"),
                      "Environment=CUDA_VISIBLE_DEVICES=GPU-4: not a list of GPU indices"),
+    # systemd ignores an Environment= line it cannot split (an unbalanced quote): the variable is not set.
+    "gpus-unbalanced-quote": (lambda u: _edit(u, "CUDA_VISIBLE_DEVICES=4,5,6,7", "CUDA_VISIBLE_DEVICES='4,5,6,7"),
+                              "no Environment=CUDA_VISIBLE_DEVICES"),
     "no-nixl-port": (lambda u: _edit(u, "Environment=VLLM_NIXL_SIDE_CHANNEL_PORT=5604\n", ""),
                      "no Environment=VLLM_NIXL_SIDE_CHANNEL_PORT (a prefill instance's KV transfer)"),
     "no-exec-start": (lambda u: "\n".join(l for l in u.splitlines() if not l.startswith("ExecStart=")) + "\n",
@@ -227,7 +230,8 @@ def test_a_drop_in_is_where_the_unit_runs(tmp_path, stubs):
     assert r.returncode == 1 and ("glm-vllm-prefill-0.service runs on gpus:4,5,6,7;http:8105;rpc:29550;nixl:5600+4 "
                                   "(its unit)") in r.stderr, r.stderr
     (dropins / "20-port.conf").write_text("# nothing\n")
-    (dropins / "10-gpus.conf").write_text("[Service]\nEnvironment=\"CUDA_VISIBLE_DEVICES=0,1,2,3\" HOME=/tmp\n")
+    (dropins / "10-gpus.conf").write_text("[Service]\nEnvironment=\"CUDA_VISIBLE_DEVICES=0,1,2,3\" HOME=/tmp\n"
+                                          "Environment=GLM_NOTE=it's\n")  # a line systemd ignores
     assert run(stubs, tmp_path, BEFORE, "sim-1", "check").returncode == 0
 
 
