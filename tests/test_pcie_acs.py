@@ -157,7 +157,7 @@ def acs_script(tmp_path, disable_acs: bool = True) -> Path:
     """The nic-affinity step's script of a B300 host, the env file under tmp_path."""
     from glm_infra.render import render_template
     from glm_infra.roles import nixl
-    script = tmp_path / "glm-nic-affinity.sh"
+    script = tmp_path / ("glm-nic-affinity.sh" if disable_acs else "glm-nic-affinity-acs-off.sh")
     script.write_text(render_template(
         "nic-affinity.sh.j2", host="b300-1", nics=[f"mlx5_{i}" for i in range(8)], max_distance="PXB", gpus=8,
         env_file=str(tmp_path / "nic-affinity.env"), hostcheck=hostcheck.__file__, disable_acs=disable_acs,
@@ -211,15 +211,16 @@ case "$1" in
 esac''')
     stubs.add("journalctl", 'echo "b300-1: affinity: 7 GPUs visible, stack expects 8"')
     script = acs_script(tmp_path)
+    script_off = acs_script(tmp_path, disable_acs=False)
     root = tmp_path / "root"
 
-    def run(action: str, state: str = "active running success 0") -> Result:
+    def run(action: str, state: str = "active running success 0", disable_acs: bool = True) -> Result:
         (stubs.state / "acs").write_text(state + "\n")
         binds = []
         for d in ACS_DIRS:
             (root / d.lstrip("/")).mkdir(parents=True, exist_ok=True)
             binds.append(f"mount --bind {shlex.quote(str(root / d.lstrip('/')))} {d}")
-        inner = " && ".join([*binds, f"exec bash {shlex.quote(str(script))} {action}"])
+        inner = " && ".join([*binds, f"exec bash {shlex.quote(str(script if disable_acs else script_off))} {action}"])
         return stubs.run(f"unshare --mount --propagation private bash -c {shlex.quote(inner)}\n",
                          env={"PATH": f"{stubs.bin}:/usr/sbin:/usr/bin:/sbin:/bin", "GLM_SIM_ROOT": str(sim.root),
                               "PYTHONPATH": str(HW_LIB)})
@@ -249,6 +250,13 @@ def test_doctor_names_the_acs_unit_while_it_has_not_succeeded_since_boot(acs_hos
     unit.write_text(unit.read_text().replace("Restart=on-failure\n", ""))
     r = run("drift")
     assert r.returncode == 1 and f"{unit.name} is missing or not the unit glm-infra writes" in r.stderr, r.stderr
+    # rdma.disableAcs taken away: the unit is drift until apply removes it.
+    r = run("drift", disable_acs=False)
+    assert r.returncode == 1 and ("b300-1: acs: /etc/systemd/system/glm-infra-acs.service is there but "
+                                  "rdma.disableAcs is off (apply removes it)") in r.stderr, r.stderr
+    assert "affinity" not in r.stderr, "the reading itself holds"
+    assert run("apply", disable_acs=False).returncode == 0 and not unit.exists()
+    assert run("drift", disable_acs=False).returncode == 0
 
 
 def test_apply_starts_an_acs_unit_that_failed_or_spent_its_tries(acs_host, sim):

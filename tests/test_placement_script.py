@@ -257,3 +257,8 @@ def test_remove_forgets_what_an_older_step_recorded(tmp_path, stubs):
     in_root(tmp_path, paths.PLACEMENT_DIR).mkdir(parents=True)
     r = run(stubs, tmp_path, BEFORE, "sim-1", "remove")
     assert r.returncode == 0 and not in_root(tmp_path, paths.PLACEMENT_DIR).exists()
+
+
+def test_an_unknown_action_is_refused(tmp_path, stubs):
+    r = run(stubs, tmp_path, BEFORE, "sim-1", "reset")
+    assert r.returncode == 2 and "usage:" in r.stderr and not r.calls
