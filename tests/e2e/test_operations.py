@@ -3,8 +3,8 @@ an alert reaches the stack's webhook (whose URL, a secret, lands nowhere in plai
 (AIPerf through the router) passes inside the SLA and fails for the right bucket and metric outside
 it while Prometheus agrees with the client, every dashboard query returns series, `glm-infra doctor`
 finds each drift planted by hand and changes nothing, the firewall keeps a client outside the stack
-off every port glm-infra opens (but the router's, once listed) and lets the stack's hosts in, and
-destroy removes the monitoring and the firewall.
+off every port glm-infra opens (but the router's, once listed) and lets the stack's hosts in, its table
+loaded again whatever nftables.service does, and destroy removes the monitoring and the firewall.
 
 The tests run in file order against one stack; the hosts keep the driver and the weights from the
 module before.
