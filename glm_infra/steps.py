@@ -120,6 +120,9 @@ class ScriptStep:
     removable: bool = True
     triggers: tuple[str, ...] = field(default=())
     action: str = "apply"
+    # What doctor runs (the step's check): ``check`` unless the script's ``check`` serves another caller too
+    # (a unit's ExecStartPre) and the step checks more.
+    check_action: str = "check"
 
     @property
     def path(self) -> str:
@@ -133,7 +136,7 @@ class ScriptStep:
         else:
             delete = f"rm -f {self.path}"
         return Step(key or self.name, create, delete, self.script, self.triggers, timeout=timeout,
-                    files=(RenderedFile(self.path, self.script, 0o755),), check=f"{self.path} check{args}")
+                    files=(RenderedFile(self.path, self.script, 0o755),), check=f"{self.path} {self.check_action}{args}")
 
 
 def file_step(name: str, path: str, content: str, mode: int = 0o644, secret: bool = False,

@@ -16,6 +16,7 @@ import os
 import shlex
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 from conftest import STACKS, stack_config, stack_file
@@ -443,7 +444,10 @@ def host(lab, tmp_path):
     stubs.add("dpkg-query", '[ "${!#}" = nftables ] && echo "install ok installed"')  # nftables only
     stubs.add("apt-get", "exit 1")
     # systemd's part: the unit glm-infra-firewall, whose start and reload run its ExecStart (nft -f).
-    stubs.add("systemctl", '''[ "${!#}" = glm-infra-firewall ] || { [ "$1" = daemon-reload ] && exit 0; echo "no unit ${!#}" >&2; exit 5; }
+    stubs.add("systemctl", '''if [ "$*" = "show -p DropInPaths --value nftables.service" ]; then  # systemd's view: what is on disk
+  ls /etc/systemd/system/nftables.service.d/*.conf 2>/dev/null | tr '\\n' ' '; echo; exit 0
+fi
+[ "${!#}" = glm-infra-firewall ] || { [ "$1" = daemon-reload ] && exit 0; echo "no unit ${!#}" >&2; exit 5; }
 case "$1" in
   restart|reload-or-restart|reload) /usr/sbin/nft -f /etc/glm-infra/firewall.nft && touch "$STATE/active" ;;
   is-active) [ -e "$STATE/active" ] ;;
@@ -491,6 +495,146 @@ def test_the_step_loads_the_table_and_its_check_sees_it_flushed_and_apply_loads_
     assert run("apply").returncode == 0 and run("check").returncode == 0
 
 
+def test_the_drop_in_for_nftables_service_is_checked_as_systemd_runs_it(host, tmp_path):
+    """The drop-in that loads the table again after nftables.service flushes it: systemd must run it;
+    removed (and daemon-reloaded), the check says so and apply writes it again."""
+    run, _ = host
+    assert run("apply").returncode == 0 and run("check").returncode == 0
+    dropin = tmp_path / "root" / firewall.NFTABLES_DROPIN.lstrip("/")
+    assert dropin.read_text() == firewall.nftables_dropin()
+    dropin.unlink()
+    r = run("check")
+    assert r.returncode == 1 and (f"b300-1: firewall: systemd runs nftables.service without {firewall.NFTABLES_DROPIN} "
+                                  "(its drop-ins: none): a restart, stop, start or reload of it would leave the "
+                                  "table inet glm_infra flushed") in r.stderr, r.stderr
+    assert run("apply").returncode == 0 and dropin.read_text() == firewall.nftables_dropin()
+    assert run("check").returncode == 0
+    # destroy: the drop-in and its folder go with the rest.
+    r = run("remove")
+    assert r.returncode == 0, r.stderr
+    assert not dropin.exists() and not dropin.parent.exists()
+
+
+# --- the distribution's nftables.service, as systemd runs it with glm-infra's drop-in ---------------
+
+NFTABLES = Path(__file__).parent / "fixtures" / "nftables"  # Debian 12's package (CAPTURES-SOURCES.md)
+DEBIAN_UNIT = NFTABLES / "debian-12-nftables-1.0.6-2+deb12u2.service"
+DEBIAN_CONF = NFTABLES / "debian-12-nftables-1.0.6-2+deb12u2.conf"
+
+
+def service_commands(*texts: str) -> dict[str, list[str]]:
+    """The Exec*= lists of a unit's [Service] section and its drop-ins, merged as systemd does: each
+    assignment appends, an empty one empties the list."""
+    out: dict[str, list[str]] = {}
+    for text in texts:
+        section = ""
+        for line in text.splitlines():
+            if line.startswith("["):
+                section = line
+            elif section == "[Service]" and line.startswith("Exec") and "=" in line:
+                key, value = line.split("=", 1)
+                out[key] = out.get(key, []) + [value] if value else []
+    return out
+
+
+def systemd_runs(commands: dict[str, list[str]], action: str, run) -> None:
+    """``action`` (start, stop, restart, reload) as systemd runs a Type=oneshot unit's commands, in order:
+    a command that fails (without ``-``) ends its phase, and a failed start runs ExecStopPost."""
+
+    def phase(keys: list[str]) -> bool:
+        for key in keys:
+            for c in commands.get(key, []):
+                if run(shlex.split(c.lstrip("-"))) != 0 and not c.startswith("-"):
+                    return False
+        return True
+
+    if action in ("stop", "restart"):
+        phase(["ExecStop"])
+        phase(["ExecStopPost"])  # whether ExecStop failed or not
+    if action in ("start", "restart") and not phase(["ExecStartPre", "ExecStart", "ExecStartPost"]):
+        phase(["ExecStopPost"])
+    if action == "reload":
+        phase(["ExecReload"])
+
+
+@pytest.fixture
+def nftables_service(lab, tmp_path):
+    """b300-1's table loaded in a namespace; ``act(action, firewall_active=True)`` runs Debian 12's
+    nftables.service for that action with glm-infra's drop-in, its files where the host has them
+    (/etc/nftables.conf: the package's default ruleset, which flushes everything)."""
+    srv, _ = lab("10.0.0.11", "10.0.0.12")
+    rules = rules_of(config("prod-b300"), "b300-1")
+    (tmp_path / "firewall.nft").write_text(rules)
+    load(srv, rules)
+    stubs = StubPath(tmp_path / "stubs")
+    stubs.add("systemctl", f'[ "$*" = "is-active --quiet {firewall.UNIT}" ] && [ -e "$STATE/firewall-active" ]')
+    commands = service_commands(DEBIAN_UNIT.read_text(), firewall.nftables_dropin())
+    where = {"/etc/nftables.conf": str(DEBIAN_CONF), firewall.RULESET: str(tmp_path / "firewall.nft")}
+    env = {**os.environ, "PATH": f"{stubs.bin}:/usr/sbin:/usr/bin:/sbin:/bin", "STATE": str(stubs.state),
+           "STUB_LOG": str(stubs.log)}
+
+    def run(argv: list[str]) -> int:
+        argv = [where.get(a, a) for a in argv]
+        if argv[:2] == ["/bin/sh", "-c"]:
+            for path, there in where.items():
+                argv[2] = argv[2].replace(path, there)
+        return subprocess.run(["ip", "netns", "exec", srv, *argv], env=env, capture_output=True, timeout=30).returncode
+
+    def act(action: str, firewall_active: bool = True) -> None:
+        (stubs.state / "firewall-active").unlink(missing_ok=True)
+        if firewall_active:
+            (stubs.state / "firewall-active").touch()
+        systemd_runs(commands, action, run)
+
+    def tables() -> str:
+        return subprocess.run(["ip", "netns", "exec", srv, "nft", "list", "tables"], capture_output=True, text=True,
+                              check=True).stdout
+
+    def live() -> subprocess.CompletedProcess:
+        script = tmp_path / "firewall-live.sh"
+        script.write_text(firewall.live_script())
+        return subprocess.run(["ip", "netns", "exec", srv, "bash", str(script)], input=rules, capture_output=True,
+                              text=True, timeout=30)
+
+    return act, tables, live
+
+
+def test_debian_nftables_service_flushes_the_table_on_each_action():
+    """What the drop-in is for: every command Debian 12's nftables.service runs flushes the whole ruleset."""
+    commands = service_commands(DEBIAN_UNIT.read_text())
+    assert commands == {"ExecStart": ["/usr/sbin/nft -f /etc/nftables.conf"],
+                        "ExecReload": ["/usr/sbin/nft -f /etc/nftables.conf"],
+                        "ExecStop": ["/usr/sbin/nft flush ruleset"]}
+    assert DEBIAN_CONF.read_text().splitlines()[2] == "flush ruleset"
+
+
+@pytest.mark.parametrize("actions", [["restart"], ["stop"], ["stop", "start"], ["reload"],
+                                     ["restart", "reload", "stop", "start", "restart"]],
+                         ids=["restart", "stop", "start", "reload", "all"])
+def test_whatever_nftables_service_does_the_table_is_loaded_again_right_after(nftables_service, actions):
+    """Issue 38: ``ReloadPropagatedFrom=nftables.service`` covered reloads only; ``systemctl restart nftables``
+    (its ExecStop and ExecStart flush the ruleset) left every port unfiltered while glm-infra's unit stayed
+    active. With the drop-in the table is back after each action, as glm-infra renders it."""
+    act, tables, live = nftables_service
+    for action in actions:
+        act(action)
+        assert "table inet glm_infra" in tables(), (action, tables())
+        p = live()
+        assert p.returncode == 0, (action, p.stdout, p.stderr)
+    if actions[-1] in ("start", "restart", "reload"):
+        assert "table inet filter" in tables(), "the distribution's own ruleset is loaded too"
+
+
+def test_with_the_firewall_unit_stopped_nftables_service_leaves_the_table_out(nftables_service):
+    """glm-infra's unit owns the table: stopped (or not yet started at boot, when nftables.service runs
+    first), nftables.service's commands load nothing of glm-infra's."""
+    act, tables, _ = nftables_service
+    act("restart", firewall_active=False)
+    assert "glm_infra" not in tables() and "table inet filter" in tables()
+    act("reload", firewall_active=True)
+    assert "table inet glm_infra" in tables()
+
+
 @pytest.fixture
 def live(lab, tmp_path):
     """The live check alone, in a namespace holding b300-1's table: its exit status and message."""
@@ -500,9 +644,10 @@ def live(lab, tmp_path):
     script = tmp_path / "firewall-live.sh"
     script.write_text(firewall.live_script())
 
-    def check(expected: str = rules) -> subprocess.CompletedProcess:
-        return subprocess.run(["ip", "netns", "exec", srv, "bash", str(script)], input=expected, capture_output=True,
-                              text=True, timeout=30)
+    def check(expected: str = rules, path: str | None = None, args: list[str] = ()) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PATH": path} if path else None
+        return subprocess.run(["ip", "netns", "exec", srv, "bash", str(script), *args], input=expected,
+                              capture_output=True, text=True, timeout=30, env=env)
 
     def nft(*args: str) -> str:
         return subprocess.run(["ip", "netns", "exec", srv, "nft", *args], check=True, capture_output=True,
@@ -580,6 +725,29 @@ def test_the_live_check_refuses_an_empty_or_unloadable_expectation(live):
     assert p.returncode == 1 and "empty input" in p.stdout, p
     p = check("table inet glm_infra { set x { type ipv4_addr; elements = { b300-3.example.com } } }\n")
     assert p.returncode == 1 and "does not load on its own" in p.stdout, p
+
+
+@pytest.mark.parametrize("dropins, load_state, ok", [
+    (firewall.NFTABLES_DROPIN, "loaded", True),
+    (f"/usr/lib/systemd/system/nftables.service.d/x.conf {firewall.NFTABLES_DROPIN}", "loaded", True),
+    ("", "loaded", False),
+    (f"{firewall.NFTABLES_DROPIN}.off", "loaded", False),
+    ("", "masked", True),  # it cannot run: nothing of it flushes the ruleset
+    ("", "not-found", False),
+], ids=["loaded", "among-others", "none", "another-name", "masked", "not-found"])
+def test_the_live_check_reads_which_drop_ins_systemd_runs_nftables_service_with(live, tmp_path, dropins, load_state, ok):
+    check, _ = live
+    stubs = StubPath(tmp_path / "stubs")
+    stubs.add("systemctl", f'''case "$*" in
+  "show -p DropInPaths --value nftables.service") echo {shlex.quote(dropins)} ;;
+  "show -p LoadState --value nftables.service") echo {load_state} ;;
+  *) exit 1 ;;
+esac''')
+    p = check(path=f"{stubs.bin}:/usr/sbin:/usr/bin:/sbin:/bin", args=[firewall.NFTABLES_DROPIN])
+    assert (p.returncode == 0) == ok, p
+    if not ok:
+        assert (f"systemd runs nftables.service without {firewall.NFTABLES_DROPIN} (its drop-ins: {dropins or 'none'}): "
+                "a restart, stop, start or reload of it would leave the table inet glm_infra flushed") in p.stdout, p
 
 
 def test_the_step_and_its_check_script_are_shellcheck_clean(tmp_path):
@@ -672,8 +840,7 @@ def test_vllm_and_the_router_require_the_firewall_unit():
         assert firewall.UNIT not in u
 
 
-SYSTEMD_KEYS = {"Unit": {"Description", "DefaultDependencies", "Wants", "After", "Before", "Conflicts",
-                          "ReloadPropagatedFrom"},
+SYSTEMD_KEYS = {"Unit": {"Description", "DefaultDependencies", "Wants", "After", "Before", "Conflicts"},
                 "Service": {"Type", "RemainAfterExit", "ExecStart", "ExecReload", "ExecStop"},
                 "Install": {"WantedBy"}}
 
@@ -688,8 +855,23 @@ def test_the_firewall_unit_loads_before_the_network_after_the_distributions_rule
         elif line and not line.startswith("#"):
             assert line.split("=", 1)[0] in SYSTEMD_KEYS[section], line
     for line in ("DefaultDependencies=no", "Wants=network-pre.target", "Before=network-pre.target shutdown.target",
-                 "After=nftables.service", "ReloadPropagatedFrom=nftables.service", "WantedBy=sysinit.target",
+                 "After=nftables.service", "WantedBy=sysinit.target",
                  "Type=oneshot", "RemainAfterExit=yes", f"ExecStart=/usr/sbin/nft -f {firewall.RULESET}",
                  f"ExecReload=/usr/sbin/nft -f {firewall.RULESET}", "ExecStop=-/usr/sbin/nft delete table inet glm_infra"):
         assert line in lines, line
     assert not any("network-online" in x or "nss-lookup" in x for x in lines), "no DNS, no network at load"
+
+
+def test_the_drop_in_loads_the_table_after_each_of_nftables_services_commands_and_restarts_nothing():
+    """Not PartOf= nor anything that restarts glm-infra-firewall.service: the vLLM and router units require
+    it, and would restart with it."""
+    lines = firewall.nftables_dropin().splitlines()
+    keys = [line.split("=", 1)[0] for line in lines if line and not line.startswith(("#", "["))]
+    assert lines[2] == "[Service]" and sorted(keys) == ["ExecReload", "ExecStartPost", "ExecStopPost"]
+    load_again = ("/bin/sh -c 'if systemctl is-active --quiet glm-infra-firewall.service; then "
+                  "exec /usr/sbin/nft -f /etc/glm-infra/firewall.nft; fi'")
+    assert all(line.split("=", 1)[1] == load_again for line in lines[3:]), lines
+    assert firewall.NFTABLES_DROPIN == "/etc/systemd/system/nftables.service.d/glm-infra.conf"
+    for text in (firewall.unit(), firewall.nftables_dropin()):
+        read = [line for line in text.splitlines() if not line.startswith("#")]  # what systemd reads
+        assert not any(k in line for line in read for k in ("PartOf=", "BindsTo=", "Propagate", "restart")), read

@@ -39,7 +39,7 @@ GATES_CONF = "/etc/nginx/conf.d/glm-infra-gates.conf"
 HF_ENV = f"{OPT}/hf"
 BOOT_BEFORE_REBOOT = f"{STATE}/boot-before-reboot"
 ROLLOUT_DIR = f"{STATE}/rollout"  # per unit, the triggers digest it last (re)started with
-PLACEMENT_DIR = f"{STATE}/placement"  # per vLLM unit, the GPUs and ports the plan gave it
+PLACEMENT_DIR = f"{STATE}/placement"  # per vLLM unit, where the plan put it: written before issue 38, now only removed
 REBOOT_UNIT = "glm-infra-reboot"  # the transient timer and service the reboot step schedules
 # A rolling host change: the units the drain stopped (kept across the reboot, for the return), the roll
 # last completed, and a record of each phase with its time (one line each).

@@ -250,11 +250,13 @@ UPGRADE_ADDS = ("-vllm-placement", "-vllm-placement-placement", "-nic-affinity",
 # the router (its workers are its gates now: a new unit, one restart) and its front (nginx shared with
 # the gates); the node exporter (its textfile folder named) and Prometheus (the canary rules, the
 # workers' gate URLs); the weights staging (weights.py now also stages, installs and relays the warm-start
-# caches: a staging again reads no unchanged file) and the firewall of the prefill pool's first host (its
-# warm-cache relay port).
+# caches: a staging again reads no unchanged file) and the firewall of every host (issue 38: a drop-in for
+# nftables.service loads the table again after it flushes the ruleset, and the unit no longer has
+# ReloadPropagatedFrom=; reloaded, not restarted; the prefill pool's first host also opens its warm-cache
+# relay port).
 UPGRADE_UPDATES = ("-unit", "-rollout", "-nixl-ucx-env", "-preflight", "-host-drain", "-host-return", "-turn-acquire",
                    "-turn-release", "-router-service", "-router-front", "-node-exporter", "-prometheus",
-                   "-weights-sim-1-stage", "-weights-sim-2-stage", "-weights-sim-3-stage", "-sim-1-firewall-nftables")
+                   "-weights-sim-1-stage", "-weights-sim-2-stage", "-weights-sim-3-stage", "-firewall-nftables")
 UPGRADE_RESTARTS: str | None = ("nixl.nicPerRank: ucx.env no longer lists every compute NIC for every rank, and each "
                                 "unit reads its GPU's nearest NIC (nic-affinity.env) and checks it before it starts")
 

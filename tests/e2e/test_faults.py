@@ -1,7 +1,7 @@
 """Faults operators meet most, on the simulated cluster through the real engine, each ending in a
 converged cluster with no manual step (`glm-infra doctor` finds no drift, `preview` no change):
 a half-failed first `up` then `destroy` twice; a host unreachable during `up`; a vLLM instance
-killed; a host rebooted, healthy or not; instances that answer wrongly or hang a DP rank (canaries);
+killed; a host rebooted, healthy or not, or with its PCIe ACS unit failing at boot; instances that answer wrongly or hang a DP rank (canaries);
 the SSH connection cut in the middle of weights staging;
 a delete sent more stdin than it reads (the command provider's EOF).
 After the failed `up`, the whole `up` with its `preview`, and `destroy`, no secret value (the API
@@ -288,6 +288,49 @@ def test_a_gate_that_fails_at_boot_keeps_vllm_down_until_the_host_is_healthy(sta
             "sim-2", f"journalctl -b -u {prefills[0]} --no-pager -o cat | tail -n 30; systemctl status glm-infra-acs --no-pager | tail -n 20")
         time.sleep(1)
     RECOVERY["gate failing at boot: instances up after the fault cleared (s)"] = round(time.monotonic() - start, 1)
+    converged()
+
+
+def test_an_acs_unit_that_fails_at_boot_tries_again_by_itself_and_vllm_starts_once_it_succeeds(stack):
+    """Issue 38: the ACS unit (rdma.disableAcs) ran once at boot; when its reading failed then, nothing of its
+    own tried again, doctor did not name it, and every vLLM start failed its ACS check. Here the BIOS turns ACS
+    on at every boot and GPU 0's NIC is not where it belongs at this boot: the unit fails, systemd tries it
+    again by itself (its NRestarts), doctor names it, and once the NIC is back the unit turns ACS off and the
+    instances start, nobody running anything."""
+    prefills = ("glm-vllm-prefill-2", "glm-vllm-prefill-3")
+    acs_ports = ["0000:17:00.0", "0000:17:01.0"]  # between GPU 0 and its NIC
+    conf = "/etc/glm-sim/hardware.conf.d"
+
+    def retries() -> int:
+        return int(on_host("sim-2", "systemctl show -p NRestarts --value glm-infra-acs").strip() or 0)
+
+    on_host("sim-2", f"mkdir -p {conf} && echo 'PCIE_ACS_ON=0' > {conf}/50-acs.conf && "
+                     f"echo 'NIC_DISTANCE=\"0:SYS\"' > {conf}/50-test.conf")
+    try:
+        reboot("sim-2", lambda: retries() >= 1, "sim-2 came back and its ACS unit failed and tried again by itself")
+        acs = on_host("sim-2", "journalctl -b -u glm-infra-acs --no-pager -o cat")
+        assert "GPU 0 (0000:1a:00.0): its nearest compute NIC" in acs, acs
+        for unit in prefills:
+            assert on_host("sim-2", f"systemctl is-active {unit} || true").strip() != "active", unit
+        d = subprocess.run([str(ROOT / "venv/bin/glm-infra"), "doctor", "sim", "--host", "sim-2", "--quick",
+                            *SSH_OPTIONS], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert d.returncode == 1 and re.search(
+            r"^sim-2 +nic-affinity +sim-2: acs: glm-infra-acs.service is (activating|failed) \(", d.stdout, re.M), \
+            d.stdout[-3000:]
+        serves_within(60, "sim-2's prefill instances are down: the router uses sim-1's")
+        on_host("sim-2", f"rm -f {conf}/50-test.conf")  # the NIC is back; ACS stays on until the unit turns it off
+        start = time.monotonic()
+        while not (on_host("sim-2", "systemctl is-active glm-infra-acs || true").strip() == "active" and
+                   all(on_host("sim-2", f"systemctl is-active {u} || true").strip() == "active" for u in prefills)):
+            assert time.monotonic() - start < 90, "the ACS unit succeeds by itself and the instances start: " + on_host(
+                "sim-2", "systemctl status glm-infra-acs --no-pager | tail -n 20; "
+                         f"journalctl -b -u {prefills[0]} --no-pager -o cat | tail -n 20")
+            time.sleep(1)
+        RECOVERY["ACS unit failing at boot: instances up after the fault cleared (s)"] = round(time.monotonic() - start, 1)
+        assert on_host("sim-2", "cat /run/glm-sim/acs-off").split() == acs_ports, "setpci by the unit, after the boot"
+        assert retries() >= 1
+    finally:
+        on_host("sim-2", f"rm -f {conf}/50-acs.conf {conf}/50-test.conf")
     converged()
 
 

@@ -3,8 +3,8 @@ an alert reaches the stack's webhook (whose URL, a secret, lands nowhere in plai
 (AIPerf through the router) passes inside the SLA and fails for the right bucket and metric outside
 it while Prometheus agrees with the client, every dashboard query returns series, `glm-infra doctor`
 finds each drift planted by hand and changes nothing, the firewall keeps a client outside the stack
-off every port glm-infra opens (but the router's, once listed) and lets the stack's hosts in, and
-destroy removes the monitoring and the firewall.
+off every port glm-infra opens (but the router's, once listed) and lets the stack's hosts in, its table
+loaded again whatever nftables.service does, and destroy removes the monitoring and the firewall.
 
 The tests run in file order against one stack; the hosts keep the driver and the weights from the
 module before.
@@ -543,6 +543,35 @@ def test_a_table_flushed_by_hand_is_found_and_loaded_again_without_a_restart(sta
     assert since() == before and all(before), "the reload restarted no vLLM unit"
 
 
+def test_whatever_nftables_service_does_the_table_is_back_right_after_without_a_restart(stack, outsider):
+    """Issue 38: Debian's nftables.service flushes the whole ruleset on restart, stop, start and reload, and
+    ReloadPropagatedFrom= covered reloads only: a `systemctl restart nftables` left every port unfiltered
+    while glm-infra-firewall.service stayed active. glm-infra's drop-in for nftables.service loads the table
+    again after each, and restarts nothing (the vLLM units require the firewall unit)."""
+    units = ("glm-vllm-prefill-2", "glm-vllm-prefill-3", "glm-infra-firewall")
+
+    def since() -> list[str]:
+        return [on_host("sim-2", f"systemctl show -p ActiveEnterTimestampMonotonic --value {u}").strip() for u in units]
+
+    was_active = on_host("sim-2", "systemctl is-active nftables || true").strip() == "active"
+    before = since()
+    try:
+        for action in ("restart", "stop", "start", "reload", "restart"):
+            on_host("sim-2", f"systemctl {action} nftables")
+            # Right after: systemd ran the drop-in before `systemctl` returned.
+            assert "table inet glm_infra" in on_host("sim-2", "nft list tables"), action
+            live = on_host("sim-2", "/usr/local/libexec/glm-infra/firewall-live.sh < /etc/glm-infra/firewall.nft; echo rc=$?")
+            assert live.strip().endswith("rc=0"), (action, live)
+            assert probe_all(["10.88.0.12:8100"], ns=outsider) == {"10.88.0.12:8100": "refused"}, action
+        assert on_host("sim-2", "systemctl is-active nftables glm-infra-firewall || true").split() == ["active", "active"]
+        clean = doctor("--host", "sim-2", "--quick")
+        assert clean.returncode == 0, clean.stdout + clean.stderr
+        assert since() == before and all(before), "nftables.service's restarts restarted no glm-infra unit"
+    finally:  # as it was: the stop flushes the ruleset, the drop-in loads the table again
+        on_host("sim-2", "systemctl start nftables" if was_active else "systemctl stop nftables")
+    assert "table inet glm_infra" in on_host("sim-2", "nft list tables")
+
+
 def test_the_firewall_lets_the_stack_in_and_keeps_others_out(stack, outsider):
     every = [f"{ADDRESS[h]}:{p}" for h, port_set in SIM_PORTS.items() for p in sorted(port_set)]
     internal = [t for t in every if t != "10.88.0.13:8000"]
@@ -598,4 +627,4 @@ def test_destroy_removes_the_monitoring_and_the_firewall(stack):
         # And the firewall: its table, its unit and its file.
         assert "glm_infra" not in on_host(h, "nft list tables 2>/dev/null || true"), h
         assert on_host(h, "ls /etc/systemd/system/glm-infra-firewall.service /etc/glm-infra/firewall.nft "
-                          "2>/dev/null || true").strip() == "", h
+                          "/etc/systemd/system/nftables.service.d 2>/dev/null || true").strip() == "", h

@@ -21,9 +21,13 @@ A systemd unit loads it before the network comes up, on every boot (after the di
 nftables.service, whose ``flush ruleset`` would otherwise remove it); the vLLM and router units
 require it, so they never listen without it. A new plan (a host added, a port moved) rewrites it
 and reloads the unit (one nft transaction; a restart would restart every unit that requires it).
-The step's check compares the live table with what this module renders (``LIVE``): a table flushed,
-edited or deleted by hand fails it, and ``apply`` loads the table again. ``destroy`` deletes the
-table. Pure: the per-host plan takes ``step``.
+Whatever nftables.service does later (start, restart, stop, reload: each flushes the whole ruleset),
+a drop-in of glm-infra's for it loads the table again right after, while glm-infra's unit is active
+(``nftables_dropin``); the firewall unit itself is never restarted for it.
+The step's check compares the live table with what this module renders (``LIVE``) and that systemd
+runs nftables.service with that drop-in: a table flushed, edited or deleted by hand fails it, and
+``apply`` loads the table again. ``destroy`` deletes the table and the drop-in. Pure: the per-host
+plan takes ``step``.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ TABLE = "inet glm_infra"
 UNIT = "glm-infra-firewall.service"
 RULESET = f"{paths.ETC}/firewall.nft"
 LIVE = paths.script("firewall-live")  # compares the live table with the ruleset on its stdin
+NFTABLES_UNIT = "nftables.service"  # the distribution's
+NFTABLES_DROPIN = paths.dropin(NFTABLES_UNIT)
 SSH = "ssh"
 
 
@@ -114,25 +120,49 @@ def ruleset(stack: StackConfig, plan: Plan, host: str) -> str:
         "\t\tdrop", "\t}", "}", ""])
 
 
+LOAD = f"/usr/sbin/nft -f {RULESET}"  # one nft transaction: the table deleted and made again (ruleset())
+# What nftables.service runs after each of its own commands: the table again, while this unit is active (at
+# boot it is not yet: it starts after nftables.service and loads the table itself; stopped, it owns none).
+LOAD_IF_ACTIVE = f"/bin/sh -c 'if systemctl is-active --quiet {UNIT}; then exec {LOAD}; fi'"
+
+
 def unit() -> str:
     return (
         "# Managed by glm-infra: its nftables table, loaded before the network comes up (no DNS needed:\n"  # pragma: no mutate
         "# addresses only), after the distribution's nftables.service (its ruleset may flush everything).\n"  # pragma: no mutate
         "# The vLLM and router units require this one. Reloaded, never restarted: a restart would\n"  # pragma: no mutate
-        "# restart them too.\n"  # pragma: no mutate
+        f"# restart them too. Whatever nftables.service does later, {NFTABLES_DROPIN} loads the table again.\n"  # pragma: no mutate
         "[Unit]\nDescription=glm-infra firewall: nftables table inet glm_infra (glm-infra's ports for the stack's hosts, "
         "SSH, nothing else)\n"  # pragma: no mutate
-        "DefaultDependencies=no\nWants=network-pre.target\nAfter=nftables.service\n"
-        "Before=network-pre.target shutdown.target\nConflicts=shutdown.target\n"
-        "ReloadPropagatedFrom=nftables.service\n\n"
+        f"DefaultDependencies=no\nWants=network-pre.target\nAfter={NFTABLES_UNIT}\n"
+        "Before=network-pre.target shutdown.target\nConflicts=shutdown.target\n\n"
         "[Service]\nType=oneshot\nRemainAfterExit=yes\n"
-        f"ExecStart=/usr/sbin/nft -f {RULESET}\nExecReload=/usr/sbin/nft -f {RULESET}\n"
+        f"ExecStart={LOAD}\nExecReload={LOAD}\n"
         f"ExecStop=-/usr/sbin/nft delete table {TABLE}\n\n[Install]\nWantedBy=sysinit.target\n"
     )
 
 
+def nftables_dropin() -> str:
+    """The drop-in for the distribution's nftables.service. Debian 12's (nftables 1.0.6-2+deb12u2,
+    /lib/systemd/system/nftables.service, read from the package) runs ``ExecStart=`` and ``ExecReload=/usr/sbin/nft
+    -f /etc/nftables.conf`` (whose default first line is ``flush ruleset``) and ``ExecStop=/usr/sbin/nft flush
+    ruleset``; Ubuntu 24.04 ships Debian's packaging rebuilt (1.0.9-1build1; its unit not read here, this machine's
+    apt reaches Debian only), and the drop-in holds whatever its commands are. So ``restart`` (stop, then
+    start), ``stop``, ``start`` and ``reload`` each remove every table, ours too, while the firewall unit stays
+    active: ``ReloadPropagatedFrom=`` would cover reloads only, and ``PartOf=`` would restart the firewall unit,
+    and with it every vLLM and router unit (they require it). systemd runs these after nftables.service's own
+    commands: ``ExecStartPost=`` after a start (a restart's too), ``ExecStopPost=`` after a stop and after a start
+    that failed, an added ``ExecReload=`` after the distribution's reload."""
+    return (
+        "# Managed by glm-infra: the table inet glm_infra loaded again after whatever nftables.service does (each\n"  # pragma: no mutate
+        f"# of its commands flushes the whole ruleset), while {UNIT} is active.\n"  # pragma: no mutate
+        f"[Service]\nExecStartPost={LOAD_IF_ACTIVE}\nExecReload={LOAD_IF_ACTIVE}\n"
+        f"ExecStopPost={LOAD_IF_ACTIVE}\n"
+    )
+
+
 def live_script() -> str:
-    return render.render_template("firewall-live.sh.j2", table=TABLE)
+    return render.render_template("firewall-live.sh.j2", table=TABLE, nftables_unit=NFTABLES_UNIT)
 
 
 def step(stack: StackConfig, plan: Plan, h: HostPlan) -> Step | None:
@@ -143,7 +173,8 @@ def step(stack: StackConfig, plan: Plan, h: HostPlan) -> Step | None:
         h.name,
         ["nftables"], [UNIT], [],
         [RenderedFile(RULESET, ruleset(stack, plan, h.name)), RenderedFile(paths.unit(UNIT), unit()),
-         RenderedFile(LIVE, live_script(), 0o755)],
+         RenderedFile(NFTABLES_DROPIN, nftables_dropin()), RenderedFile(LIVE, live_script(), 0o755)],
         config_check=f"nft -c -f {RULESET}",
-        # What the plan renders (the step's own copy, not the file on disk) against what is loaded.
-        live_check=f"content {RULESET} | {LIVE}", reload=True)
+        # What the plan renders (the step's own copy, not the file on disk) against what is loaded, and
+        # the drop-in as systemd runs nftables.service.
+        live_check=f"content {RULESET} | {LIVE} {NFTABLES_DROPIN}", reload=True)

@@ -151,15 +151,19 @@ def instance_steps(stack: StackConfig, inst: Instance) -> list[Step]:
 
 
 def placement(inst: Instance) -> str:
-    """Where an instance runs on its host: what another instance there must not hold when it starts."""
-    return (f"gpus:{inst.cuda_visible_devices};http:{inst.http_port};rpc:{inst.dp_rpc_port};"
-            f"nixl:{inst.nixl_port_base}+{inst.nixl_port_count}")
+    """Where an instance runs on its host: what another instance there must not hold when it starts. In
+    the form templates/placement.sh.j2 reads back from the installed unit (its CUDA_VISIBLE_DEVICES,
+    --port, --data-parallel-rpc-port, VLLM_NIXL_SIDE_CHANNEL_PORT and -dp): a colocated instance
+    transfers no KV cache and has no NIXL side channel."""
+    nixl = f"{inst.nixl_port_base}+{inst.nixl_port_count}" if inst.role in KV_ROLE else "-"
+    return f"gpus:{inst.cuda_visible_devices};http:{inst.http_port};rpc:{inst.dp_rpc_port};nixl:{nixl}"
 
 
 def placement_step(host: str, instances: Sequence[Instance]) -> Step:
     """Before any instance of the host starts: what the plan no longer puts here is stopped and removed,
-    what moves to other GPUs or ports is stopped (its rollout starts it there), so a re-laid-out pool
-    finds its GPUs and ports free (templates/placement.sh.j2)."""
+    what its installed unit puts on other GPUs or ports than the plan is stopped (its rollout starts it
+    there), so a re-laid-out pool finds its GPUs and ports free; a unit that does not say where it runs
+    fails the step (templates/placement.sh.j2)."""
     script = render_template("placement.sh.j2", host=host, records_dir=paths.PLACEMENT_DIR, libexec=paths.LIBEXEC,
                              planned=[(i.unit, placement(i)) for i in instances])
     return ScriptStep("glm-vllm-placement", script).step("vllm-placement")
