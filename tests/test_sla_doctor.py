@@ -321,6 +321,54 @@ def test_a_bucket_measured_by_hand_is_judged_on_what_it_holds():
     assert sla_verdict.measured({"mean": 1, "p50": 1e-9, "p99": 2.0})
 
 
+def test_what_aiperf_leaves_out_by_default_is_no_failure_and_long_texts_are_cut():
+    # An older AIPerf wrote neither is_complete nor error_summary: the counts still say what came back.
+    b = sla.read_summary(summary(is_complete=None, error_summary=None), 16384)
+    assert (b.missing, b.errors, b.error_summary) == ([], 0, [])
+    b = sla.read_summary(summary(is_complete=False, incomplete_reason="r" * 300), 16384)
+    assert b.missing == [f"{S}: is_complete is false ({'r' * 200})"]
+    b = sla.read_summary(summary(time_to_first_token__unit="u" * 200), 16384)
+    shown = '"' + "u" * 99  # the first 100 characters of the JSON string
+    assert b.missing == [f"{S}: time_to_first_token.unit is {shown}, not a time unit AIPerf writes (ns, us, ms, sec)"]
+    assert sla.read_summary("[]", 65536).context == 65536
+    assert sla.read_result(Path("/nonexistent") / S, 65536).context == 65536
+    assert sla.failed_records(Path("/nonexistent") / "profile_export.jsonl", 65536).context == 65536
+    first = {"code": 502, "type": "Bad Gateway", "message": "first"}
+    two = "".join(json.dumps({"error": e}) + "\n" for e in (first, {"code": 503, "message": "second"}))
+    assert sla.read_records(two, 16384).error_summary == [first]
+
+
+@pytest.mark.parametrize("summary_, text", [
+    ([], ""),
+    (["connection refused"], " (connection refused)"),
+    (["x" * 300], f" ({'x' * 200})"),
+    ([{"error_details": {"code": 500, "type": "Internal"}, "count": 2}], " (500 Internal: )"),
+    ([{"error_details": {"type": "Timeout", "message": "m" * 300}}], f" (Timeout: {'m' * 200})"),
+    ([{"code": 429, "message": "slow down"}], " (429: slow down)"),  # the entry itself, no error_details
+])
+def test_failed_requests_are_named_with_the_first_error(summary_, text):
+    b = sla.Bucket(16384, None, None, 2, 2, summary_, output_tokens=64, missing=["m"])
+    assert sla.judge(b, settings())[1] == f"16K: 2 of 4 requests failed{text}"
+
+
+def test_the_gates_line_and_messages_in_milliseconds_and_the_prediction_beside_them():
+    b = sla.Bucket(16384, {"mean": 0.5, "p50": 0.25, "p99": 0.75}, {"mean": 0.1, "p50": 0.05, "p99": 0.2}, 4, 0,
+                   output_tokens=64, predicted={"ttft_seconds": 2.6991, "tpot_seconds": 0.010881, "error": None})
+    assert sla.judge(b, settings()) == ["16K: mean TPOT 100.0 ms > 20 ms"]
+    b.failures = sla.judge(b, settings())
+    assert sla.line(b, settings()) == ("16K: TTFT mean 0.500 s (p50 0.250, p99 0.750); TPOT mean 100.0 ms (p50 50.0, "
+                                       "p99 200.0); 4 ok, 0 failed; predicted TTFT 2.70 s, TPOT 10.9 ms — FAIL")
+    b.predicted = {"ttft_seconds": None, "tpot_seconds": None, "error": "OOM"}
+    assert sla.line(b, settings()).endswith("4 ok, 0 failed — FAIL")
+
+
+def test_prometheus_agrees_at_its_bounds_exactly():
+    assert sla.prometheus_agrees(1.25, 1.0, 0.25) == (0.25, True)  # the share, exactly
+    assert sla.prometheus_agrees(1.25, 1.0, 0.24)[1] is False
+    assert sla_verdict.PROMETHEUS_FLOOR_S == 0.05
+    assert sla.prometheus_agrees(0.065625, 0.015625, 0.15)[1] is True  # 50 ms, exactly (+320 %)
+    assert sla.prometheus_agrees(0.0656251, 0.015625, 0.15)[1] is False
+
 def test_a_zero_client_ttft_with_prometheus_on_fails_the_bucket_instead_of_raising():
     # main: prometheus_agrees divided by the client's mean, 0 when AIPerf measured no TTFT.
     difference, agrees = sla.prometheus_agrees(0.5, 0.0, 0.15)
@@ -411,6 +459,12 @@ def test_prometheus_answers_are_checked_series_by_series():
         (start, _at([_sample("12", **a)], end["sum"]),
          f'saw the prefill series of {H}_count change during the bucket (gone: instance="prefill-1"; new: none): '
          "an instance restarted, came or went"),
+        (start, _at([_sample("12", instance="prefill-2"), _sample("7", instance="prefill-3")], end["sum"]),
+         f'saw the prefill series of {H}_count change during the bucket (gone: instance="prefill-0", '
+         'instance="prefill-1"; new: instance="prefill-2", instance="prefill-3"): an instance restarted, came or went'),
+        (_at([{"metric": a, "value": [1.0, "y" * 300]}], start["sum"]), end,
+         f"answered {H}_count of prefill at the bucket's start with {str({'metric': a, 'value': [1.0, 'y' * 300]})[:200]}, "
+         "not a sample"),
         (_at([_sample("10", **a)], start["sum"]), end,
          f'saw the prefill series of {H}_count change during the bucket (gone: none; new: instance="prefill-1"): '
          "an instance restarted, came or went"),

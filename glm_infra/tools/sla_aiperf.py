@@ -80,11 +80,8 @@ def read_records(text: str, context: int) -> Bucket:
     for n, record in enumerate(text.splitlines(), 1):
         if not record.strip():
             continue
-        try:
-            r = json.loads(record)
-        except ValueError:
-            r = None
-        if not isinstance(r, dict):
+        r = _json_object(record)
+        if r is None:
             unreadable.append(n)
         elif r.get("error") is None:
             answered += 1
@@ -99,6 +96,14 @@ def read_records(text: str, context: int) -> Bucket:
     if not (answered or errors or unreadable):
         missing.append(f"{RECORDS} holds no request")
     return Bucket(context, None, None, answered, len(errors), errors[:1], missing=missing)
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    try:
+        r = json.loads(text)
+    except ValueError:
+        return None
+    return r if isinstance(r, dict) else None
 
 
 def _show(v: Any) -> str:
@@ -116,7 +121,7 @@ def _metric(d: dict[str, Any], key: str, missing: list[str]) -> dict[str, Any] |
     return m
 
 
-def _number(m: dict[str, Any], key: str, field: str, missing: list[str], positive: bool) -> float | None:
+def _number(m: dict[str, Any], key: str, field: str, missing: list[str], positive: bool = False) -> float | None:
     """m[field], a finite number above 0 (``positive``) or of 0 or more; else named, None."""
     if field not in m:
         missing.append(f"{SUMMARY}: {key} has no {field}")
@@ -130,7 +135,7 @@ def _number(m: dict[str, Any], key: str, field: str, missing: list[str], positiv
 
 
 def _whole(m: dict[str, Any], key: str, field: str, missing: list[str]) -> int | None:
-    v = _number(m, key, field, missing, positive=False)
+    v = _number(m, key, field, missing)
     if v is not None and v != int(v):
         missing.append(f"{SUMMARY}: {key}.{field} is {v:g}, not a whole number")
         return None
@@ -197,6 +202,6 @@ def _tokens(d: dict[str, Any], key: str, requests: int, missing: list[str]) -> f
     if m.get("unit") != "tokens":
         missing.append(f"{SUMMARY}: {key}.unit is {_show(m.get('unit'))}, not tokens")
         return None
-    shortest = _number(m, key, "min", missing, positive=False)
+    shortest = _number(m, key, "min", missing)
     covered = _covers(m, key, requests, missing)
     return shortest if covered else None
