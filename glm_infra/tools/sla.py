@@ -216,13 +216,13 @@ def prometheus_ttft(s: Settings, start: float, end: float) -> dict[str, Any]:
     assert s.prometheus is not None
     by_pool: dict[str, float] = {}
     for pool in pools_of(s):
-        at: dict[float, dict[str, Any]] = {start: {}, end: {}}
+        at_start: dict[str, Any] = {}
+        at_end: dict[str, Any] = {}
         for part in ("sum", "count"):
             q = f'{TTFT_HISTOGRAM}_{part}{{stack="{s.stack_label}",pool="{pool}"}}'
-            for t in at:
-                at[t][part] = prometheus_query(s.prometheus, q, t)
+            at_start[part], at_end[part] = (prometheus_query(s.prometheus, q, t) for t in (start, end))
         try:
-            by_pool[pool] = pool_ttft_mean(pool, at[start], at[end])
+            by_pool[pool] = pool_ttft_mean(pool, at_start, at_end)
         except PrometheusViewError as e:
             raise SlaError(f"Prometheus ({s.prometheus}) {e}") from None
     return {"ttft_mean": sum(by_pool.values()), "by_pool": by_pool}
