@@ -20,8 +20,9 @@ class CanaryUnreachable(Exception):
 
 
 def canary_check(stack: StackConfig, identity: str | None, options: list[str]) -> dict[str, Any]:
-    """{"pass": every canary answered its reference, "lines": what the check said about each that did not
-    (or that all passed)}."""
+    """{"pass": every canary answered its reference, "lines": what the check said about each target
+    (every instance and the router)}. A check that says nothing about any target passes nothing, whatever
+    its exit status: the view then says so."""
     assert stack.router is not None
     script = paths.script(router.CANARY_SCRIPT)
     proc = subprocess.run(ssh_argv(stack, stack.router.host, identity, options), input=f"{script} judge\n",
@@ -30,7 +31,11 @@ def canary_check(stack: StackConfig, identity: str | None, options: list[str]) -
     if proc.returncode == 255 and not lines:
         raise CanaryUnreachable(f"cannot reach {stack.router.host} over SSH for the canaries: "
                                 f"{(proc.stderr.strip().splitlines() or ['ssh failed'])[-1]}")
-    return {"pass": proc.returncode == 0, "lines": lines or [proc.stderr.strip()[-500:] or f"exit {proc.returncode}"]}
+    if not lines:
+        said = proc.stderr.strip()[-500:]
+        return {"pass": False, "lines": [f"the check on {stack.router.host} exited {proc.returncode} and named no "
+                                         "instance or router: nothing was checked" + (f" ({said})" if said else "")]}
+    return {"pass": proc.returncode == 0, "lines": lines}
 
 
 def canary_failures(view: dict[str, Any], when: str) -> list[str]:

@@ -3,7 +3,8 @@ prompts, one bucket per context length (default 16K, 64K, 128K, 256K input token
 concurrency; each bucket's mean/p50/p99 TTFT and TPOT are judged against the stack's targets (the
 SLA is on the means), and Prometheus's view of the same run (prefill's plus decode's mean TTFT) is
 held against the client's. Writes ``sla.json`` and ``sla.png`` (latency against context length with
-the SLA lines); exits 1 naming each bucket and metric that failed.
+the SLA lines); exits 1 naming each bucket and metric that failed, and each bucket whose data is absent,
+partial, cut short or unreadable (sla_aiperf.py reads AIPerf's; sla_verdict.py judges).
 Before and after the buckets the canaries run once on the router's host over SSH (tools/canaries.py): a
 mismatch fails the gate, whatever the latencies (``--no-canary``: a machine without SSH to the hosts).
 
@@ -41,13 +42,18 @@ from glm_infra.spec.config import StackConfig
 
 from . import planner
 from .canaries import CanaryUnreachable, canary_check, canary_failures
+from .sla_aiperf import RECORDS, SUMMARY, failed_records, read_records, read_result, read_summary  # noqa: F401
 from .sla_verdict import (  # noqa: F401  (the gate's names)
     PROMETHEUS_FLOOR_S,
+    TTFT_HISTOGRAM,
     Bucket,
+    PrometheusViewError,
     Settings,
     bucket_name,
+    hold_prometheus,
     judge,
     line,
+    pool_ttft_mean,
     prometheus_agrees,
 )
 
@@ -122,34 +128,12 @@ def aiperf_config(s: Settings, context: int, out: Path) -> dict[str, Any]:
     }
 
 
-def _stat(d: dict[str, Any], key: str) -> dict[str, float]:
-    m = d.get(key) or {}
-    scale = 0.001 if m.get("unit", "ms") == "ms" else 1.0
-    return {k: float(m.get(src, 0) or 0) * scale for k, src in (("mean", "avg"), ("p50", "p50"), ("p99", "p99"))}
-
-
-def read_result(path: Path, context: int) -> Bucket:
-    d = json.loads(path.read_text())
-    requests = int((d.get("request_count") or {}).get("avg", 0) or 0)
-    rate = float((d.get("request_error_rate") or {}).get("avg", 0) or 0)
-    total = int((d.get("completed_request_count") or {}).get("avg", requests) or requests)
-    errors = max(total - requests, round(total * rate / 100)) if rate else max(total - requests, 0)
-    return Bucket(context, _stat(d, "time_to_first_token"), _stat(d, "inter_token_latency"), requests, errors,
-                  list(d.get("error_summary") or []))
-
-
-def failed_records(path: Path, context: int) -> Bucket:
-    """A bucket of requests that all failed, from AIPerf's per-request records."""
-    errors = [json.loads(line).get("error") for line in path.read_text().splitlines() if line.strip()]
-    zero = {"mean": 0.0, "p50": 0.0, "p99": 0.0}
-    return Bucket(context, dict(zero), dict(zero), 0, len(errors), [e for e in errors if e][:1])
-
-
 def run_client(python: Path, s: Settings, context: int, out: Path, api_key: str, progress: bool) -> Bucket:
     """One bucket: AIPerf with its config in ``out``; its output in ``out/aiperf.log``."""
     import yaml
 
     out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out / "artifacts", ignore_errors=True)  # an earlier run's results are not this one's
     (out / "aiperf.yaml").write_text(yaml.safe_dump(aiperf_config(s, context, out / "artifacts"), sort_keys=False))
     aiperf = python.parent / "aiperf"
     argv = [str(aiperf), "profile", "-f", str(out / "aiperf.yaml"), "--no-server-metrics", "--no-gpu-telemetry",
@@ -189,26 +173,36 @@ def _run_client(argv: list[str], env: dict[str, str], out: Path, context: int, p
             raise
         finally:
             done.set()
-    result = out / "artifacts" / "profile_export_aiperf.json"
-    records = out / "artifacts" / "profile_export.jsonl"
-    if not result.is_file() and records.is_file():  # AIPerf writes no summary when every request failed
-        return failed_records(records, context)
-    if not result.is_file():
+    result = out / "artifacts" / SUMMARY
+    records = out / "artifacts" / RECORDS
+    if result.exists():
+        b = read_result(result, context)
+    elif records.exists():  # AIPerf writes no summary when every request failed
+        b = failed_records(records, context)
+    else:
         tail = (out / "aiperf.log").read_text()[-1500:] if (out / "aiperf.log").is_file() else ""
         raise SlaError(f"{bucket_name(context)}: AIPerf exited {rc} without results ({out / 'aiperf.log'}):\n{tail}")
-    return read_result(result, context)
+    if rc != 0:  # what it wrote may be partial
+        b.missing.append(f"AIPerf exited {rc} ({out / 'aiperf.log'})")
+    return b
 
 
 # --- Prometheus's view -----------------------------------------------------------------------------
 
 
-def prometheus_query(base: str, query: str, at: float) -> list[dict[str, Any]]:
+def prometheus_query(base: str, query: str, at: float) -> Any:
+    """The result of an instant query (checked by pool_ttft_mean, which names what it lacks)."""
     url = f"{base.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": query, "time": f"{at:.3f}"})
     with urllib.request.urlopen(url, timeout=30) as r:
-        body = json.load(r)
-    if body.get("status") != "success":
-        raise SlaError(f"Prometheus refused {query!r}: {body.get('error')}")
-    return body["data"]["result"]
+        try:
+            body = json.load(r)
+        except ValueError as e:
+            raise SlaError(f"Prometheus ({base}) answered {query!r} with no JSON ({e})") from None
+    if not isinstance(body, dict) or body.get("status") != "success":
+        why = body.get("error") if isinstance(body, dict) else body
+        raise SlaError(f"Prometheus ({base}) refused {query!r}: {why}")
+    data = body.get("data")
+    return data.get("result") if isinstance(data, dict) else None
 
 
 def pools_of(s: Settings) -> tuple[str, ...]:
@@ -217,19 +211,20 @@ def pools_of(s: Settings) -> tuple[str, ...]:
 
 def prometheus_ttft(s: Settings, start: float, end: float) -> dict[str, Any]:
     """The mean TTFT Prometheus saw between ``start`` and ``end``: per pool Δsum/Δcount of vLLM's
-    TTFT histogram, summed over the pools a request crosses (prefill, then decode)."""
+    TTFT histogram (each instance's series apart, so a restart shows), summed over the pools a request
+    crosses (prefill, then decode)."""
     assert s.prometheus is not None
     by_pool: dict[str, float] = {}
     for pool in pools_of(s):
-        values = {}
+        at_start: dict[str, Any] = {}
+        at_end: dict[str, Any] = {}
         for part in ("sum", "count"):
-            q = f'sum(vllm:time_to_first_token_seconds_{part}{{stack="{s.stack_label}",pool="{pool}"}})'
-            samples = [prometheus_query(s.prometheus, q, t) for t in (start, end)]
-            values[part] = [float(x[0]["value"][1]) if x else 0.0 for x in samples]
-        dc = values["count"][1] - values["count"][0]
-        if dc <= 0:
-            raise SlaError(f"Prometheus ({s.prometheus}) saw no {pool} request between the bucket's start and end")
-        by_pool[pool] = (values["sum"][1] - values["sum"][0]) / dc
+            q = f'{TTFT_HISTOGRAM}_{part}{{stack="{s.stack_label}",pool="{pool}"}}'
+            at_start[part], at_end[part] = (prometheus_query(s.prometheus, q, t) for t in (start, end))
+        try:
+            by_pool[pool] = pool_ttft_mean(pool, at_start, at_end)
+        except PrometheusViewError as e:
+            raise SlaError(f"Prometheus ({s.prometheus}) {e}") from None
     return {"ttft_mean": sum(by_pool.values()), "by_pool": by_pool}
 
 
@@ -326,10 +321,7 @@ def run(stack: StackConfig, stack_name: str, args: argparse.Namespace) -> int:
                 view = prometheus_ttft(s, t0 - 0.001, t_end)
             except (OSError, urllib.error.URLError, SlaError) as e:
                 view = {"error": str(e)}
-            if "ttft_mean" in view and b.requests:
-                diff, agrees = prometheus_agrees(view["ttft_mean"], b.ttft["mean"], s.tolerance)
-                view.update(difference=diff, agrees=agrees)
-            b.prometheus = view
+            b.prometheus = hold_prometheus(view, b, s.tolerance)
         b.failures = judge(b, s)
         b.predicted = predicted["buckets"].get(context)
         buckets.append(b)
@@ -346,6 +338,7 @@ def run(stack: StackConfig, stack_name: str, args: argparse.Namespace) -> int:
                      "prometheus": s.prometheus, "prometheus_tolerance": s.tolerance},
         "buckets": [{"context": b.context, "name": b.name, "requests": b.requests, "errors": b.errors,
                      "error_summary": b.error_summary, "ttft_seconds": b.ttft, "tpot_seconds": b.tpot,
+                     "output_tokens_min": b.output_tokens, "missing": b.missing,
                      "prometheus": b.prometheus, "predicted": b.predicted, "pass": not b.failures,
                      "failures": b.failures} for b in buckets],
         "prediction": {k: v for k, v in predicted.items() if k != "buckets"},

@@ -1,5 +1,6 @@
 """The SLA gate's plot: mean, p50 and p99 TTFT and TPOT against the context length, with the SLA lines
-and each failing bucket marked. Runs in the SLA client's environment (matplotlib), on sla.json:
+and each failing bucket marked (a bucket that measured nothing has no point). Runs in the SLA client's
+environment (matplotlib), on sla.json:
 
     python sla_plot.py sla.json sla.png
 """
@@ -25,7 +26,7 @@ def main(report_path: str, png_path: str) -> int:
         (axes[1], "tpot_seconds", "tpot_seconds", 1000.0, "ms", "Time per output token"),
     ):
         for stat, style in (("mean", "o-"), ("p50", "s--"), ("p99", "^:")):
-            ax.plot(x, [b[key][stat] * scale for b in buckets], style, label=stat)
+            ax.plot(x, [_value(b[key], stat) * scale for b in buckets], style, label=stat)
         if key == "ttft_seconds":
             seen = [(b["context"], b["prometheus"]["ttft_mean"]) for b in buckets
                     if b.get("prometheus") and "ttft_mean" in b["prometheus"]]
@@ -39,11 +40,13 @@ def main(report_path: str, png_path: str) -> int:
                     label=f"mean, predicted ({who.split(' (')[0]})")
         target = report["targets"][target_key] * scale
         ax.axhline(target, color="red", linewidth=1.5, label=f"SLA (mean ≤ {target:g} {unit})")
-        failed = [b for b in buckets if any(("TTFT" if key == "ttft_seconds" else "TPOT") in f for f in b["failures"])]
+        failed = [b for b in buckets if b[key] and any(("TTFT" if key == "ttft_seconds" else "TPOT") in f
+                                                       for f in b["failures"])]
         if failed:
             ax.plot([b["context"] for b in failed], [b[key]["mean"] * scale for b in failed], "o", markersize=14,
                     markerfacecolor="none", markeredgecolor="red", label="fails the SLA")
         ax.set_xscale("log", base=2)
+        ax.set_xlim(min(x) / 1.5, max(x) * 1.5)  # not from the data: a bucket may have none
         ax.set_xticks(x, [b["name"] for b in buckets])
         ax.set_xlabel("input tokens")
         ax.set_ylabel(unit)
@@ -57,6 +60,10 @@ def main(report_path: str, png_path: str) -> int:
                  fontsize=10)
     fig.savefig(png_path, dpi=110)
     return 0
+
+
+def _value(stat: dict[str, float] | None, key: str) -> float:
+    return stat[key] if stat else float("nan")  # not measured: a gap in the line
 
 
 if __name__ == "__main__":
