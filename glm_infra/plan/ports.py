@@ -6,6 +6,11 @@ relay and each pool's warm-cache relay on the hosts that have relay children, th
 router's own ports), ``router`` (the public port: the stack's hosts and ``router.allowedCidrs``),
 ``operators`` (Prometheus and Alertmanager: the stack's hosts and ``monitoring.allowedCidrs``),
 ``loopback`` (the router's gates: its host only).
+
+The lists of outsiders the firewall lets in (``allowlists``: SSH's ``firewall.adminCidrs``, the router's
+``router.allowedCidrs``, the monitoring's ``monitoring.allowedCidrs``): validate refuses the first two
+unset while the firewall is on (``unset_allowlists``), and the stack's warnings name one that opens a port
+to every address or still holds a documentation network (``firewall_warnings``).
 """
 
 from __future__ import annotations
