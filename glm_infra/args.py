@@ -251,7 +251,7 @@ class RouterInput(TypedDict, total=False):
     plain_http: str
     """A plain-HTTP request to the public port: refused (400) or redirected to https (301). Default: 'refuse'."""
     allowed_cidrs: Sequence[str]
-    """Who may reach the public port besides the stack's hosts (the firewall); empty: nobody else, so it is opened on purpose."""
+    """Who may reach the public port besides the stack's hosts (the firewall): the networks your clients or their load balancer connect from. Required while the firewall is on: glm-infra cannot guess them (open, every address could try the API; closed, no client could). 0.0.0.0/0 and ::/0 open it to every address, with a warning."""
     health_check_interval: int
     """Seconds between worker health checks. Default: 10."""
     gate_port: int
@@ -427,7 +427,7 @@ class FirewallInput(TypedDict, total=False):
     enabled: bool
     """Load the table: glm-infra's ports for the stack's hosts, SSH, and nothing else. Default: True."""
     admin_cidrs: Sequence[str]
-    """Who may log in over SSH (each host's sshPort) besides the stack's hosts: the networks you and the machine running pulumi connect from (a bastion, a VPN). Unset: SSH from anywhere, as before the firewall; glm-infra cannot know where you log in from, and a guess that missed would lock you out of the host."""
+    """Who may log in over SSH (each host's sshPort) besides the stack's hosts: the networks you and the machine running pulumi connect from (a bastion, a VPN). Required while the firewall is on: glm-infra cannot guess them (open, every address could try SSH; a guess that missed would lock you and pulumi out of the hosts). 0.0.0.0/0 and ::/0 open SSH to every address, with a warning."""
 
 
 class PredictionInput(TypedDict, total=False):

@@ -16,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from .plan.model_checks import GPU_COMPUTE_CAPABILITY, capacity_warnings, unpinned_revision
+from .plan.ports import firewall_warnings
 from .plan.validate import Problem, check
 from .spec import pins
 from .spec.config import NAMESPACE, SECRET_PATHS, STACK_KEYS, StackConfig
@@ -198,11 +199,12 @@ def _build(raw: dict[str, Any], source: str, problems: list[Problem], lines: dic
     if problems:
         raise StackError(source, problems, lines)
     assert config is not None
-    return LoadedStack(config=config, source=source, warnings=tuple(_warnings(config, serve and capacity)))
+    return LoadedStack(config=config, source=source, warnings=tuple(_warnings(config, serve, capacity)))
 
 
-def _warnings(stack: StackConfig, serve: bool = True) -> list[str]:
-    out = capacity_warnings(stack) if serve else []
+def _warnings(stack: StackConfig, serve: bool = True, capacity: bool = True) -> list[str]:
+    out = capacity_warnings(stack) if serve and capacity else []
+    out += firewall_warnings(stack, serve)
     if stack.router is not None and stack.router.api_key is None:
         out.append(f"{NAMESPACE}:router.apiKey is not set: the router's public port accepts any client")
     if (unpinned := unpinned_revision(stack)) is not None:

@@ -164,7 +164,8 @@ def test_the_outputs_are_what_the_components_register(schema, tmp_path, monkeypa
     run_program(stack_file("sim"), key, stack="sim")
     run_callable(lambda: Hosts("fleet", {
         "hosts": [{"name": "h1", "address": "10.0.0.1", "compute_nics": ["mlx5_0"]}], "ssh": {"private_key": KEY},
-        "model": {"repo": "nvidia/GLM-5.2-NVFP4", "revision": "0" * 40, "path": "/mnt/model/glm", "source": "local"}}))
+        "model": {"repo": "nvidia/GLM-5.2-NVFP4", "revision": "0" * 40, "path": "/mnt/model/glm", "source": "local"},
+        "firewall": {"admin_cidrs": ["10.20.0.0/24"]}}))
     for component in (Cluster, Hosts):
         res = schema["resources"][f"{PACKAGE}:index:{component.__name__}"]
         assert set(res["properties"]) == registered[component.__name__], component.__name__

@@ -14,6 +14,9 @@ from glm_infra.roles import router
 
 KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nnot-a-real-key\n-----END OPENSSH PRIVATE KEY-----\n"
 MODEL = {"repo": "nvidia/GLM-5.2-NVFP4", "revision": "0" * 40, "path": "/mnt/model/glm/GLM-5.2-NVFP4"}
+# Who may log in over SSH and who may reach the router's public port: Args say it as a stack file does.
+WALL = {"admin_cidrs": ["10.20.0.0/24"]}
+CLIENTS = ["10.30.0.0/16"]
 
 
 def hosts(*addresses):
@@ -26,7 +29,8 @@ def commands(run):
 
 def test_a_minimal_cluster_is_the_brief_recipe():
     run, url = run_callable(lambda: Cluster("glm", {"hosts": hosts("10.0.0.11", "10.0.0.12", "10.0.0.13"),
-                                                     "ssh": {"private_key": KEY}, "model": MODEL}).router_url)
+                                                     "ssh": {"private_key": KEY}, "model": MODEL, "firewall": WALL,
+                                                     "router": {"host": "b300-3", "allowed_cidrs": CLIENTS}}).router_url)
     cmds = commands(run)
     assert url == "https://10.0.0.13:8000"
     assert sorted(n.removesuffix("-unit") for n in cmds if n.endswith("-unit") and "router" not in n) == [
@@ -45,7 +49,8 @@ def test_a_minimal_cluster_is_the_brief_recipe():
 
 def test_how_long_a_silent_host_is_tried_comes_from_the_stack():
     run, _ = run_callable(lambda: Cluster("glm", {"hosts": hosts("10.0.0.11", "10.0.0.12", "10.0.0.13"), "model": MODEL,
-                                                   "ssh": {"private_key": KEY, "dial_attempts": 3, "dial_timeout": 5}}).router_url)
+                                                   "ssh": {"private_key": KEY, "dial_attempts": 3, "dial_timeout": 5},
+                                                   "firewall": WALL, "router": {"host": "b300-3", "allowed_cidrs": CLIENTS}}).router_url)
     conns = [r.inputs["connection"] for r in run.resources if r.type == "command:remote:Command"]
     assert conns and all((c["dialErrorLimit"], c["perDialTimeout"]) == (3, 5) for c in conns)
 
@@ -60,7 +65,7 @@ def test_host_addresses_may_come_from_another_resource():
             "hosts": [{"name": f"h{i}", "address": c.stdout, "compute_nics": ["mlx5_0"]} for i, c in enumerate(inventory, 1)],
             "ssh": {"private_key": pulumi.Output.secret(KEY)}, "model": MODEL,
             "prefill": {"hosts": ["h1"], "instances_per_host": 1, "dp": 8},
-            "decode": {"hosts": ["h2"]}, "router": {"host": "h2"},
+            "decode": {"hosts": ["h2"]}, "router": {"host": "h2", "allowed_cidrs": CLIENTS}, "firewall": WALL,
         })
         return pulumi.Output.all(cluster.router_url, cluster.instances)
 
@@ -91,7 +96,7 @@ def test_a_mirror_url_and_addresses_from_other_resources_reach_the_seed(tmp_path
             "hosts": [{"name": f"h{i}", "address": c.stdout, "compute_nics": ["mlx5_0"]} for i, c in enumerate(inventory, 1)],
             "ssh": {"private_key": KEY}, "model": {**MODEL, "source": "mirror", key: mirror.stdout},
             "prefill": {"hosts": ["h1"], "instances_per_host": 1, "dp": 8}, "decode": {"hosts": ["h2"]},
-            "router": {"host": "h2"},
+            "router": {"host": "h2", "allowed_cidrs": CLIENTS}, "firewall": WALL,
         })
         return cluster.router_url
 
@@ -129,6 +134,77 @@ def test_bad_args_are_refused_with_the_validate_messages_before_any_resource():
                                              "decode": {"hosts": ["b300-2"]}, "router": {"host": "b300-2"}}))
 
 
+OPEN_ARGS = {"hosts": hosts("10.0.0.11", "10.0.0.12", "10.0.0.13"), "ssh": {"private_key": KEY}, "model": MODEL}
+HOSTS_MODEL = {**MODEL, "source": "mirror", "mirror_url": "http://10.0.0.1/m"}
+
+
+def test_args_that_leave_ssh_or_the_router_unsaid_are_refused_like_a_stack_file():
+    """Secure by default for the components too: a Cluster says who may log in over SSH and who may reach
+    its router's public port, Hosts (no router) who may log in; refused before any resource otherwise,
+    in validate's words."""
+    errors = []
+
+    def program(make):
+        try:
+            make()
+        except InvalidArgsError as e:
+            errors.append(e)
+
+    run, _ = run_callable(lambda: program(lambda: Cluster("open", OPEN_ARGS)))
+    (error,) = errors
+    assert [p.path for p in error.problems] == ["glm-infra:firewall.adminCidrs", "glm-infra:router.allowedCidrs"]
+    assert str(error).splitlines()[1:] == [
+        "  Cluster 'open': glm-infra:firewall.adminCidrs: not set: list who besides the stack's hosts may reach SSH on "
+        "every host: the networks you and the machine running pulumi connect from (a bastion, a VPN), e.g. "
+        "[203.0.113.0/24], or 0.0.0.0/0 and ::/0 to open it to every address on purpose (glm-infra will not guess: "
+        "left open, any address could reach it; left closed, only the stack's hosts)",
+        "  Cluster 'open': glm-infra:router.allowedCidrs: not set: list who besides the stack's hosts may reach the "
+        "router's public port (8000 on b300-3): the networks your clients (or their load balancer) connect from, "
+        "e.g. [203.0.113.0/24], or 0.0.0.0/0 and ::/0 to open it to every address on purpose (glm-infra will not "
+        "guess: left open, any address could reach it; left closed, only the stack's hosts)"]
+    assert run.resources == [], "no resource exists"
+    with pytest.raises(InvalidArgsError) as e:
+        run_callable(lambda: Cluster("open", {**OPEN_ARGS, "firewall": WALL}))
+    assert [p.path for p in e.value.problems] == ["glm-infra:router.allowedCidrs"]
+    with pytest.raises(InvalidArgsError) as e:
+        run_callable(lambda: Cluster("open", {**OPEN_ARGS, "router": {"host": "b300-3", "allowed_cidrs": CLIENTS}}))
+    assert [p.path for p in e.value.problems] == ["glm-infra:firewall.adminCidrs"]
+    with pytest.raises(InvalidArgsError) as e:  # camelCase and an empty list alike
+        run_callable(lambda: Cluster("open", {**OPEN_ARGS, "firewall": {"adminCidrs": []},
+                                              "router": {"host": "b300-3", "allowedCidrs": CLIENTS}}))
+    assert str(e.value).splitlines()[1:] == [
+        "  Cluster 'open': glm-infra:firewall.adminCidrs: List should have at least 1 item after validation, not 0"]
+    # Hosts runs no router: who may log in is all it must say.
+    with pytest.raises(InvalidArgsError) as e:
+        run_callable(lambda: Hosts("fleet", {**OPEN_ARGS, "model": HOSTS_MODEL}))
+    assert [p.path for p in e.value.problems] == ["glm-infra:firewall.adminCidrs"]
+
+
+@pytest.mark.parametrize("everyone,family", [(["0.0.0.0/0"], "IPv4"), (["::/0"], "IPv6"),
+                                             (["0.0.0.0/0", "::/0"], "IPv4 and IPv6")], ids=["v4", "v6", "both"])
+def test_args_may_open_ssh_and_the_router_to_every_address_with_a_warning(everyone, family):
+    """Said on purpose, open to all is accepted, and the run's warnings (what pulumi preview and up
+    print) name each key."""
+    run, _ = run_callable(lambda: Cluster("open", {**OPEN_ARGS, "firewall": {"admin_cidrs": everyone},
+                                                   "router": {"host": "b300-3", "allowed_cidrs": everyone}}).router_url)
+    assert any(r.name == "open-b300-1-firewall-nftables" for r in run.resources)
+    given = ", ".join(everyone)
+    assert [m for m in run.logs if "address reach" in m] == [
+        f"glm-infra:firewall.adminCidrs: {given} lets every {family} address reach SSH on every host; list the "
+        "networks you and the machine running pulumi connect from (a bastion, a VPN) unless that is what you mean",
+        f"glm-infra:router.allowedCidrs: {given} lets every {family} address reach the router's public port (8000 on "
+        "b300-3); list the networks your clients (or their load balancer) connect from unless that is what you mean"]
+
+
+def test_with_the_firewall_off_no_network_is_required_and_the_run_says_nothing_filters():
+    for make in (lambda: Hosts("fleet", {**OPEN_ARGS, "model": HOSTS_MODEL, "firewall": {"enabled": False}}).facts,
+                 lambda: Cluster("open", {**OPEN_ARGS, "firewall": {"enabled": False}}).router_url):
+        run, _ = run_callable(make)
+        assert run.resources and not any("firewall" in r.name for r in run.resources)
+        assert len([m for m in run.logs if m.startswith("glm-infra:firewall.enabled is false: nothing filters who "
+                                                         "reaches the hosts; SSH")]) == 1, run.logs
+
+
 @pytest.mark.parametrize("key,path,value", [
     ("router", "apiKey", 'sk-0123456789abcdef"; 1;\n'),  # would add to nginx's map of keys
     ("router", "apiKey", "short"),
@@ -138,8 +214,9 @@ def test_bad_args_are_refused_with_the_validate_messages_before_any_resource():
     ("monitoring", "webhookUrl", "file:///etc/shadow"),
 ])
 def test_a_secret_that_would_break_its_file_is_refused_without_its_value(key, path, value):
-    args = {"hosts": hosts("10.0.0.11", "10.0.0.12", "10.0.0.13"), "ssh": {"private_key": KEY}, "model": dict(MODEL)}
-    args.setdefault(key, {"host": "b300-3"} if key == "router" else {})[path] = value
+    args = {"hosts": hosts("10.0.0.11", "10.0.0.12", "10.0.0.13"), "ssh": {"private_key": KEY}, "model": dict(MODEL),
+            "router": {"host": "b300-3", "allowed_cidrs": CLIENTS}, "firewall": WALL}
+    args.setdefault(key, {})[path] = value
     with pytest.raises(InvalidArgsError) as e:
         run_callable(lambda: Cluster("glm", args))
     assert [p.path for p in e.value.problems] == [f"glm-infra:{key}.{path}"]
@@ -156,7 +233,8 @@ def test_a_long_api_key_fits_nginx_map_of_keys():
     from glm_infra.spec.config import API_KEY_MAX
     from glm_infra.stack import load_dict
     cfg = load_dict({"hosts": hosts("10.0.0.11", "10.0.0.12", "10.0.0.13"), "ssh": {"private_key": KEY},
-                     "model": MODEL, "router": {"host": "b300-3", "api_key": "k" * 16}}, "test").config
+                     "model": MODEL, "router": {"host": "b300-3", "api_key": "k" * 16, "allowed_cidrs": CLIENTS},
+                     "firewall": WALL}, "test").config
     conf = router.router_front_conf(cfg, plan(cfg))
     bucket = int(conf.split("map_hash_bucket_size ", 1)[1].split(";", 1)[0])
     # nginx keeps a key with its length and a pointer in a bucket, aligned: room for the longest line.
@@ -167,7 +245,8 @@ def test_an_address_known_later_is_still_checked():
     def program():
         same = [local.Command(f"inventory-{i}", create="echo 10.2.0.1") for i in (1, 2)]
         return Cluster("dup", {"hosts": [{"name": f"h{i}", "address": c.stdout, "compute_nics": ["mlx5_0"]} for i, c in enumerate(same, 1)],
-                               "ssh": {"private_key": KEY}, "model": MODEL}).router_url
+                               "ssh": {"private_key": KEY}, "model": MODEL, "firewall": WALL,
+                               "router": {"host": "h2", "allowed_cidrs": CLIENTS}}).router_url
 
     with pytest.raises(Exception, match=r"glm-infra:hosts\[1\].address: duplicate address '10.2.0.1'"):
         run_callable(program)
@@ -175,7 +254,7 @@ def test_an_address_known_later_is_still_checked():
 
 def test_hosts_provisions_without_serving():
     run, facts = run_callable(lambda: Hosts("fleet", {
-        "hosts": hosts("10.0.0.41", "10.0.0.42"), "ssh": {"private_key": KEY},
+        "hosts": hosts("10.0.0.41", "10.0.0.42"), "ssh": {"private_key": KEY}, "firewall": WALL,
         "model": {**MODEL, "source": "mirror", "mirror_url": "http://10.0.0.1/m"},
     }).facts)
     names = set(commands(run))
@@ -186,9 +265,10 @@ def test_hosts_provisions_without_serving():
     assert set(facts) == {"b300-1", "b300-2"}
     # The hub needs the runtime's uv for the hf CLI: asked for, or refused plainly.
     with pytest.raises(InvalidArgsError, match="install_runtime=True"):
-        run_callable(lambda: Hosts("fleet", {"hosts": hosts("10.0.0.41"), "ssh": {"private_key": KEY}, "model": MODEL}))
+        run_callable(lambda: Hosts("fleet", {"hosts": hosts("10.0.0.41"), "ssh": {"private_key": KEY}, "model": MODEL,
+                                             "firewall": WALL}))
     run, _ = run_callable(lambda: Hosts("fleet", {"hosts": hosts("10.0.0.41"), "ssh": {"private_key": KEY},
-                                                  "model": MODEL}, install_runtime=True).facts)
+                                                  "model": MODEL, "firewall": WALL}, install_runtime=True).facts)
     assert {"fleet-b300-1-runtime-venv", "fleet-weights-b300-1-hf-cli"} <= set(commands(run))
 
 
@@ -244,9 +324,10 @@ def test_the_components_leave_the_sdk_as_it_is():
     sdk_wait.uninstall()
     try:
         run_callable(lambda: Cluster("glm", {"hosts": hosts("10.0.0.11", "10.0.0.12", "10.0.0.13"),
-                                             "ssh": {"private_key": KEY}, "model": MODEL}).router_url)
+                                             "ssh": {"private_key": KEY}, "model": MODEL, "firewall": WALL,
+                                             "router": {"host": "b300-3", "allowed_cidrs": CLIENTS}}).router_url)
         run_callable(lambda: Hosts("fleet", {"hosts": hosts("10.0.0.41"), "ssh": {"private_key": KEY},
-                                             "model": MODEL}, install_runtime=True).facts)
+                                             "model": MODEL, "firewall": WALL}, install_runtime=True).facts)
         assert not sdk_wait.installed()
     finally:
         if was:

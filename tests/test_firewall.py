@@ -49,16 +49,21 @@ ROUTER_PRIVATE = {29000}
 MONITORING = {9090, 9093}
 
 PROD_HOSTS = {"10.0.0.11/32", "10.0.0.12/32", "10.0.0.13/32"}
+TWO_HOSTS = {"10.0.0.11/32", "10.0.0.12/32"}
 SIM_HOSTS = {"10.88.0.11/32", "10.88.0.12/32", "10.88.0.13/32"}
 MACHINE = {"10.88.0.1/32"}  # the sim's router.allowedCidrs, monitoring.allowedCidrs and firewall.adminCidrs
-ANYONE = None
+# The other committed stacks' placeholders (documentation networks): firewall.adminCidrs, router.allowedCidrs.
+ADMINS, CLIENTS = {"192.0.2.0/24"}, {"203.0.113.0/24"}
+ANYONE = None  # what what_gets_in says of a port open to every address, with no set of sources
 
 # stack → host → {who may connect (a set of networks, or ANYONE): the TCP ports they may reach}
 EXPECTED: dict[str, dict[str, dict[frozenset[str] | None, set[int]]]] = {
     "prod-b300": {
-        "b300-1": {frozenset(PROD_HOSTS): PREFILL_2X_DP4 | EXPORTERS | RELAY | WARM_CACHE, ANYONE: {22}},
-        "b300-2": {frozenset(PROD_HOSTS): PREFILL_2X_DP4 | EXPORTERS, ANYONE: {22}},
-        "b300-3": {frozenset(PROD_HOSTS): DECODE_DP8 | EXPORTERS | ROUTER_PRIVATE | {8000} | MONITORING, ANYONE: {22}},
+        "b300-1": {frozenset(PROD_HOSTS): PREFILL_2X_DP4 | EXPORTERS | RELAY | WARM_CACHE,
+                   frozenset(PROD_HOSTS | ADMINS): {22}},
+        "b300-2": {frozenset(PROD_HOSTS): PREFILL_2X_DP4 | EXPORTERS, frozenset(PROD_HOSTS | ADMINS): {22}},
+        "b300-3": {frozenset(PROD_HOSTS): DECODE_DP8 | EXPORTERS | ROUTER_PRIVATE | MONITORING,
+                   frozenset(PROD_HOSTS | CLIENTS): {8000}, frozenset(PROD_HOSTS | ADMINS): {22}},
     },
     "sim": {
         "sim-1": {frozenset(SIM_HOSTS): PREFILL_2X_DP4 | EXPORTERS | RELAY | WARM_CACHE,
@@ -68,18 +73,21 @@ EXPECTED: dict[str, dict[str, dict[frozenset[str] | None, set[int]]]] = {
                   frozenset(SIM_HOSTS | MACHINE): {22, 8000} | MONITORING},
     },
     "b300-2node": {
-        "b300-1": {frozenset({"10.0.0.11/32", "10.0.0.12/32"}): PREFILL_2X_DP4 | EXPORTERS | RELAY, ANYONE: {22}},
-        "b300-2": {frozenset({"10.0.0.11/32", "10.0.0.12/32"}): DECODE_DP8 | EXPORTERS | ROUTER_PRIVATE | {8000}
-                   | MONITORING, ANYONE: {22}},
+        "b300-1": {frozenset(TWO_HOSTS): PREFILL_2X_DP4 | EXPORTERS | RELAY, frozenset(TWO_HOSTS | ADMINS): {22}},
+        "b300-2": {frozenset(TWO_HOSTS): DECODE_DP8 | EXPORTERS | ROUTER_PRIVATE | MONITORING,
+                   frozenset(TWO_HOSTS | CLIENTS): {8000}, frozenset(TWO_HOSTS | ADMINS): {22}},
     },
     # One colocated TP1 DP8 instance on httpPort 8000 (DP RPC 29550, no NIXL), no router, no relay.
     "b300-1node-colocated": {
-        "b300-dev": {frozenset({"10.0.0.21/32"}): {8000, 29550} | EXPORTERS | MONITORING, ANYONE: {22}},
+        "b300-dev": {frozenset({"10.0.0.21/32"}): {8000, 29550} | EXPORTERS | MONITORING,
+                     frozenset({"10.0.0.21/32"} | ADMINS): {22}},
     },
     "b300-prefill-dp2": {
-        "b300-1": {frozenset(PROD_HOSTS): PREFILL_4X_DP2 | EXPORTERS | RELAY | WARM_CACHE, ANYONE: {22}},
-        "b300-2": {frozenset(PROD_HOSTS): PREFILL_4X_DP2 | EXPORTERS, ANYONE: {22}},
-        "b300-3": {frozenset(PROD_HOSTS): DECODE_DP8 | EXPORTERS | ROUTER_PRIVATE | {8000} | MONITORING, ANYONE: {22}},
+        "b300-1": {frozenset(PROD_HOSTS): PREFILL_4X_DP2 | EXPORTERS | RELAY | WARM_CACHE,
+                   frozenset(PROD_HOSTS | ADMINS): {22}},
+        "b300-2": {frozenset(PROD_HOSTS): PREFILL_4X_DP2 | EXPORTERS, frozenset(PROD_HOSTS | ADMINS): {22}},
+        "b300-3": {frozenset(PROD_HOSTS): DECODE_DP8 | EXPORTERS | ROUTER_PRIVATE | MONITORING,
+                   frozenset(PROD_HOSTS | CLIENTS): {8000}, frozenset(PROD_HOSTS | ADMINS): {22}},
     },
 }
 # Besides the stack's hosts and the networks above, these ports answer "refused" to anyone else (a TCP
@@ -166,7 +174,7 @@ def test_each_host_lets_in_exactly_the_ports_listed_by_hand(stack):
         got, refused = what_gets_in(items)
         assert got == want, (stack, host)
         # glm-infra's own ports answer "refused" to the rest; SSH does not (it drops like the rest).
-        assert refused == set().union(*(p for k, p in want.items() if k is not ANYONE)) - {22}, (stack, host)
+        assert refused == set().union(*want.values()) - {22}, (stack, host)
 
 
 def test_hosts_without_pools_open_what_they_run():
@@ -177,13 +185,13 @@ def test_hosts_without_pools_open_what_they_run():
     want = {"b300-1": EXPORTERS | RELAY, "b300-2": EXPORTERS, "b300-3": EXPORTERS | MONITORING}
     for host, port_set in want.items():
         got, _ = what_gets_in(listing(firewall.ruleset(cfg, p, host)))
-        assert got == {frozenset(PROD_HOSTS): port_set, ANYONE: {22}}, host
+        assert got == {frozenset(PROD_HOSTS): port_set, frozenset(PROD_HOSTS | ADMINS): {22}}, host
 
 
 def test_the_file_says_what_listens_on_each_port():
     """The ruleset is reviewed (glm-infra render): each group of ports names what listens there."""
     lines = rules_of(config("prod-b300"), "b300-3").splitlines()
-    for comment in ("# ssh (sshd on 22): from anywhere",
+    for comment in ("# ssh: sshd on 22",
                     "# peers: DCGM exporter, decode-0 dp-rpc, decode-0 http, decode-0 nixl, node exporter, "
                     "router metrics",
                     "# router: router http", "# operators: alertmanager, prometheus"):
@@ -305,8 +313,8 @@ UNKNOWN = {2222, 7777}  # listeners no plan knows of
 
 def test_b300_1_lets_its_peers_in_refuses_outsiders_and_drops_the_rest(lab):
     """prod-b300's b300-1 on its own addresses: b300-2 reaches every port listed by hand and SSH; an
-    outsider gets SSH (no adminCidrs) and "refused" on glm-infra's ports; nobody gets a listener the
-    plan does not know."""
+    outsider (outside adminCidrs) gets "refused" on glm-infra's ports and no SSH; nobody gets a listener
+    the plan does not know."""
     srv, cli = lab("10.0.0.11", "10.0.0.12", "10.0.0.50")
     load(srv, rules_of(config("prod-b300"), "b300-1"))
     theirs = PREFILL_2X_DP4 | EXPORTERS | RELAY
@@ -314,7 +322,7 @@ def test_b300_1_lets_its_peers_in_refuses_outsiders_and_drops_the_rest(lab):
         assert states(reach(cli, "10.0.0.12", "10.0.0.11", theirs | {22} | UNKNOWN)) == {
             "open": theirs | {22}, "dropped": UNKNOWN}
         assert states(reach(cli, "10.0.0.50", "10.0.0.11", theirs | {22} | UNKNOWN)) == {
-            "refused": theirs, "open": {22}, "dropped": UNKNOWN}
+            "refused": theirs, "dropped": {22} | UNKNOWN}
         # The ports next to them are not the plan's: dropped for a peer too (no reset, although nothing
         # listens there).
         assert set(reach(cli, "10.0.0.12", "10.0.0.11", {5599, 5608, 8089, 8102, 29552}).values()) == {"dropped"}
@@ -362,17 +370,27 @@ def test_sim_3_ssh_from_admins_public_ports_from_their_cidrs_nothing_else(lab):
         assert reach(cli, OUTSIDER, SERVER, {22}) == {22: "open"}
 
 
-def test_without_admin_cidrs_ssh_stays_open_to_everyone(lab):
-    """glm-infra cannot know where its operators log in from: unset, SSH is not restricted."""
+def test_ssh_is_open_to_every_address_only_when_the_stack_says_so(lab):
+    """0.0.0.0/0 and ::/0 in adminCidrs (said on purpose; validate warns): the table loads and an outsider
+    gets SSH, still nothing the plan does not know. Unset, validate refuses the stack; a config that
+    reached the firewall without it anyway would let the stack's hosts only, never everyone."""
     srv, cli = lab(SERVER, OUTSIDER)
     r = raw("sim")
     for i, h in enumerate(r["hosts"]):
         h["address"] = f"10.99.0.1{i + 1}"
-    del r["firewall"]
+    r["firewall"] = {"adminCidrs": ["0.0.0.0/0", "::/0"]}
     cfg = load_dict(r, "test").config
     load(srv, rules_of(cfg, "sim-3"))
     with Listening(srv, {22, 7777}):
         assert reach(cli, OUTSIDER, SERVER, {22, 7777}) == {22: "open", 7777: "dropped"}
+    got, _ = what_gets_in(listing(rules_of(cfg, "sim-3")))
+    assert got[frozenset({"0.0.0.0/0", "::/0"})] == {22}
+    del r["firewall"]
+    with pytest.raises(StackError, match="glm-infra:firewall.adminCidrs: not set"):
+        load_dict(r, "test")
+    unset = cfg.model_copy(update={"firewall": cfg.firewall.model_copy(update={"admin_cidrs": None})})
+    got, _ = what_gets_in(listing(rules_of(unset, "sim-3")))
+    assert ANYONE not in got and 22 in got[frozenset({f"10.99.0.1{i}/32" for i in (1, 2, 3)})], got
 
 
 def test_ssh_opens_on_the_hosts_own_port():

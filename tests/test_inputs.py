@@ -54,7 +54,7 @@ def test_secrets_are_taken_out_of_what_is_validated(top, key, name):
 
 def test_load_validates_with_the_stack_messages():
     _, loaded = inputs.load({"hosts": [{"name": "a", "address": "10.0.0.1"}], "ssh": {"private_key": "k"},
-                             "model": MODEL}, "Cluster 'x'")
+                             "model": MODEL, "firewall": {"admin_cidrs": ["10.20.0.0/24"]}}, "Cluster 'x'")
     assert loaded.config.colocated is not None and loaded.config.ssh.private_key is not None
     with pytest.raises(StackError) as e:
         inputs.load({"hosts": [{"name": "a", "address": "10.0.0.1"}], "ssh": {"private_key": "k"}, "model": MODEL,

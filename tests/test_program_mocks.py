@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pulumi
 import pytest
@@ -615,3 +616,37 @@ def test_secret_triggers_are_keyed_and_the_others_are_as_they_were(key_file, tmp
     prune = run.get("glm-b300-2-prune-weights").inputs["create"]
     revision = yaml.safe_load(stack_file("prod-b300").read_text())["config"]["glm-infra:model"]["revision"]
     assert prune.startswith(f": glm-infra-triggers={plain(plain(revision))}; "), prune
+
+
+def _prod_with(tmp_path, edit) -> Path:
+    cfg = yaml.safe_load(stack_file("prod-b300").read_text())
+    edit(cfg["config"])
+    path = tmp_path / "Pulumi.test.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_the_program_refuses_a_stack_that_leaves_ssh_or_the_routers_clients_unsaid(key_file, tmp_path):
+    """pulumi preview and up stop where validate does: before any resource, naming the key."""
+    path = _prod_with(tmp_path, lambda c: (c.pop("glm-infra:firewall"), c["glm-infra:router"].pop("allowedCidrs")))
+    with pytest.raises(pulumi.RunError) as e:
+        run_program(path, key_file)
+    assert [line.split(": ", 2)[1] for line in str(e.value).splitlines()[1:]] == [
+        "glm-infra:firewall.adminCidrs", "glm-infra:router.allowedCidrs"], str(e.value)
+    assert "glm-infra:firewall.adminCidrs: not set: list who besides the stack's hosts may reach SSH" in str(e.value)
+
+
+def test_the_program_warns_of_ssh_and_the_router_open_to_every_address(key_file, tmp_path):
+    """Open to all, said on purpose: deployed, and pulumi preview and up warn as validate does."""
+    def edit(c):
+        c["glm-infra:firewall"]["adminCidrs"] = ["0.0.0.0/0", "::/0"]
+        c["glm-infra:router"]["allowedCidrs"] = ["0.0.0.0/0"]
+
+    run = run_program(_prod_with(tmp_path, edit), key_file)
+    assert run.by_type(CMD)
+    assert {m for m in run.logs if "address reach" in m} == {
+        "glm-infra:firewall.adminCidrs: 0.0.0.0/0, ::/0 lets every IPv4 and IPv6 address reach SSH on every host; "
+        "list the networks you and the machine running pulumi connect from (a bastion, a VPN) unless that is what "
+        "you mean",
+        "glm-infra:router.allowedCidrs: 0.0.0.0/0 lets every IPv4 address reach the router's public port (8000 on "
+        "b300-3); list the networks your clients (or their load balancer) connect from unless that is what you mean"}

@@ -210,9 +210,12 @@ def test_check_jsonschema_refuses_naming_the_key(case, tmp_path):
 def _variations() -> dict[str, dict]:
     """Valid stack files unlike the committed ones."""
     prod = stack_doc()
-    minimal = {"config": {k: v for k, v in prod["config"].items() if k in (ns + "hosts", ns + "ssh", ns + "model")}}
+    minimal = {"config": {k: v for k, v in prod["config"].items() if k in (ns + "hosts", ns + "ssh", ns + "model",
+                                                                           ns + "firewall")}}
     out = {
-        "minimal-brief-layout": minimal,  # pools and router from the BRIEF layout
+        # pools from the BRIEF layout; the router where the layout puts it, with its clients
+        "minimal-brief-layout": {"config": {**minimal["config"], ns + "router": {"host": "b300-3",
+                                                                                "allowedCidrs": ["10.30.0.0/16"]}}},
         "one-host": {"config": {**minimal["config"], ns + "hosts": prod["config"][ns + "hosts"][:1]}},
         "null-parsers": _set(copy.deepcopy(prod), "model", ["toolCallParser"], None),
         "encrypted-secrets": _set(_set(copy.deepcopy(prod), "router", ["apiKey"], {"secure": "v1:abc"}),

@@ -689,6 +689,7 @@ def test_an_unreachable_host_is_named(capsys, tmp_path, write_stack):
         "glm-infra:hosts": [{"name": "lone", "address": "127.0.0.1", "sshPort": 1, "computeNics": ["mlx5_0"]}],
         "glm-infra:ssh": {"user": "root", "privateKeyPath": str(key)},
         "glm-infra:model": {"repo": "nvidia/GLM-5.2-NVFP4", "revision": "0" * 40, "path": "/mnt/model/glm"},
+        "glm-infra:firewall": {"adminCidrs": ["10.20.0.0/24"]},
     })
     assert cli(["doctor", str(path)]) == doctor.EXIT_UNREACHABLE
     out = capsys.readouterr().out
@@ -708,6 +709,7 @@ def test_a_host_whose_ssh_quits_before_reading_the_checks_is_named(capsys, tmp_p
         "glm-infra:hosts": [{"name": "lone", "address": "10.9.9.9", "computeNics": ["mlx5_0"]}],
         "glm-infra:ssh": {"user": "root", "privateKeyPath": str(tmp_path / "id")},
         "glm-infra:model": {"repo": "nvidia/GLM-5.2-NVFP4", "revision": "0" * 40, "path": "/mnt/model/glm"},
+        "glm-infra:firewall": {"adminCidrs": ["10.20.0.0/24"]},
     })
     (tmp_path / "id").write_text("unused\n")
     assert cli(["doctor", str(path)]) == doctor.EXIT_UNREACHABLE

@@ -106,6 +106,12 @@ def test_warnings_name_the_key():
     loaded = load_file(stack_file("prod-b300"))
     assert loaded.warnings == (
         PREFILL_HOLDS_ONE,
+        "glm-infra:firewall.adminCidrs: 192.0.2.0/24 is a documentation network (RFC 5737, RFC 3849), a placeholder "
+        "nobody connects from: replace it with the networks you and the machine running pulumi connect from (a "
+        "bastion, a VPN)",
+        "glm-infra:router.allowedCidrs: 203.0.113.0/24 is a documentation network (RFC 5737, RFC 3849), a "
+        "placeholder nobody connects from: replace it with the networks your clients (or their load balancer) "
+        "connect from",
         "glm-infra:router.apiKey is not set: the router's public port accepts any client",
         "glm-infra:model.revision: 'main' is not a commit SHA; pin a commit so every host serves the same bytes",
     )
@@ -190,7 +196,8 @@ def test_component_args_load_like_the_file_in_either_spelling():
     from_file = load_file(stack_file("prod-b300")).config
     assert st.load_dict(raw, "Cluster 'glm'").config == from_file
     snake = {"hosts": raw["hosts"], "ssh": {"private_key_path": "~/.ssh/id_ed25519"}, "model": raw["model"],
-             "monitoring": {"prometheus_port": 9091}}
+             "monitoring": {"prometheus_port": 9091}, "firewall": {"admin_cidrs": ["10.20.0.0/24"]},
+             "router": {"host": "b300-3", "allowed_cidrs": ["10.30.0.0/16"]}}
     loaded = st.load_dict(snake, "Cluster 'glm'")
     assert loaded.config.monitoring.prometheus_port == 9091 and loaded.config.prefill is not None
     assert loaded.warnings and loaded.source == "Cluster 'glm'"
@@ -210,7 +217,8 @@ def test_component_args_that_are_not_a_stack_name_the_component():
     assert [sum(f"glm-infra:{k}:" in line for line in lines) for k in ("sssh", "model_x")] == [1, 1], "each named once"
     # Without pools (Hosts): the pools and the router are not judged, the rest is.
     hosts_only = {"hosts": raw["hosts"], "ssh": {"privateKeyPath": "k"}, "model": {"repo": "r/m", "revision": "0" * 40,
-                                                                                    "path": "/mnt/m"}}
+                                                                                    "path": "/mnt/m"},
+                  "firewall": {"adminCidrs": ["10.20.0.0/24"]}}
     assert st.load_dict(hosts_only, "Hosts 'h'", serve=False).config.hosts[0].name == "a"
 
 
@@ -270,8 +278,8 @@ def test_a_control_character_is_a_yaml_error_without_a_position(tmp_path):
 def test_hosts_without_pools_get_no_capacity_warnings():
     """The KV room is the pools' (Hosts serves nothing); the same hosts as a Cluster are warned."""
     cfg = stack_config("prod-b300")
-    raw = {"hosts": cfg["glm-infra:hosts"], "ssh": cfg["glm-infra:ssh"],
-           "model": {**cfg["glm-infra:model"], "revision": "0" * 40}}
+    raw = {"hosts": cfg["glm-infra:hosts"], "ssh": cfg["glm-infra:ssh"], "firewall": cfg["glm-infra:firewall"],
+           "router": {"host": "b300-3", "allowedCidrs": ["10.30.0.0/16"]}, "model": {**cfg["glm-infra:model"], "revision": "0" * 40}}
     assert not [w for w in st.load_dict(raw, "Hosts 'h'", serve=False).warnings if "capacity.warnBelow" in w]
     assert [w for w in st.load_dict(raw, "Cluster 'c'").warnings if "capacity.warnBelow" in w]
 

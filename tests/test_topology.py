@@ -161,7 +161,8 @@ def test_a_colocated_pool_behind_the_router_round_robin(write_stack):
                                "routedBytes": 8 * 10**9, "residentBytes": 2 * 10**9},
         "glm-infra:sla": {"contexts": [16384]},  # within its 32,768 positions
         "glm-infra:colocated": {"hosts": ["a", "b"], "ep": False},
-        "glm-infra:router": {"host": "b"},
+        "glm-infra:router": {"host": "b", "allowedCidrs": ["10.30.0.0/16"]},
+        "glm-infra:firewall": {"adminCidrs": ["10.20.0.0/24"]},
     })).config
     p = plan(cfg)
     assert p.router.worker_urls == ("http://127.0.0.1:8010", "http://127.0.0.1:8011")

@@ -143,6 +143,16 @@ BAD = [
     ("no-kv-room-for-the-longest-bucket", [("glm-infra:prefill.dp", 2), ("glm-infra:prefill.instancesPerHost", 4), ("glm-infra:model.maxModelLen", 131328)],
      "glm-infra:prefill", "a prefill rank (tp1 dp2) has no KV-cache room for the SLA's longest request, 262,144 + 256 = 262,400 tokens"),
     ("decode-weights-exceed-the-gpu", [("glm-infra:decode.dp", 1), ("glm-infra:decode.instancesPerHost", 8)], "glm-infra:decode", "the weights alone (446.9 GB per rank) and the reserve (16.0 GB) exceed 288.0 GB × 0.9"),
+    # Secure by default: who may log in over SSH and who may reach the router's public port, said by the stack.
+    ("admin-cidrs-missing", [("glm-infra:firewall", _DELETE)], "glm-infra:firewall.adminCidrs",
+     "not set: list who besides the stack's hosts may reach SSH on every host: the networks you and the machine running pulumi connect from"),
+    ("admin-cidrs-null", [("glm-infra:firewall.adminCidrs", None)], "glm-infra:firewall.adminCidrs", "not set"),
+    ("admin-cidrs-empty", [("glm-infra:firewall.adminCidrs", [])], "glm-infra:firewall.adminCidrs", "at least 1 item"),
+    ("router-allowed-cidrs-missing", [("glm-infra:router.allowedCidrs", _DELETE)], "glm-infra:router.allowedCidrs",
+     "not set: list who besides the stack's hosts may reach the router's public port (8000 on b300-3): the networks your clients"),
+    ("router-allowed-cidrs-empty", [("glm-infra:router.allowedCidrs", [])], "glm-infra:router.allowedCidrs", "at least 1 item"),
+    ("both-allowlists-missing", [("glm-infra:firewall", {"enabled": True}), ("glm-infra:router.allowedCidrs", _DELETE)],
+     "glm-infra:router.allowedCidrs", "or 0.0.0.0/0 and ::/0 to open it to every address on purpose"),
 ]
 
 
@@ -236,7 +246,8 @@ def test_hosts_without_pools_still_check_the_seed_host():
     from glm_infra.stack import load_dict
 
     base = {"hosts": [{"name": "a", "address": "10.0.0.1"}, {"name": "b", "address": "10.0.0.2"}],
-            "ssh": {"privateKeyPath": "k"}, "model": {"repo": "r/m", "revision": "0" * 40, "path": "/mnt/m"}}
+            "ssh": {"privateKeyPath": "k"}, "model": {"repo": "r/m", "revision": "0" * 40, "path": "/mnt/m"},
+            "firewall": {"adminCidrs": ["10.20.0.0/24"]}}
     assert load_dict({**base, "model": {**base["model"], "seedHost": "b"}}, "Hosts 'h'", serve=False).config
     with pytest.raises(StackError) as e:
         load_dict({**base, "model": {**base["model"], "seedHost": "c"}}, "Hosts 'h'", serve=False)
@@ -331,7 +342,8 @@ def test_hosts_without_pools_do_not_reserve_the_pools_ports():
     raw = {"hosts": [{"name": "a", "address": "10.0.0.1", "computeNics": nics},
                      {"name": "b", "address": "10.0.0.2", "computeNics": nics}],
            "ssh": {"privateKeyPath": "k"}, "model": {"repo": "r/m", "revision": "0" * 40, "path": "/mnt/m"},
-           "monitoring": {"nodeExporterPort": 8100}}
+           "monitoring": {"nodeExporterPort": 8100}, "firewall": {"adminCidrs": ["10.20.0.0/24"]},
+           "router": {"host": "b", "allowedCidrs": ["10.30.0.0/16"]}}
     assert load_dict(raw, "Hosts 'h'", serve=False).config.monitoring.node_exporter_port == 8100
     with pytest.raises(StackError) as e:
         load_dict(raw, "Cluster 'c'")
@@ -361,3 +373,99 @@ def test_a_secret_value_that_breaks_its_file_is_named_never_shown(name, value, p
     got = secret_value_problem(name, value)
     assert (got and f"{got.path}: {got.message}") == problem
     assert got is None or value not in got.message
+
+
+# --- who may reach the hosts: said by every stack, open to all only on purpose -----------------------
+
+_OPEN_TO_ALL = {
+    "glm-infra:firewall.adminCidrs": "SSH on every host; list the networks you and the machine running pulumi "
+                                     "connect from (a bastion, a VPN) unless that is what you mean",
+    "glm-infra:router.allowedCidrs": "the router's public port (8000 on b300-3); list the networks your clients "
+                                     "(or their load balancer) connect from unless that is what you mean",
+    "glm-infra:monitoring.allowedCidrs": "Prometheus and Alertmanager on b300-3 (they ask no credential); list the "
+                                         "networks the SLA gate and your dashboards connect from unless that is "
+                                         "what you mean",
+}
+
+
+@pytest.mark.parametrize("key", sorted(_OPEN_TO_ALL))
+@pytest.mark.parametrize("given,family", [
+    (["0.0.0.0/0"], "IPv4"), (["::/0"], "IPv6"), (["0.0.0.0/0", "::/0"], "IPv4 and IPv6"),
+    (["0.0.0.0/1", "128.0.0.0/1"], "IPv4"),  # halves that add up to every address
+    (["0.0.0.0/0", "10.0.0.0/8"], "IPv4"),
+], ids=["v4", "v6", "both", "halves", "with-more"])
+def test_open_to_every_address_is_accepted_with_a_warning(key, given, family, prod_config, write_stack, capsys):
+    """An explicit 0.0.0.0/0 (or ::/0) remains possible: validate accepts it and warns, naming the key."""
+    prod_config.setdefault("glm-infra:monitoring", {})
+    _set(prod_config, key, given)
+    path = write_stack(prod_config)
+    loaded = load_file(path)
+    assert [w for w in loaded.warnings if "address reach" in w] == [
+        f"{key}: {', '.join(given)} lets every {family} address reach {_OPEN_TO_ALL[key]}"]
+    assert main(["validate", "--no-predict", str(path)]) == 0
+    assert f"  warning: {key}: {', '.join(given)} lets every {family} address reach" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given", [["0.0.0.0/1"], ["10.0.0.0/8", "::/1"], ["128.0.0.0/1", "2000::/3"]])
+def test_a_wide_network_short_of_every_address_is_not_called_open_to_all(given, prod_config, write_stack):
+    _set(prod_config, "glm-infra:firewall.adminCidrs", given)
+    assert not [w for w in load_file(write_stack(prod_config)).warnings if "address reach" in w]
+
+
+def test_with_the_firewall_off_no_network_is_required_and_validate_says_nothing_filters(prod_config, write_stack,
+                                                                                         capsys):
+    """firewall.enabled false: adminCidrs and router.allowedCidrs configure nothing, so they are not required;
+    the warning says that nothing filters and that the lists given are not applied."""
+    del prod_config["glm-infra:firewall"]
+    _set(prod_config, "glm-infra:router.allowedCidrs", _DELETE)
+    prod_config["glm-infra:firewall"] = {"enabled": False}
+    path = write_stack(prod_config)
+    loaded = load_file(path)
+    warning = ("glm-infra:firewall.enabled is false: nothing filters who reaches the hosts; SSH, the router's public "
+               "port and every port glm-infra opens (vLLM, its relays, the exporters, Prometheus, Alertmanager) "
+               "answer every address that can route to them, and firewall.adminCidrs, router.allowedCidrs and "
+               "monitoring.allowedCidrs are not applied")
+    assert [w for w in loaded.warnings if "firewall" in w] == [warning]
+    assert main(["validate", "--no-predict", str(path)]) == 0
+    assert f"  warning: {warning}" in capsys.readouterr().err
+    # Lists given with the firewall off: still accepted, still not applied, not called open to all.
+    prod_config["glm-infra:firewall"]["adminCidrs"] = ["0.0.0.0/0"]
+    assert [w for w in load_file(write_stack(prod_config)).warnings if "firewall" in w] == [warning]
+
+
+def test_a_documentation_network_left_in_is_a_placeholder_warned_about(prod_config, write_stack):
+    """The committed stacks carry documentation networks (RFC 5737, RFC 3849) as the operator's to replace."""
+    warned = [w for w in load_file(write_stack(prod_config)).warnings if "placeholder" in w]
+    assert warned == [
+        "glm-infra:firewall.adminCidrs: 192.0.2.0/24 is a documentation network (RFC 5737, RFC 3849), a placeholder "
+        "nobody connects from: replace it with the networks you and the machine running pulumi connect from (a "
+        "bastion, a VPN)",
+        "glm-infra:router.allowedCidrs: 203.0.113.0/24 is a documentation network (RFC 5737, RFC 3849), a "
+        "placeholder nobody connects from: replace it with the networks your clients (or their load balancer) "
+        "connect from"]
+    _set(prod_config, "glm-infra:firewall.adminCidrs", ["10.20.0.0/24", "2001:db8:1::/48", "198.51.100.7"])
+    _set(prod_config, "glm-infra:router.allowedCidrs", ["10.30.0.0/16"])
+    prod_config["glm-infra:monitoring"] = {"allowedCidrs": ["192.0.2.0/25"]}
+    assert [w.split(": replace")[0] for w in load_file(write_stack(prod_config)).warnings if "placeholder" in w] == [
+        "glm-infra:firewall.adminCidrs: 2001:db8:1::/48, 198.51.100.7/32 are documentation networks (RFC 5737, "
+        "RFC 3849), a placeholder nobody connects from",
+        "glm-infra:monitoring.allowedCidrs: 192.0.2.0/25 is a documentation network (RFC 5737, RFC 3849), a "
+        "placeholder nobody connects from"]
+
+
+def test_hosts_without_a_router_need_who_may_log_in_only():
+    """Hosts (serve=False) runs no router: router.allowedCidrs is neither required nor judged; who may log in
+    over SSH is, as for a Cluster."""
+    from glm_infra.stack import load_dict
+
+    raw = {"hosts": [{"name": n, "address": a, "computeNics": ["mlx5_0"]} for n, a in (("a", "10.0.0.1"), ("b", "10.0.0.2"))],
+           "ssh": {"privateKeyPath": "k"}, "model": {"repo": "r/m", "revision": "0" * 40, "path": "/mnt/m"}}
+    with pytest.raises(StackError) as e:
+        load_dict(raw, "Hosts 'h'", serve=False)
+    assert [p.path for p in e.value.problems] == ["glm-infra:firewall.adminCidrs"]
+    loaded = load_dict({**raw, "firewall": {"adminCidrs": ["::/0"]}}, "Hosts 'h'", serve=False)
+    assert [w.split(" address reach")[0] for w in loaded.warnings if "address reach" in w] == [
+        "glm-infra:firewall.adminCidrs: ::/0 lets every IPv6"]
+    with pytest.raises(StackError) as e:  # the same hosts as a Cluster: its router's clients too
+        load_dict({**raw, "firewall": {"adminCidrs": ["::/0"]}}, "Cluster 'c'")
+    assert [p.path for p in e.value.problems] == ["glm-infra:router.allowedCidrs"]

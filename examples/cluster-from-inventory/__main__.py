@@ -24,9 +24,10 @@ cluster = Cluster("small", {
               for n in (prefill_host, decode_host)],
     "prefill": {"hosts": [prefill_host], "instances_per_host": 1, "dp": 8},
     "decode": {"hosts": [decode_host]},
-    # The public port is closed to all but the cluster's hosts unless the stack names its clients.
+    # Who may reach the public port besides the cluster's hosts: the stack names its clients (required, as
+    # firewall.adminCidrs in the cluster settings is: glm-infra does not guess either).
     "router": {"host": decode_host, "api_key": config.require_secret("apiKey"),
-               "allowed_cidrs": config.get_object("routerClients") or []},
+               "allowed_cidrs": config.require_object("routerClients")},
 })
 
 pulumi.export("routerUrl", cluster.router_url)

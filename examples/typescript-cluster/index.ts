@@ -8,7 +8,7 @@ import * as glm from "@pulumi/glm-infra";
 const config = new pulumi.Config("glm-example");
 const hosts = config.requireObject<Record<string, string>>("hosts"); // name → address
 const nics = config.requireObject<string[]>("computeNics");
-// The other Args (ssh, preflight, model, drivers, runtime, monitoring, sla) as the stack gives them.
+// The other Args (ssh, preflight, model, drivers, runtime, monitoring, firewall, sla) as the stack gives them.
 const settings = config.requireObject<Omit<glm.ClusterArgs, "hosts">>("cluster");
 
 const names = Object.keys(hosts);
@@ -23,9 +23,10 @@ const cluster = new glm.Cluster("glm", {
     decode: { hosts: [last], instancesPerHost: 1, tp: 1, dp: 8, ep: true, speculativeTokens: 3,
               gpuMemoryUtilization: 0.9, maxNumBatchedTokens: 1024, cudagraphMode: "FULL_DECODE_ONLY",
               all2allBackend: "flashinfer_nvlink_two_sided" },
-    // The public port is closed to all but the cluster's hosts unless the stack names its clients.
+    // Who may reach the public port besides the cluster's hosts: the stack names its clients (required, as
+    // firewall.adminCidrs in the cluster settings is: glm-infra does not guess either).
     router: { host: last, port: 8000, apiKey: config.requireSecret("apiKey"),
-              allowedCidrs: config.getObject<string[]>("routerClients") ?? [] },
+              allowedCidrs: config.requireObject<string[]>("routerClients") },
 });
 
 export const routerUrl = cluster.routerUrl;

@@ -7,6 +7,11 @@ router's metrics), ``router`` (the public port: the stack's hosts and ``router.a
 ``operators`` (Prometheus and Alertmanager: the stack's hosts and ``monitoring.allowedCidrs``),
 ``loopback`` (vllm-router's own port, which serves its admin API without a credential, and its gates:
 the router's host only).
+
+The lists of outsiders the firewall lets in (``allowlists``: SSH's ``firewall.adminCidrs``, the router's
+``router.allowedCidrs``, the monitoring's ``monitoring.allowedCidrs``): validate refuses the first two
+unset while the firewall is on (``unset_allowlists``), and the stack's warnings name one that opens a port
+to every address or still holds a documentation network (``firewall_warnings``).
 """
 
 from __future__ import annotations
@@ -83,6 +88,83 @@ def network(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
         return ipaddress.ip_network(value)  # an address, or a network as config's Cidr writes it
     except ValueError:
         return None
+
+
+# Networks reserved for documentation (RFC 5737, RFC 3849): no client or operator connects from one, so in
+# a list of who may connect, one is a placeholder left in (the committed stacks carry them).
+DOCUMENTATION_NETWORKS = tuple(ipaddress.ip_network(n) for n in (
+    "192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32"))
+
+
+@dataclass(frozen=True)
+class Allowlist:
+    """A list of outsiders the firewall lets in: its key, what it opens, who belongs in it and the networks
+    given (None: unset). ``required``: glm-infra cannot guess it, open and closed are both wrong."""
+
+    key: str
+    opens: str
+    who: str
+    cidrs: list[str] | None
+    required: bool
+
+
+def allowlists(stack: StackConfig, serve: bool = True) -> list[Allowlist]:
+    """Every list of outsiders the firewall of ``stack`` lets in (serve=False: no router, as Hosts)."""
+    out = [Allowlist(_key("firewall", ".adminCidrs"), "SSH on every host",
+                     "the networks you and the machine running pulumi connect from (a bastion, a VPN)",
+                     stack.firewall.admin_cidrs, True)]
+    r = stack.router
+    if r is not None and serve:
+        out.append(Allowlist(_key("router", ".allowedCidrs"), f"the router's public port ({r.port} on {r.host})",
+                             "the networks your clients (or their load balancer) connect from", r.allowed_cidrs, True))
+    if stack.monitoring.enabled:
+        out.append(Allowlist(_key("monitoring", ".allowedCidrs"),
+                             f"Prometheus and Alertmanager on {stack.monitoring_host} (they ask no credential)",
+                             "the networks the SLA gate and your dashboards connect from",
+                             stack.monitoring.allowed_cidrs, False))
+    return out
+
+
+def unset_allowlists(stack: StackConfig, serve: bool = True) -> list[tuple[str, str]]:
+    """(key path, message) for each list of who may connect that the firewall needs and the stack leaves
+    unset: SSH open to every address and the router's public port closed to every client, silently, are
+    both wrong, and glm-infra cannot know which networks are right."""
+    if not stack.firewall.enabled:
+        return []
+    return [(a.key, f"not set: list who besides the stack's hosts may reach {a.opens}: {a.who}, e.g. "
+                    "[203.0.113.0/24], or 0.0.0.0/0 and ::/0 to open it to every address on purpose (glm-infra "
+                    "will not guess: left open, any address could reach it; left closed, only the stack's hosts)")
+            for a in allowlists(stack, serve) if a.required and a.cidrs is None]
+
+
+def firewall_warnings(stack: StackConfig, serve: bool = True) -> list[str]:
+    """What the firewall lets in that is likely not what was meant: nothing filtered (the firewall off),
+    a list that opens a port to every address (0.0.0.0/0, ::/0, or networks that add up to one of them),
+    a list still holding a documentation network (a placeholder)."""
+    if not stack.firewall.enabled:
+        front = "SSH, the router's public port" if serve and stack.router is not None else "SSH"
+        rest = "vLLM, its relays" if serve else "the weights relay"
+        return [f"{_key('firewall', '.enabled')} is false: nothing filters who reaches the hosts; {front} and every "
+                f"port glm-infra opens ({rest}, the exporters, Prometheus, Alertmanager) answer every address that "
+                "can route to them, and firewall.adminCidrs, router.allowedCidrs and monitoring.allowedCidrs are not "
+                "applied"]
+    out = []
+    for a in allowlists(stack, serve):
+        nets = [n for c in a.cidrs or () if (n := network(c)) is not None]
+        everyone = [v for v, whole in ((4, "0.0.0.0/0"), (6, "::/0"))
+                    if ipaddress.ip_network(whole) in ipaddress.collapse_addresses(n for n in nets if n.version == v)]
+        if everyone:
+            given = ", ".join(str(n) for n in nets if n.version in everyone)
+            family = "IPv4 and IPv6" if len(everyone) == 2 else f"IPv{everyone[0]}"
+            out.append(f"{a.key}: {given} lets every {family} address reach {a.opens}; list {a.who} unless that "
+                       "is what you mean")
+        placeholders = [str(n) for n in nets if any(n.version == d.version and n.subnet_of(d)
+                                                    for d in DOCUMENTATION_NETWORKS)]
+        if placeholders:
+            what = "is a documentation network" if len(placeholders) == 1 else "are documentation networks"
+            out.append(f"{a.key}: {', '.join(placeholders)} {what} (RFC 5737, RFC 3849), a placeholder nobody "
+                       f"connects from: replace it with {a.who}")
+    return out
 
 
 def firewall_problems(stack: StackConfig) -> list[tuple[str, str]]:

@@ -48,6 +48,7 @@ def check(stack: StackConfig, serve: bool = True, capacity: bool = True) -> list
     problems += model_checks.weight_format_problems(stack)
     problems += _safe_paths(stack)
     problems += _firewall_addresses(stack)
+    problems += _firewall_allowlists(stack, serve)
     problems += _port_collisions(stack, serve)
     if serve and capacity and not problems:
         problems += model_checks.capacity_problems(stack)
@@ -316,3 +317,9 @@ def _firewall_addresses(stack: StackConfig) -> list[Problem]:
     return [Problem(path, message) for path, message in ports.firewall_problems(stack)]
 
 
+
+
+def _firewall_allowlists(stack: StackConfig, serve: bool = True) -> list[Problem]:
+    """Who may log in over SSH and who may reach the router's public port: the stack's to say whenever the
+    firewall is on (every host of every stack is real, a simulated one included); an open one is a warning."""
+    return [Problem(path, message) for path, message in ports.unset_allowlists(stack, serve)]

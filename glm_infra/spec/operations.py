@@ -111,9 +111,10 @@ class FirewallConfig(StrictModel):
     admin_cidrs: list[Cidr] | None = Field(
         None, min_length=1,
         description="Who may log in over SSH (each host's sshPort) besides the stack's hosts: the networks you and "
-                    "the machine running pulumi connect from (a bastion, a VPN). Unset: SSH from anywhere, as "
-                    "before the firewall; glm-infra cannot know where you log in from, and a guess that missed "
-                    "would lock you out of the host.")
+                    "the machine running pulumi connect from (a bastion, a VPN). Required while the firewall is on: "
+                    "glm-infra cannot guess them (open, every address could try SSH; a guess that missed would lock "
+                    "you and pulumi out of the hosts). 0.0.0.0/0 and ::/0 open SSH to every address, with a "
+                    "warning.")
 
 
 class CapacityConfig(StrictModel):

@@ -153,9 +153,12 @@ class RouterConfig(StrictModel):
                                           "the generated certificate carries them all.")
     plain_http: Literal["refuse", "redirect"] = Field(
         "refuse", description="A plain-HTTP request to the public port: refused (400) or redirected to https (301).")
-    allowed_cidrs: list[Cidr] = Field(
-        default_factory=list, description="Who may reach the public port besides the stack's hosts (the firewall); "
-                                          "empty: nobody else, so it is opened on purpose.")
+    allowed_cidrs: list[Cidr] | None = Field(
+        None, min_length=1,
+        description="Who may reach the public port besides the stack's hosts (the firewall): the networks your "
+                    "clients or their load balancer connect from. Required while the firewall is on: glm-infra "
+                    "cannot guess them (open, every address could try the API; closed, no client could). "
+                    "0.0.0.0/0 and ::/0 open it to every address, with a warning.")
     health_check_interval: int = Field(10, ge=1, le=600, description="Seconds between worker health checks.")
     gate_port: Port = Field(
         8010, description="First of the loopback ports (one per instance, in plan order) through which the router "

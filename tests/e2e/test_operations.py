@@ -589,12 +589,14 @@ def test_the_firewall_lets_the_stack_in_and_keeps_others_out(stack, outsider):
     assert probe_all(["10.88.0.13:22"], ns=outsider) == {"10.88.0.13:22": "dropped"}
     for h in HOSTS:
         assert "table inet glm_infra" in on_host(h, "nft list tables")
-    # The router's public port, once the stack lists the outsider's network.
+    # The router's public port and SSH, once the stack lists the outsider's network (the README's commands).
     sh("pulumi config set -s sim --path 'glm-infra:router.allowedCidrs[1]' 10.88.0.50/32")
+    sh("pulumi config set -s sim --path 'glm-infra:firewall.adminCidrs[1]' 10.88.0.50/32")
     stack.up()
     outside = probe_from(outsider, every)
     assert outside["10.88.0.13:8000"] == "open"
     assert all(outside[t] == "refused" for t in internal), {t: s for t, s in outside.items() if t in internal and s != "refused"}
+    assert probe_all(["10.88.0.13:22"], ns=outsider) == {"10.88.0.13:22": "open"}
 
 
 def test_pr_review_previews_one_decode_flag_as_decode_updates_only(stack, tmp_path):

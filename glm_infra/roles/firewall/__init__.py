@@ -3,9 +3,9 @@ own, ``inet glm_infra``, whose input chain drops what it does not let in. It let
 
 - loopback, replies to connections the host made (established, related), ICMP and ICMPv6 (IPv6
   neighbour discovery), DHCP and DHCPv6 replies (the host's address lease);
-- SSH (the host's ``sshPort``) from ``firewall.adminCidrs`` and the stack's hosts, or from anywhere
-  while ``adminCidrs`` is unset (glm-infra cannot know where its operators log in from; a guess that
-  missed would lock them out of the host);
+- SSH (the host's ``sshPort``) from ``firewall.adminCidrs`` and the stack's hosts (validate refuses a
+  stack that leaves ``adminCidrs`` unset: glm-infra cannot know where its operators log in from; open to
+  all is ``0.0.0.0/0`` and ``::/0``, said on purpose and warned about);
 - every port glm-infra opens there from the stack's hosts, the router's public port also from
   ``router.allowedCidrs``, Prometheus and Alertmanager also from ``monitoring.allowedCidrs``; anyone
   else gets a TCP reset on these ports (the client sees "connection refused").
@@ -62,15 +62,16 @@ def _split(addresses: list[str]) -> tuple[list[str], list[str]]:
             [str(n) for n in sorted(n for n in kept if n.version == 6)])
 
 
-def audiences(stack: StackConfig) -> dict[str, list[str] | None]:
-    """Who may reach each kind of port (None: anyone): SSH from the admin networks and the stack's hosts,
-    the plan's ports from the stack's hosts, the public ones also from the stack's CIDRs."""
+def audiences(stack: StackConfig) -> dict[str, list[str]]:
+    """Who may reach each kind of port: SSH from the admin networks and the stack's hosts, the plan's
+    ports from the stack's hosts, the public ones also from the stack's CIDRs. A list left unset (which
+    validate refuses where it matters) lets nobody else in: never everyone by default."""
     peers = [h.address for h in stack.hosts]
-    admins = stack.firewall.admin_cidrs
+    r = stack.router
     return {
-        SSH: None if admins is None else peers + list(admins),
+        SSH: peers + list(stack.firewall.admin_cidrs or ()),
         ports.PEERS: peers,
-        ports.ROUTER: peers + (list(stack.router.allowed_cidrs) if stack.router is not None else []),
+        ports.ROUTER: peers + list((r.allowed_cidrs or ()) if r is not None else ()),
         ports.OPERATORS: peers + list(stack.monitoring.allowed_cidrs),
     }
 
@@ -90,9 +91,6 @@ def ruleset(stack: StackConfig, plan: Plan, host: str) -> str:
         numbers = f"{{ {', '.join(str(p) for p in port_list)} }}"
         # For whoever reads the file: what listens there.
         what = f"sshd on {ssh_port}" if audience == SSH else ", ".join(sorted({li.owner for li in theirs}))
-        if who is None:
-            rules.extend([f"\t\t# {audience} ({what}): from anywhere", f"\t\ttcp dport {numbers} accept"])
-            continue
         v4, v6 = _split(who)
         for family, kind, members in (("v4", "ipv4_addr", v4), ("v6", "ipv6_addr", v6)):
             elements = f" elements = {{ {', '.join(members)} }}" if members else ""
