@@ -233,32 +233,24 @@ def up_in_background(keep_output: bool = False):
             sh("pulumi cancel -s sim --yes", check=False)
 
 
-# The last main (issues 27 and 28 landed). A stack deployed by it, then upgraded with this checkout's code,
-# must see nothing replaced or deleted, and nothing added but UPGRADE_ADDS (test_operations' first test):
-# bump it when a change is meant to replace or delete something on upgrade, and say so in the change.
-PREVIOUS_MAIN = "e192ba4139e7430261395709342f0098020e44e2"
-# The resources this checkout adds to a stack PREVIOUS_MAIN deployed (by name suffix): the per-host
-# placement step (issue 29: a proposal re-lays a pool out), the nearest-NIC step, and the router's gates
-# and canaries, and each pool's warm-cache relay (issue 30).
-UPGRADE_ADDS = ("-vllm-placement", "-vllm-placement-placement", "-nic-affinity", "-nic-affinity-pairs",
-                "-router-gates-conf", "-router-gates", "-router-canary", "-prefill-warm-cache")
+# The last main (issue 30 landed). A stack deployed by it, then upgraded with this checkout's code, must see
+# nothing replaced or deleted, and nothing added but UPGRADE_ADDS (test_operations' first test): bump it when
+# a change is meant to replace or delete something on upgrade, and say so in the change.
+PREVIOUS_MAIN = "f176da75a19788609c9ca64b7d8e34b0107db617"
+# The resources this checkout adds to a stack PREVIOUS_MAIN deployed (by name suffix), issue 38: the stack's
+# relay key and its file on every host that relays, and the canaries' transition marker on the router's host.
+UPGRADE_ADDS = ("-relay-key", "-etc-glm-infra-secrets-relay-env", "-canary-transition")
 # Why an upgrade from PREVIOUS_MAIN restarts the instances (each through its rollout, one at a time per
 # pool), or None where it must restart none. Set it only for a change that must reach running instances.
-# With UPGRADE_RESTARTS, the steps the upgrade may update (by name suffix): the instances' units and
-# rollouts, ucx.env, preflight (it installs hostcheck.py) and the roll steps (their bounds count every step
-# between the drain and the return, the new one too; they drain nothing when no disruptive step changed);
-# the router (its workers are its gates now: a new unit, one restart) and its front (nginx shared with
-# the gates); the node exporter (its textfile folder named) and Prometheus (the canary rules, the
-# workers' gate URLs); the weights staging (weights.py now also stages, installs and relays the warm-start
-# caches: a staging again reads no unchanged file) and the firewall of every host (issue 38: a drop-in for
-# nftables.service loads the table again after it flushes the ruleset, and the unit no longer has
-# ReloadPropagatedFrom=; reloaded, not restarted; the prefill pool's first host also opens its warm-cache
-# relay port).
-UPGRADE_UPDATES = ("-unit", "-rollout", "-nixl-ucx-env", "-preflight", "-host-drain", "-host-return", "-turn-acquire",
-                   "-turn-release", "-router-service", "-router-front", "-node-exporter", "-prometheus",
-                   "-weights-sim-1-stage", "-weights-sim-2-stage", "-weights-sim-3-stage", "-firewall-nftables")
-UPGRADE_RESTARTS: str | None = ("nixl.nicPerRank: ucx.env no longer lists every compute NIC for every rank, and each "
-                                "unit reads its GPU's nearest NIC (nic-affinity.env) and checks it before it starts")
+UPGRADE_RESTARTS: str | None = None
+# The steps the upgrade may update (by name suffix), issue 38: the weights staging and each pool's warm-cache
+# relay (signed with the relay key; the caches of the kinds relayed, installed as the services'), the canaries
+# (an agreed reference) and Prometheus (their alerts), the front (only the public routes), the firewall of
+# every host (vllm-router's own port on loopback; a drop-in for nftables.service: reloaded, not restarted),
+# the placement step (reads the units) and the nearest-NIC step (the ACS unit tried again).
+UPGRADE_UPDATES = ("-weights-sim-1-stage", "-weights-sim-2-stage", "-weights-sim-3-stage", "-prefill-warm-cache",
+                   "-router-canary", "-prometheus", "-router-front-conf", "-router-front", "-firewall-nftables",
+                   "-vllm-placement-placement", "-nic-affinity-pairs")
 
 
 def previous_main_tree(into: Path, mark: Path) -> Path:
