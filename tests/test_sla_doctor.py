@@ -633,7 +633,15 @@ def test_a_canary_check_that_names_no_target_is_a_failure(tmp_path, monkeypatch)
     assert canaries.canary_check(cfg, None, [])["lines"] == [
         "the check on b300-3 exited 0 and named no instance or router: nothing was checked (judge: no such command)"]
     _fake_ssh(tmp_path, monkeypatch, "cat >/dev/null; echo 'b300-3: canary: router ok (0.3 s)'; exit 0\n")
-    assert canaries.canary_check(cfg, None, []) == {"pass": True, "lines": ["b300-3: canary: router ok (0.3 s)"]}
+    assert canaries.canary_check(cfg, None, []) == {"pass": False, "lines": [
+        "b300-3: canary: router ok (0.3 s)",
+        "the check on b300-3 said nothing of decode-0, prefill-0, prefill-1, prefill-2, prefill-3: not checked"]}
+    every = "; ".join(f"echo 'b300-3: canary: {n} ok (0.3 s)'" for n in
+                      ("prefill-0", "prefill-1", "prefill-2", "prefill-3", "decode-0", "router"))
+    _fake_ssh(tmp_path, monkeypatch, f"cat >/dev/null; echo \"b300-3: canary: reference of 'x': ' 1'\"; {every}; exit 0\n")
+    assert canaries.canary_check(cfg, None, [])["pass"] is True
+    _fake_ssh(tmp_path, monkeypatch, f"cat >/dev/null; {every}; exit 1\n")
+    assert canaries.canary_check(cfg, None, [])["pass"] is False, "a check that fails never passes"
 
 
 # --- doctor --------------------------------------------------------------------------------------

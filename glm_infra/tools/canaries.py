@@ -5,9 +5,11 @@ router-canary step's check."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from typing import Any
 
+from glm_infra.plan import topology
 from glm_infra.roles import router
 from glm_infra.spec import paths
 from glm_infra.spec.config import StackConfig
@@ -35,7 +37,14 @@ def canary_check(stack: StackConfig, identity: str | None, options: list[str]) -
         said = proc.stderr.strip()[-500:]
         return {"pass": False, "lines": [f"the check on {stack.router.host} exited {proc.returncode} and named no "
                                          "instance or router: nothing was checked" + (f" ({said})" if said else "")]}
-    return {"pass": proc.returncode == 0, "lines": lines}
+    # Every target the plan gives (each instance and the router) must be named ok: one the check is silent
+    # about was not checked, whatever its exit status.
+    expected = {i.name for i in topology.plan(stack).instances} | {router.CANARY_ROUTER_TARGET}
+    ok = {m[1] for ln in lines if (m := re.search(r": canary: ([A-Za-z0-9_.-]+) ok( |$)", ln))}
+    unchecked = sorted(expected - ok - {m[1] for ln in lines if (m := re.search(r": canary: ([A-Za-z0-9_.-]+): ", ln))})
+    if unchecked:
+        lines.append(f"the check on {stack.router.host} said nothing of {', '.join(unchecked)}: not checked")
+    return {"pass": proc.returncode == 0 and expected <= ok, "lines": lines}
 
 
 def canary_failures(view: dict[str, Any], when: str) -> list[str]:
