@@ -745,7 +745,8 @@ def test_the_gates_canaries_run_on_the_router_host_and_a_mismatch_is_a_failure(t
     view = canaries.canary_check(cfg, None, [])
     assert seen.read_text() == "/usr/local/libexec/glm-infra/glm-canary.sh judge\n"
     assert "@10.0.0.13 bash -s" in (tmp_path / "ssh-args").read_text(), "the router host"
-    assert not view["pass"] and view["lines"][-1].endswith("where its reference is ' 11, 12'")
+    assert not view["pass"] and view["lines"][1].endswith("where its reference is ' 11, 12'")
+    assert view["lines"][-1] == "the check on b300-3 said nothing of prefill-1, prefill-2, prefill-3, router: not checked"
     (failure,) = canaries.canary_failures(view, "before")
     assert failure.startswith("canary (before): b300-3: canary: prefill-0 ok") and "decode-0: answered" in failure
     _fake_ssh(tmp_path, monkeypatch, "echo 'ssh: connect to host 10.0.0.13 port 22: No route to host' >&2; exit 255\n")
