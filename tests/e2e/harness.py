@@ -247,10 +247,11 @@ UPGRADE_RESTARTS: str | None = None
 # relay (signed with the relay key; the caches of the kinds relayed, installed as the services'), the canaries
 # (an agreed reference) and Prometheus (their alerts), the front (only the public routes), the firewall of
 # every host (vllm-router's own port on loopback; a drop-in for nftables.service: reloaded, not restarted),
-# the placement step (reads the units) and the nearest-NIC step (the ACS unit tried again).
+# the placement step (reads the units) and the nearest-NIC step (the ACS unit tried again); the front and the
+# gates turn nginx's default site (port 80) off where glm-infra installed nginx.
 UPGRADE_UPDATES = ("-weights-sim-1-stage", "-weights-sim-2-stage", "-weights-sim-3-stage", "-prefill-warm-cache",
-                   "-router-canary", "-prometheus", "-router-front-conf", "-router-front", "-firewall-nftables",
-                   "-vllm-placement-placement", "-nic-affinity-pairs")
+                   "-router-canary", "-prometheus", "-router-front-conf", "-router-front", "-router-gates",
+                   "-firewall-nftables", "-vllm-placement-placement", "-nic-affinity-pairs")
 
 
 def previous_main_tree(into: Path, mark: Path) -> Path:
