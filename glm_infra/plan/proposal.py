@@ -203,7 +203,7 @@ def stack_document(base: dict[str, Any], config: StackConfig, c: Candidate, gpus
 def experiment(model: str, system: str, backend: str, backend_version: str, database_mode: str, total_gpus: int,
                gpus_per_host: int, isl: int, osl: int, ttft_ms: float, tpot_ms: float, nextn: int,
                nextn_accepted: float) -> dict[str, Any]:
-    """aiconfigurator's disaggregated experiment (cli_exp's flat task keys) within search_space."""
+    """aiconfigurator's disaggregated experiment (the flat task keys of its ``cli exp``) within search_space."""
     exp: dict[str, Any] = {"serving_mode": "disagg", "total_gpus": total_gpus, "isl": isl, "osl": osl,
                            "ttft": ttft_ms, "tpot": tpot_ms, "nextn": nextn,
                            "nextn_accepted": nextn_accepted if nextn else None, "database_mode": database_mode}
