@@ -10,9 +10,11 @@ import copy
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import tempfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -21,8 +23,9 @@ from conftest import ROOT, stack_config, stack_file
 
 from glm_infra.plan import prediction, proposal
 from glm_infra.spec.config import StackConfig
-from glm_infra.stack import load_file
-from glm_infra.tools import planner
+from glm_infra.plan.problem import Problem
+from glm_infra.stack import StackError, load_file
+from glm_infra.tools import planner, propose
 from glm_infra.tools.cli import main
 
 FIXTURES = ROOT / "tests" / "fixtures" / "aiconfigurator"
@@ -176,8 +179,14 @@ def sweep(monkeypatch, tmp_path):
 
     monkeypatch.setenv("GLM_INFRA_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(planner, "_sweep", fake_sweep)
-    monkeypatch.setattr(planner, "api", lambda: None)
-    monkeypatch.setattr(planner, "backend_version", lambda aic, target: "0.24.0")
+    aic = object()  # what planner.api() hands back: aiconfigurator's cli.api
+
+    def backend_version(given, target):
+        assert given is aic and target.system == "b300_sxm", (given, target)
+        return "0.24.0"
+
+    monkeypatch.setattr(planner, "api", lambda: aic)
+    monkeypatch.setattr(planner, "backend_version", backend_version)
     monkeypatch.setattr(planner, "predictor_label", lambda: "aiconfigurator 0.12.0 (aiconfigurator-core 0.12.0)")
     temp = tmp_path / "temp"
     temp.mkdir()
@@ -237,7 +246,7 @@ def test_the_closest_is_written_only_when_asked_and_says_it_misses_the_sla(sweep
 def test_the_closest_is_the_least_over_the_sla_whatever_the_rankings_order(sweep, capsys):
     # Reversed, aiconfigurator's closest-first order is the other way round: glm-infra still takes the least
     # over (the larger of its TTFT and TPOT ratios) that it can deploy.
-    over_ttft = {**GOOD_ROW, "ttft": 3000.0, "tpot": 19.0}  # 1.20× the TTFT
+    over_ttft = {**GOOD_ROW, "ttft": 3000.0, "tpot": 21.0}  # 1.20× the TTFT, 1.05× the TPOT
     over_tpot = {**GOOD_ROW, "tpot": 22.0}  # 1.10× the TPOT: the closer
     sweep.rankings[False] = [*reversed(_fixture("prod-b300-ranking-closest-tpot-over-20ms")), over_ttft, over_tpot]
     assert _propose(sweep) == 1
@@ -247,8 +256,8 @@ def test_the_closest_is_the_least_over_the_sla_whatever_the_rankings_order(sweep
     sweep.rankings[False] = [*reversed(_fixture("prod-b300-ranking-closest-tpot-over-20ms")), over_ttft]
     assert _propose(sweep, "--fresh") == 1
     assert "  the closest glm-infra can deploy: #6 (240.8 tok/s/GPU, prefill tp2 pp1 dp1 moe tp2/ep1, decode tp1 " \
-           "pp1 dp4 moe tp1/ep4): predicted TTFT 3.00 s, TPOT 19.0 ms: TTFT 3.00 s > 2.5 s (0.50 s over, 1.20×)" \
-           in capsys.readouterr().err
+           "pp1 dp4 moe tp1/ep4): predicted TTFT 3.00 s, TPOT 21.0 ms: TTFT 3.00 s > 2.5 s (0.50 s over, 1.20×); " \
+           "TPOT 21.0 ms > 20 ms (1.0 ms over, 1.05×)\n" in capsys.readouterr().err
     assert _nothing_written(sweep)
 
 
@@ -265,7 +274,7 @@ def test_the_best_configuration_predicted_to_meet_the_sla_is_written(sweep, caps
         f"# Its #1 for {SLA}: predicted TTFT 2.30 s, TPOT 16.9 ms, 240.8 tokens/s per GPU at 56 in flight.\n"
         "# model.maxModelLen 262400: the longest request the SLA promises (--max-model-len).\n"
         "# The rest is stacks/Pulumi.prod-b300.yaml's: hosts, SSH, model, platform. Review with `glm-infra plan` "
-        "and `glm-infra predict`.\nconfig:\n")
+        "and `glm-infra predict`.\nconfig:\n  glm-infra:hosts:\n")  # the base's order of keys
     assert out == (f"wrote {sweep.out}: prefill tp2 pp1 dp1 moe tp2/ep1 × 4 per host on b300-1, b300-2; decode tp1 "
                    "pp1 dp4 moe tp1/ep4 × 2 per host on b300-3; predicted TTFT 2.30 s, TPOT 16.9 ms, 240.8 tokens/s "
                    "per GPU\n")
@@ -279,6 +288,8 @@ def test_the_best_configuration_predicted_to_meet_the_sla_is_written(sweep, caps
 @pytest.mark.parametrize("change, named", [
     ({"tpot": 45.0}, "TPOT 45.0 ms > 20 ms (25.0 ms over, 2.25×)"),
     ({"ttft": 2600.0}, "TTFT 2.60 s > 2.5 s (0.10 s over, 1.04×)"),
+    ({"ttft": 2600.0, "tpot": 45.0}, "TTFT 2.60 s > 2.5 s (0.10 s over, 1.04×); TPOT 45.0 ms > 20 ms (25.0 ms over, "
+                                     "2.25×)"),
 ])
 def test_a_miss_in_aiconfigurators_strict_ranking_is_not_trusted(sweep, capsys, change, named):
     best, *rest = _fixture("prod-b300-ranking-strict")
@@ -286,7 +297,9 @@ def test_a_miss_in_aiconfigurators_strict_ranking_is_not_trusted(sweep, capsys, 
     assert _propose(sweep) == 0
     err = capsys.readouterr().err
     assert "  predicted to miss the SLA: #1 (240.8 tok/s/GPU, prefill tp2 pp1 dp1 moe tp2/ep1, decode tp1 pp1 dp4 " \
-           f"moe tp1/ep4): {named}\n  not deployable: #2 " in err  # #2's decode ranks cannot hold a request
+           f"moe tp1/ep4): {named}\n  not deployable: #2 (240.8 tok/s/GPU, prefill tp2 pp1 dp1 moe tp2/ep1, " \
+           "decode tp1 pp1 dp4 moe tp4/ep1): validate: glm-infra:decode: a decode rank (tp1 dp4) cannot hold one " \
+           "request of the maximum context, 262,400 tokens (model.maxModelLen)" in err
     assert f"# Its #3 for {SLA}: predicted TTFT 2.30 s, TPOT 18.6 ms" in sweep.out.read_text()
 
 
@@ -321,13 +334,15 @@ def test_nothing_predicted_at_all_is_refused_saying_so(sweep, capsys):
 
 
 def test_a_closest_that_does_not_fit_the_hosts_is_named_and_not_written(sweep, capsys):
-    sweep.rankings[False] = _fixture("prod-b300-ranking-closest-tpot-over-20ms")
+    first, *rest = _fixture("prod-b300-ranking-closest-tpot-over-20ms")
+    sweep.rankings[False] = [{**first, "ttft": 2600.0}, *rest]
     assert _propose(sweep, "--hosts", "2", "--closest") == 1
     err = capsys.readouterr().err
     assert err.endswith(f"stacks/Pulumi.prod-b300.yaml: no configuration of 16 B300 GPUs on 2 hosts is predicted to "
                         f"meet the SLA asked ({SLA}); nothing written\n  the closest prediction: #1 (301.1 tok/s/GPU, "
-                        "prefill tp2 pp1 dp1 moe tp2/ep1, decode tp1 pp1 dp4 moe tp1/ep4): predicted TTFT 2.30 s, TPOT "
-                        "24.6 ms: TPOT 24.6 ms > 20 ms (4.6 ms over, 1.23×)\n  nothing glm-infra can deploy on these "
+                        "prefill tp2 pp1 dp1 moe tp2/ep1, decode tp1 pp1 dp4 moe tp1/ep4): predicted TTFT 2.60 s, TPOT "
+                        "24.6 ms: TTFT 2.60 s > 2.5 s (0.10 s over, 1.04×); TPOT 24.6 ms > 20 ms (4.6 ms over, 1.23×)\n"
+                        "  nothing glm-infra can deploy on these "
                         "hosts was predicted, so --closest has nothing to write either: give more hosts, or loosen "
                         "--ttft/--tpot\n")
     assert err.count("not deployable: ") == 5 and _nothing_written(sweep)
@@ -356,10 +371,10 @@ def test_a_closest_prediction_that_meets_the_sla_is_a_proposal(sweep, capsys):
 
 
 def test_the_search_asks_for_the_hosts_sla_traffic_and_mtp_given(sweep):
-    assert _propose(sweep, "--hosts", "2", "--isl", "8192", "--osl", "512", "--ttft", "2", "--tpot", "0.03",
+    assert _propose(sweep, "--hosts", "2", "--isl", "8192", "--osl", "512", "--ttft", "1", "--tpot", "0.03",
                     "--mtp", "2", "--top", "7") == 1
     assert sweep.calls == [(proposal.experiment("nvidia/GLM-5.2-NVFP4", "b300_sxm", "vllm", "0.24.0", "SILICON", 16,
-                                                8, 8192, 512, 2000.0, 30.0, 2, 1.2), 7)]
+                                                8, 8192, 512, 1000.0, 30.0, 2, 1.2), 7)]
     assert _propose(sweep, "--hosts", "3", "--mtp", "0") == 1
     assert sweep.calls[1] == (proposal.experiment("nvidia/GLM-5.2-NVFP4", "b300_sxm", "vllm", "0.24.0", "SILICON",
                                                   24, 8, 16384, 1024, 2500.0, 20.0, 0, 0.0), 40)
@@ -387,7 +402,9 @@ def test_max_model_len_is_the_longest_request_promised(sweep, args, max_model_le
 def test_a_base_stack_aiconfigurator_cannot_model_is_named(sweep, capsys, monkeypatch):
     monkeypatch.setattr(prediction, "MODELS", set())
     assert _propose(sweep) == 1
-    assert "glm-infra:model.repo" in capsys.readouterr().err and sweep.calls == [] and _nothing_written(sweep)
+    assert capsys.readouterr().err.startswith("stacks/Pulumi.prod-b300.yaml: invalid stack (1 problem)\n  "
+                                              "stacks/Pulumi.prod-b300.yaml: glm-infra:model.repo: ")
+    assert sweep.calls == [] and _nothing_written(sweep)
 
 
 @pytest.mark.parametrize("where", ["backend_version", "_sweep"])
@@ -400,6 +417,80 @@ def test_what_aiconfigurator_cannot_do_is_named(sweep, capsys, monkeypatch, wher
     assert "stacks/Pulumi.prod-b300.yaml: aiconfigurator's search failed: ValueError: no data\n" in \
            capsys.readouterr().err
     assert _nothing_written(sweep)
+
+
+def test_the_bases_own_mtp_acceptance_length_and_settings_stay(sweep, write_stack):
+    cfg = stack_config("prod-b300")
+    cfg["glm-infra:prefill"]["speculativeTokens"] = 2
+    cfg["glm-infra:decode"]["speculativeTokens"] = 2
+    cfg["glm-infra:decode"]["env"] = {"GLM_NOTE": "café"}
+    cfg["glm-infra:model"]["maxModelLen"] = 270000
+    cfg["glm-infra:prediction"] = {"mtpAcceptanceRate": 0.61237}
+    sweep.rankings[True] = _fixture("prod-b300-ranking-strict")
+    assert main(["propose", "--from", str(write_stack(cfg)), "--out", str(sweep.out), "--max-model-len", "300000"]) == 0
+    assert sweep.calls[0][0]["nextn"] == 2 and sweep.calls[0][0]["nextn_accepted"] == 1.2247  # 2 × 0.61237, rounded
+    text = sweep.out.read_text()
+    assert "# model.maxModelLen 270000: " in text and "      GLM_NOTE: café\n" in text, "as written, not escaped"
+    written = load_file(sweep.out).config
+    assert (written.prefill.speculative_tokens, written.decode.speculative_tokens) == (2, 2)
+    assert (written.prediction.mtp_acceptance_rate, written.model.max_model_len) == (0.61237, 270000)
+
+
+def test_a_colocated_base_proposes_pd_with_the_default_mtp(sweep, write_stack):
+    cfg = stack_config("prod-b300")
+    del cfg["glm-infra:prefill"], cfg["glm-infra:decode"]
+    cfg["glm-infra:colocated"] = {"hosts": ["b300-1", "b300-2", "b300-3"], "tp": 1, "dp": 8, "ep": True,
+                                  "speculativeTokens": 2}
+    sweep.rankings[True] = _fixture("prod-b300-ranking-strict")
+    assert main(["propose", "--from", str(write_stack(cfg)), "--out", str(sweep.out)]) == 0
+    assert sweep.calls[0][0]["nextn"] == 3
+    written = load_file(sweep.out).config
+    assert written.colocated is None and (written.prefill.speculative_tokens, written.decode.speculative_tokens) == (
+        1, 3)
+
+
+def test_the_closest_missing_both_targets_says_both(sweep, capsys):
+    sweep.rankings[False] = [{**GOOD_ROW, "ttft": 2600.0, "tpot": 21.0}]
+    assert _propose(sweep, "--closest") == 3
+    both = "TTFT 2.60 s > 2.5 s (0.10 s over, 1.04×); TPOT 21.0 ms > 20 ms (1.0 ms over, 1.05×)"
+    assert sweep.out.read_text().startswith(f"# PREDICTED TO MISS THE SLA: {both}. Written because")
+    assert f"is predicted to MISS the SLA asked ({SLA}): {both}; written because" in capsys.readouterr().err
+
+
+def test_the_stack_file_appears_whole_or_not_at_all(sweep, monkeypatch, capsys):
+    # Written as a hidden file beside it (a rename on one filesystem), and renamed only once it validates.
+    sweep.rankings[True] = _fixture("prod-b300-ranking-strict")
+    renamed = []
+    real_replace, real_load = os.replace, propose.load_file
+
+    def replace(src, dst):
+        renamed.append((Path(src), Path(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(propose.os, "replace", replace)
+    assert _propose(sweep) == 0
+    (src, dst), = [(src, dst) for src, dst in renamed if dst.parent == sweep.out.parent]  # not the cache's
+    assert dst == sweep.out and src.parent == sweep.out.parent and src.name.startswith(".Pulumi.proposed.yaml.")
+
+    def refuse_the_written_file(path, *args, **kwargs):
+        if path.parent == sweep.out.parent:
+            raise StackError(str(path), [Problem("config", "refused as written")])
+        return real_load(path, *args, **kwargs)
+
+    monkeypatch.setattr(propose, "load_file", refuse_the_written_file)
+    assert _propose(sweep, "--force") == 1
+    assert "refused as written" in capsys.readouterr().err
+    assert [p.name for p in sweep.out.parent.iterdir()] == [sweep.out.name], "the old one kept, nothing beside it"
+
+
+def test_the_help_planning_md_shows_is_proposes_own(capsys, monkeypatch):
+    # Its options and exit statuses, word for word, at the width the copy was taken at.
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit) as e:
+        main(["propose", "--help"])
+    shown = re.search(r"<!-- glm-infra propose --help -->\n```text\n(.*?)```", (ROOT / "docs" / "PLANNING.md")
+                      .read_text(), re.S)
+    assert e.value.code == 0 and shown is not None and capsys.readouterr().out == shown[1]
 
 
 # --- the search cache: its key, and a file that is not a ranking ----------------------------------------
@@ -654,6 +745,9 @@ def test_more_hosts_than_the_base_has_is_named_and_writes_nothing(tmp_path, caps
     (["--hosts", "two"], "'two' is not a positive whole number"),
     (["--tpot", "-1"], "'-1' is not a positive number of seconds"),
     (["--ttft", "nan"], "'nan' is not a positive number of seconds"),
+    (["--ttft", "0"], "'0' is not a positive number of seconds"),
+    (["--tpot", "inf"], "'inf' is not a positive number of seconds"),
+    (["--isl", "1.5"], "'1.5' is not a positive whole number"),
     (["--mtp", "-1"], "'-1' is not a whole number, 0 or more"),
 ])
 def test_bad_arguments_are_named_and_write_nothing(tmp_path, capsys, args, message):

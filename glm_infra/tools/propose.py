@@ -6,16 +6,13 @@ a stack file, the base stack's with its pools, router and SLA replaced, validate
 Only a configuration predicted to meet the SLA is proposed: aiconfigurator's strict ranking (its
 ``strict_sla``), and glm-infra's own check of each row (a TTFT and TPOT present, finite and within the
 SLA; anything else is never a candidate). When none is, nothing is written unless ``--closest`` asks for
-the closest one glm-infra can deploy, written marked as predicted to miss the SLA.
-
-Exit status: 0 wrote a proposal predicted to meet the SLA; 1 refused, nothing written (no configuration
-glm-infra can deploy is predicted to meet the SLA, or with ``--closest`` none it can deploy at all);
-2 bad arguments, or nothing to predict with; 3 ``--closest`` wrote the closest configuration, predicted
-to MISS the SLA (a script that goes on only on 0 does not deploy it unawares)."""
+the closest one glm-infra can deploy, written marked as predicted to miss the SLA, with an exit status
+of its own (EXIT_STATUSES): a script that goes on only on 0 never deploys it unawares."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -31,6 +28,11 @@ from glm_infra.stack import StackError, load_file, resolve_stack_file
 from . import planner
 
 EXIT_OK, EXIT_NONE, EXIT_USAGE, EXIT_MISSES = 0, 1, 2, 3
+EXIT_STATUSES = (f"exit status: {EXIT_OK} wrote a stack predicted to meet the SLA; {EXIT_NONE} refused, nothing "
+                 "written: nothing it can deploy is predicted to meet the SLA (with --closest: nothing it can "
+                 f"deploy was predicted at all), or the base stack is invalid; {EXIT_USAGE} bad arguments, an --out "
+                 "that exists (without --force) or has no folder, no planner extra, or aiconfigurator could not "
+                 f"search; {EXIT_MISSES} --closest wrote the closest configuration, predicted to MISS the SLA")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         print(f"{out}: no folder {out.parent} to write it in", file=sys.stderr)
         return EXIT_USAGE
-    hosts = cfg.hosts[: args.hosts] if args.hosts else cfg.hosts
+    hosts = cfg.hosts[: args.hosts]
     if args.hosts and args.hosts > len(cfg.hosts):
         print(f"{loaded.source}: --hosts {args.hosts}: the stack has {len(cfg.hosts)}", file=sys.stderr)
         return EXIT_USAGE
@@ -80,44 +82,42 @@ def run(args: argparse.Namespace) -> int:
         topology = (c.prefill, c.decode, c.replicas)
         if topology not in tried:
             doc, reason = None, proposal.why_not_candidate(c, gpus_per_host, len(hosts))
-            if reason is None:
-                doc = proposal.stack_document(base_doc, cfg.model_copy(update={"hosts": hosts}), c, gpus_per_host,
+            if reason is None:  # it fits the first hosts: the document names those
+                doc = proposal.stack_document(base_doc, cfg, c, gpus_per_host,
                                               {"ttftSeconds": ttft, "tpotSeconds": tpot}, decode_mtp, prefill_mtp,
                                               max_model_len)
-                reason = _refusal(doc)
+                reason = _refusal(doc, out.name)
             if reason is not None:
                 doc = None
                 print(f"  not deployable: {proposal.describe(c)}: {reason}", file=sys.stderr)
             tried[topology] = doc
         return tried[topology]
 
-    def first_deployable(candidates: list[proposal.Candidate]) -> tuple[proposal.Candidate | None, dict[str, Any]]:
-        return next(((c, d) for c in candidates if (d := deployable(c)) is not None), (None, {}))
+    def first_deployable(candidates: list[proposal.Candidate]) -> tuple[proposal.Candidate | None, Any]:
+        return next(((c, d) for c in candidates if (d := deployable(c)) is not None), (None, None))
 
-    swept = False
-
-    def ranking(strict: bool) -> list[proposal.Candidate]:
-        """The whole predictions of aiconfigurator's ranking, in its order (planner.CannotPredict: none). The
-        closest-first ranking comes from the strict one's sweep: searched again only if it was not kept."""
-        nonlocal swept
+    def ranking(strict: bool, quiet: bool = False) -> planner.Ranking:
+        """aiconfigurator's ranking, strict or closest-first, saying where it came from (planner.CannotPredict:
+        none)."""
         found = planner.search(exp, args.top, strict=strict, fresh=args.fresh and strict)
         if found.note is not None:
             print(f"  {found.note}", file=sys.stderr)
-        if found.cached is None:
-            swept = True
-        elif not swept:
+        if found.cached is not None and not quiet:
             print(f"  aiconfigurator's {'strict' if strict else 'closest-first'} ranking of this same search, from "
                   f"{found.cached} (--fresh searches again)", file=sys.stderr)
-        return _whole_predictions(found.rows, total)
+        return found
 
     try:
         # aiconfigurator's strict ranking (what it predicts meets the SLA), each row checked again all the same.
-        meeting = [c for c in ranking(strict=True) if slo.met_by(c)]
+        strict = ranking(strict=True)
+        meeting = [c for c in _whole_predictions(strict.rows, total) if slo.met_by(c)]
         best, doc = first_deployable(meeting)
         if best is None:
-            # The same sweep as aiconfigurator ranks it without strict_sla (the closest first when none meets):
+            # The same sweep as aiconfigurator ranks it without strict_sla (the closest first when none meets; kept
+            # by the strict search's sweep, so not said again to come from the cache when that one was made now):
             # the closest is the one least over the SLA, by the larger of its two ratios.
-            seen = sorted(ranking(strict=False), key=slo.shortfall)
+            loose = ranking(strict=False, quiet=strict.cached is None)
+            seen = sorted(_whole_predictions(loose.rows, total), key=slo.shortfall)
             best, doc = first_deployable(seen)
             if best is None or (slo.misses(best) and not args.closest):
                 print(_refusal_message(loaded.source, slo, f"{total} {hosts[0].gpu_model} GPUs on {len(hosts)} hosts",
@@ -206,23 +206,21 @@ def _refusal_message(source: str, slo: _Sla, gpus: str, meeting: list[proposal.C
                   "  to write it all the same, marked as predicted to miss the SLA: the same command with --closest "
                   f"(exit status {EXIT_MISSES}); or loosen --ttft/--tpot, or give more hosts"]
         return "\n".join(lines)
-    if seen and not meeting:
-        nearest = seen[0]
-        lines.append(f"  the closest prediction: {proposal.describe(nearest)}: predicted TTFT "
-                     f"{nearest.ttft_ms / 1000:.2f} s, TPOT {nearest.tpot_ms:.1f} ms: {'; '.join(slo.misses(nearest))}")
-    elif not seen and not meeting:
-        lines.append("  aiconfigurator predicted no configuration at all (none within the TTFT, or the model does not "
-                     "fit)")
+    if not meeting:
+        lines.append(f"  the closest prediction: {proposal.describe(seen[0])}: predicted TTFT "
+                     f"{seen[0].ttft_ms / 1000:.2f} s, TPOT {seen[0].tpot_ms:.1f} ms: {'; '.join(slo.misses(seen[0]))}"
+                     if seen else "  aiconfigurator predicted no configuration at all (none within the TTFT, or the "
+                                  "model does not fit)")
     lines.append("  nothing glm-infra can deploy on these hosts was predicted, so --closest has nothing to write "
                  "either: give more hosts, or loosen --ttft/--tpot")
     return "\n".join(lines)
 
 
-def _refusal(doc: dict) -> str | None:
-    """validate's first problem with a proposed document, or None."""
-    with tempfile.TemporaryDirectory(prefix="glm-propose-") as d:
-        path = Path(d) / "Pulumi.proposed.yaml"
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+def _refusal(doc: dict, name: str) -> str | None:
+    """validate's first problem with a proposed document, or None (checked in a folder of its own, removed)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / name
+        path.write_text(yaml.safe_dump(doc))
         try:
             load_file(path)
         except StackError as e:
@@ -231,8 +229,9 @@ def _refusal(doc: dict) -> str | None:
 
 
 def _write_validated(out: Path, text: str) -> None:
-    """Keep the file only if it loads as a stack: a refused proposal leaves nothing behind."""
-    fd, tmp = tempfile.mkstemp(prefix=".proposed-", suffix=".yaml", dir=out.parent if str(out.parent) else ".")
+    """Keep the file only if it loads as a stack: written as a hidden file beside it (the same filesystem) and
+    renamed over it once it does, so it is there whole or not at all; a refused proposal leaves nothing."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -263,14 +262,14 @@ def _count(text: str) -> int:
 
 def _seconds(text: str) -> float:
     value = _number(text, float, 0, "a positive number of seconds")
-    if value == 0 or value == float("inf"):
+    if value == 0 or value == math.inf:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
     return value
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("propose", help="search P/D configurations for an SLA with aiconfigurator and write the best "
-                                       "deployable one as a stack file (glm-infra[planner])")
+                                       "deployable one as a stack file (glm-infra[planner])", epilog=EXIT_STATUSES)
     p.add_argument("--from", dest="base", required=True, metavar="STACK",
                    help="the stack whose hosts, SSH, model and platform the proposal keeps")
     p.add_argument("--out", required=True, metavar="FILE", help="the stack file to write")
