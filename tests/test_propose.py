@@ -335,13 +335,13 @@ def test_nothing_predicted_at_all_is_refused_saying_so(sweep, capsys):
 
 def test_a_closest_that_does_not_fit_the_hosts_is_named_and_not_written(sweep, capsys):
     first, *rest = _fixture("prod-b300-ranking-closest-tpot-over-20ms")
-    sweep.rankings[False] = [{**first, "ttft": 2600.0}, *rest]
+    sweep.rankings[False] = [{**first, "ttft": 2607.0}, *rest]
     assert _propose(sweep, "--hosts", "2", "--closest") == 1
     err = capsys.readouterr().err
     assert err.endswith(f"stacks/Pulumi.prod-b300.yaml: no configuration of 16 B300 GPUs on 2 hosts is predicted to "
                         f"meet the SLA asked ({SLA}); nothing written\n  the closest prediction: #1 (301.1 tok/s/GPU, "
-                        "prefill tp2 pp1 dp1 moe tp2/ep1, decode tp1 pp1 dp4 moe tp1/ep4): predicted TTFT 2.60 s, TPOT "
-                        "24.6 ms: TTFT 2.60 s > 2.5 s (0.10 s over, 1.04×); TPOT 24.6 ms > 20 ms (4.6 ms over, 1.23×)\n"
+                        "prefill tp2 pp1 dp1 moe tp2/ep1, decode tp1 pp1 dp4 moe tp1/ep4): predicted TTFT 2.61 s, TPOT "
+                        "24.6 ms: TTFT 2.61 s > 2.5 s (0.11 s over, 1.04×); TPOT 24.6 ms > 20 ms (4.6 ms over, 1.23×)\n"
                         "  nothing glm-infra can deploy on these "
                         "hosts was predicted, so --closest has nothing to write either: give more hosts, or loosen "
                         "--ttft/--tpot\n")
@@ -457,6 +457,15 @@ def test_the_closest_missing_both_targets_says_both(sweep, capsys):
     assert f"is predicted to MISS the SLA asked ({SLA}): {both}; written because" in capsys.readouterr().err
 
 
+def test_a_pool_on_several_hosts_is_named_with_them_all(sweep, capsys):
+    # Four decode instances of TP4, two a host: the decode pool takes b300-2 and b300-3.
+    sweep.rankings[True] = [{**GOOD_ROW, "(d)tp": 4, "(d)dp": 1, "(d)moe_tp": 4, "(d)moe_ep": 1, "(d)workers": 4,
+                             "num_total_gpus": 24}]
+    assert _propose(sweep) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {sweep.out}: prefill tp2 pp1 dp1 moe tp2/ep1 × 4 per host on "
+                                              "b300-1; decode tp4 pp1 dp1 moe tp4/ep1 × 2 per host on b300-2, b300-3; ")
+    assert load_file(sweep.out).config.decode.hosts == ["b300-2", "b300-3"]
+
 def test_the_stack_file_appears_whole_or_not_at_all(sweep, monkeypatch, capsys):
     # Written as a hidden file beside it (a rename on one filesystem), and renamed only once it validates.
     sweep.rankings[True] = _fixture("prod-b300-ranking-strict")
@@ -491,6 +500,10 @@ def test_the_help_planning_md_shows_is_proposes_own(capsys, monkeypatch):
     shown = re.search(r"<!-- glm-infra propose --help -->\n```text\n(.*?)```", (ROOT / "docs" / "PLANNING.md")
                       .read_text(), re.S)
     assert e.value.code == 0 and shown is not None and capsys.readouterr().out == shown[1]
+    monkeypatch.setenv("COLUMNS", "400")  # one line each
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert f"propose {propose.SUMMARY}" in " ".join(capsys.readouterr().out.split()), "glm-infra's list says the same"
 
 
 # --- the search cache: its key, and a file that is not a ranking ----------------------------------------
@@ -748,6 +761,7 @@ def test_more_hosts_than_the_base_has_is_named_and_writes_nothing(tmp_path, caps
     (["--ttft", "0"], "'0' is not a positive number of seconds"),
     (["--tpot", "inf"], "'inf' is not a positive number of seconds"),
     (["--isl", "1.5"], "'1.5' is not a positive whole number"),
+    (["--max-model-len", "0"], "'0' is not a positive whole number"),
     (["--mtp", "-1"], "'-1' is not a whole number, 0 or more"),
 ])
 def test_bad_arguments_are_named_and_write_nothing(tmp_path, capsys, args, message):

@@ -27,6 +27,8 @@ from glm_infra.stack import StackError, load_file, resolve_stack_file
 
 from . import planner
 
+SUMMARY = ("search P/D configurations for an SLA with aiconfigurator and write the best deployable one predicted to "
+           "meet it as a stack file (glm-infra[planner])")
 EXIT_OK, EXIT_NONE, EXIT_USAGE, EXIT_MISSES = 0, 1, 2, 3
 EXIT_STATUSES = (f"exit status: {EXIT_OK} wrote a stack predicted to meet the SLA; {EXIT_NONE} refused, nothing "
                  "written: nothing it can deploy is predicted to meet the SLA (with --closest: nothing it can "
@@ -268,8 +270,7 @@ def _seconds(text: str) -> float:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("propose", help="search P/D configurations for an SLA with aiconfigurator and write the best "
-                                       "deployable one as a stack file (glm-infra[planner])", epilog=EXIT_STATUSES)
+    p = sub.add_parser("propose", help=SUMMARY, description=SUMMARY, epilog=EXIT_STATUSES)
     p.add_argument("--from", dest="base", required=True, metavar="STACK",
                    help="the stack whose hosts, SSH, model and platform the proposal keeps")
     p.add_argument("--out", required=True, metavar="FILE", help="the stack file to write")
