@@ -1,9 +1,10 @@
 """From aiconfigurator's ranked P/D configurations to a stack file glm-infra deploys (``glm-infra propose``).
 
-Pure: what its search may try (``search_space``), which of its answers glm-infra can deploy and why
-not the others (``deployable``), and the stack file of the best one (``stack_document``): the base
-stack's hosts, SSH, model and platform, with the prefill and decode pools, the router and the SLA of
-the proposal. glm_infra/tools/propose.py runs the search.
+Pure: what its search may try (``search_space``), which of its answers are whole predictions
+(``Candidate.from_row``) and meet the SLA asked (``sla_misses``), which glm-infra can deploy and why
+not the others (``why_not_candidate``), and the stack file of the best one (``stack_document``): the
+base stack's hosts, SSH, model and platform, with the prefill and decode pools, the router and the SLA
+of the proposal. glm_infra/tools/propose.py runs the search.
 """
 
 from __future__ import annotations
@@ -35,6 +36,30 @@ class Shape:
         return f"tp{self.tp} pp{self.pp} dp{self.dp} moe tp{self.moe_tp}/ep{self.moe_ep}"
 
 
+class BadRow(ValueError):
+    """A row of aiconfigurator's ranking that is not a whole prediction: the message names the column."""
+
+
+def _number(row: dict[str, Any], key: str) -> float:
+    """The row's ``key``: present, a number (not a string, not a bool), finite and above 0. A prediction of
+    0 is no prediction: nothing is served in no time."""
+    if key not in row:
+        raise BadRow(f"no {key!r}")
+    value = row[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadRow(f"{key!r} is {value!r}, not a number")
+    if not math.isfinite(value) or value <= 0:
+        raise BadRow(f"{key!r} is {value!r}, not a finite number above 0")
+    return float(value)
+
+
+def _whole(row: dict[str, Any], key: str) -> int:
+    value = _number(row, key)
+    if not value.is_integer():
+        raise BadRow(f"{key!r} is {row[key]!r}, not a whole number")
+    return int(value)
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One row of aiconfigurator's ranking: a replica (prefill and decode workers) and its prediction."""
@@ -49,14 +74,39 @@ class Candidate:
     concurrency: float
 
     @classmethod
-    def from_row(cls, rank: int, row: dict[str, Any], total_gpus: int) -> Candidate:
+    def from_row(cls, rank: int, row: Any, total_gpus: int) -> Candidate:
+        """A row as a candidate, or BadRow naming what is missing: every column glm-infra reads must be there
+        as a number, so a row without a prediction is never mistaken for one that meets the SLA."""
+        if not isinstance(row, dict):
+            raise BadRow(f"a {type(row).__name__}, not a row of columns")
+
         def shape(tag: str) -> Shape:
-            return Shape(*(int(row[f"({tag}){k}"]) for k in ("tp", "pp", "dp", "moe_tp", "moe_ep", "workers")))
+            return Shape(*(_whole(row, f"({tag}){k}") for k in ("tp", "pp", "dp", "moe_tp", "moe_ep", "workers")))
 
         return cls(rank=rank, prefill=shape("p"), decode=shape("d"),
-                   replicas=max(1, total_gpus // int(row["num_total_gpus"])), ttft_ms=float(row["ttft"]),
-                   tpot_ms=float(row["tpot"]), tokens_per_s_per_gpu=float(row["tokens/s/gpu_cluster"]),
-                   concurrency=float(row["concurrency"]))
+                   replicas=max(1, total_gpus // _whole(row, "num_total_gpus")), ttft_ms=_number(row, "ttft"),
+                   tpot_ms=_number(row, "tpot"), tokens_per_s_per_gpu=_number(row, "tokens/s/gpu_cluster"),
+                   concurrency=_number(row, "concurrency"))
+
+
+def sla_misses(c: Candidate, ttft_ms: float, tpot_ms: float) -> list[str]:
+    """What of the SLA asked (mean TTFT ≤ ``ttft_ms``, mean TPOT ≤ ``tpot_ms``) the candidate's prediction
+    misses, by how much; empty when it meets both. glm-infra's own check: it does not rest on the search
+    having filtered."""
+    misses = []
+    if not c.ttft_ms <= ttft_ms:
+        misses.append(f"TTFT {c.ttft_ms / 1000:.2f} s > {ttft_ms / 1000:g} s "
+                      f"({(c.ttft_ms - ttft_ms) / 1000:.2f} s over, {c.ttft_ms / ttft_ms:.2f}×)")
+    if not c.tpot_ms <= tpot_ms:
+        misses.append(f"TPOT {c.tpot_ms:.1f} ms > {tpot_ms:g} ms ({c.tpot_ms - tpot_ms:.1f} ms over, "
+                      f"{c.tpot_ms / tpot_ms:.2f}×)")
+    return misses
+
+
+def shortfall(c: Candidate, ttft_ms: float, tpot_ms: float) -> float:
+    """How far the prediction is from the SLA: its larger ratio to its target (≤ 1 meets both); the
+    closest configuration is the one with the least."""
+    return max(c.ttft_ms / ttft_ms, c.tpot_ms / tpot_ms)
 
 
 def search_space(gpus_per_host: int) -> dict[str, Any]:
@@ -153,7 +203,7 @@ def stack_document(base: dict[str, Any], config: StackConfig, c: Candidate, gpus
 def experiment(model: str, system: str, backend: str, backend_version: str, database_mode: str, total_gpus: int,
                gpus_per_host: int, isl: int, osl: int, ttft_ms: float, tpot_ms: float, nextn: int,
                nextn_accepted: float) -> dict[str, Any]:
-    """aiconfigurator's disaggregated experiment (cli_exp's flat task keys) within search_space."""
+    """aiconfigurator's disaggregated experiment (the flat task keys of its ``cli exp``) within search_space."""
     exp: dict[str, Any] = {"serving_mode": "disagg", "total_gpus": total_gpus, "isl": isl, "osl": osl,
                            "ttft": ttft_ms, "tpot": tpot_ms, "nextn": nextn,
                            "nextn_accepted": nextn_accepted if nextn else None, "database_mode": database_mode}

@@ -15,6 +15,7 @@ import os
 import re
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -146,34 +147,105 @@ def for_gate(stack: StackConfig, name: str, contexts: list[int], concurrency: in
                                     "error": b.error} for b in p.buckets}}, summary
 
 
-def search_cache(experiment: dict[str, Any], top_n: int) -> Path:
-    """Where a search's ranking is kept: by the experiment, the count and aiconfigurator's version (its data
-    and engine come with it), under $GLM_INFRA_CACHE/planner/ (default ~/.cache/glm-infra)."""
-    key = json.dumps({"experiment": experiment, "top_n": top_n, "predictor": predictor_label()}, sort_keys=True)
+# What a cached ranking is, besides its search: a file of another layout is searched again, not read.
+SEARCH_FORMAT = 2
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """aiconfigurator's ranked configurations for one search, best first, each a row of its result table;
+    ``cached``: the file they were read from (None: searched now); ``note``: why a cached file was not
+    used, or could not be written."""
+
+    rows: list[dict[str, Any]]
+    cached: Path | None = None
+    note: str | None = None
+
+
+def _search_key(experiment: dict[str, Any], top_n: int, strict: bool) -> dict[str, Any]:
+    return {"experiment": experiment, "top_n": top_n, "strict_sla": strict, "predictor": predictor_label(),
+            "format": SEARCH_FORMAT}
+
+
+def search_cache(experiment: dict[str, Any], top_n: int, strict: bool) -> Path:
+    """Where a search's ranking is kept: by the experiment, the count, whether it is strict (only what meets
+    the SLA, or the closest when nothing does) and aiconfigurator's version (its data and engine come with
+    it), under $GLM_INFRA_CACHE/planner/ (default ~/.cache/glm-infra)."""
+    key = json.dumps(_search_key(experiment, top_n, strict), sort_keys=True)
     root = Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache" / "glm-infra"))
     return root / "planner" / f"search-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
-def search(experiment: dict[str, Any], top_n: int, fresh: bool = False) -> tuple[list[dict[str, Any]], Path | None]:
-    """aiconfigurator's ranked configurations for one experiment (best first; empty when none meets its
-    SLA), each a row of its result table; and the cache file when they came from an earlier search of the
-    same (``fresh``: search again)."""
-    cached = search_cache(experiment, top_n)
-    if cached.is_file() and not fresh:
-        return json.loads(cached.read_text()), cached
-    aic = api()
+def _read_cached(path: Path, key: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of a cached ranking, or ValueError saying why it is not one: unreadable, not JSON, the
+    ranking of another search (its name is a digest, its content says what it is) or not a list of rows."""
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"unreadable ({type(e).__name__}: {e})") from None
+    if not isinstance(kept, dict) or kept.get("search") != key:
+        raise ValueError("not the ranking of this search")
+    rows = kept.get("rows")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise ValueError("its rows are not a list of rows")
+    return rows
+
+
+def _sweep(experiment: dict[str, Any], top_n: int) -> dict[bool, list[dict[str, Any]]]:
+    """One sweep of aiconfigurator's disaggregated configurations for the experiment, ranked twice by its
+    own picking (``process_experiment_result``, which ``aiconfigurator cli exp`` runs): strict (its
+    ``strict_sla``: only what is predicted to meet the SLA, as ``--strict-sla`` does) and not (when
+    nothing meets it, the closest configurations instead)."""
+    api()
+    from aiconfigurator.cli.main import build_experiment_tasks
+    from aiconfigurator.cli.utils import process_experiment_result
     from aiconfigurator.sdk.errors import NoFeasibleConfigError
 
-    with _quiet():
+    with _quiet() as notes:
+        task = build_experiment_tasks(config={"glm_infra": experiment}).get("glm_infra")
+        if task is None:  # it logs why and leaves the experiment out
+            raise CannotPredict("aiconfigurator could not set the search up: "
+                                + ("; ".join(notes.seen) or "it says nothing why"))
         try:
-            result = aic.cli_exp(config={"glm_infra": experiment}, top_n=top_n)
-            table = result.best_configs.get("glm_infra")
-        except NoFeasibleConfigError:
-            table = None
-    # Through pandas' JSON: numpy numbers become plain ones, a cached ranking reads back as the fresh one.
-    rows = [] if table is None else json.loads(table.to_json(orient="records", default_handler=str))
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(rows))
-    os.replace(tmp, cached)
-    return rows, None
+            swept = task.run()
+        except NoFeasibleConfigError:  # no worker meets the SLA at all (its TTFT is kept at the sweep)
+            swept = None
+        except Exception as e:  # its error, named, rather than "nothing meets the SLA"
+            raise CannotPredict(f"aiconfigurator's search failed: {type(e).__name__}: {e}") from None
+        rankings = {}
+        for strict in (True, False):
+            table = None if swept is None or swept.empty else process_experiment_result(
+                task, {"pareto_df": swept}, top_n, strict_sla=strict)[0]
+            # Through pandas' JSON: numpy numbers become plain ones, a cached ranking reads back as the fresh one.
+            rankings[strict] = [] if table is None or table.empty else json.loads(
+                table.to_json(orient="records", default_handler=str))
+    return rankings
+
+
+def search(experiment: dict[str, Any], top_n: int, *, strict: bool, fresh: bool = False) -> Ranking:
+    """aiconfigurator's ranked configurations for one experiment: ``strict``, only those predicted to meet
+    its SLA (empty when none does); otherwise the closest when none does. From the cache when the same
+    search was made (``fresh``: search again); a cached file that is not the ranking of this search is
+    searched again, and the Ranking's note says so. One sweep keeps both rankings."""
+    key = _search_key(experiment, top_n, strict)
+    cached = search_cache(experiment, top_n, strict)
+    note = None
+    if not fresh and cached.exists():
+        try:
+            return Ranking(_read_cached(cached, key), cached)
+        except ValueError as e:
+            note = f"{cached}: {e}: searched again"
+    rankings = _sweep(experiment, top_n)
+    for each, rows in rankings.items():
+        path = search_cache(experiment, top_n, each)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps({"search": _search_key(experiment, top_n, each), "rows": rows}))
+            os.replace(tmp, path)
+        except OSError as e:  # a ranking not kept is searched again next time; this one is still good
+            note = "; ".join(filter(None, [note, f"{path}: not kept ({e})"]))
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+    return Ranking(rankings[strict], None, note)
