@@ -331,7 +331,10 @@ def test_during_a_transition_an_instance_that_differs_is_reported_not_taken_out(
     assert rc == 1 and "canary: prefill-0: answered ' new' where the reference is ' old'" in err
     assert ("canary: a change to 'rev2|vllm 0.33.0' is rolling out (since 2023-11-14 22:13:20 UTC): an instance that "
             "answers otherwise is not taken out of rotation until every one has rolled") in out
-    assert list(flags.iterdir()) == [] and "glm_canary_transition 1\n" in (tmp_path / "canary.prom").read_text()
+    prom = (tmp_path / "canary.prom").read_text()
+    assert list(flags.iterdir()) == [] and "glm_canary_transition 1\n" in prom
+    assert 'glm_canary_transition_pending{target="prefill-0",role="prefill"} 1\n' in prom
+    assert 'glm_canary_transition_pending{target="prefill-1",role="prefill"} 0\n' in prom
     with instances(" new", " new", " new") as urls:  # every one rolled; the canary step wrote the new identity
         rc, out, err = go(targets(tmp_path, *(inst(f"prefill-{i}", u) for i, u in enumerate(urls)),
                                   identity="rev2|vllm 0.33.0"))
@@ -367,27 +370,62 @@ def test_times_a_state_file_does_not_give_are_said_unknown():
 
 
 @pytest.mark.parametrize("spec, says", [
-    (json.dumps({"identity": "x", "model": "m", "targets": []}), "no targets"),
+    (json.dumps({"identity": "x", "model": "m", "targets": []}), "no targets: a run that checks nothing passes nothing"),
     (json.dumps({"identity": "x", "model": "m", "targets": [{"name": "a", "role": "r", "url": "u", "requests": 0}]}),
-     "requests is a whole number of at least 1"),
+     "target a: requests is a whole number of at least 1"),
     (json.dumps({"identity": "x", "model": "m", "targets": [{"name": "a", "role": "r", "url": "u", "requests": True}]}),
-     "requests is a whole number of at least 1"),
+     "target a: requests is a whole number of at least 1"),
+    (json.dumps({"identity": "x", "model": "m", "targets": [{"name": "a", "role": "r", "url": 7}]}),
+     "target a: role and url are strings"),
     (json.dumps({"identity": "x", "model": "m", "targets": [{"name": "a", "role": "r"}]}), "'url'"),
-    ("not json", "Expecting value"),
+    ("not json", "Expecting value: line 1 column 1 (char 0)"),
     (json.dumps({"identity": "x", "model": "m"}), "'targets'"),
     (json.dumps({"identity": "x", "model": "m", "targets": [{"name": "../etc", "role": "r", "url": "u"}]}),
-     "target name '../etc'"),
+     "target name '../etc': letters, digits, '.', '_' and '-' only"),
     (json.dumps({"identity": "x", "model": "m", "targets": [{"name": "a", "role": "r", "url": "u"},
                                                           {"name": "a", "role": "r", "url": "v"}]}),
      "a target name is given twice"),
     (json.dumps({"identity": "", "model": "m", "targets": [{"name": "a", "role": "r", "url": "u"}]}),
-     "identity not empty"),
+     "identity and model are strings, identity not empty"),
 ])
 def test_a_bad_targets_file_is_named_and_nothing_runs(tmp_path, capsys, spec, says):
+    import socket
+
     path = tmp_path / "targets.json"
     path.write_text(spec)
     rc, out, err = run(tmp_path, path, capsys)
-    assert rc == 2 and f"canary: {path}: " in err and says in err and not (tmp_path / "canary.prom").exists()
+    assert (rc, err) == (2, f"{socket.gethostname()}: canary: {path}: {says}\n")
+    assert not (tmp_path / "canary.prom").exists() and not (tmp_path / "state").exists()
+
+
+def test_the_command_line():
+    a = canary.parser().parse_args(["run", "--targets", "t", "--state", "s"])
+    assert (a.cmd, a.targets, a.state, a.timeout, a.metrics, a.flags, a.check) == ("run", "t", "s", 30.0, None, None,
+                                                                                   False)
+    a = canary.parser().parse_args(["accept", "--targets", "t", "--state", "s", "--timeout", "2"])
+    assert (a.cmd, a.timeout, a.metrics, a.flags) == ("accept", 2.0, None, None) and a.check is False
+    for bad in ([], ["run"], ["run", "--state", "s"], ["run", "--targets", "t"], ["accept", "--targets", "t"],
+                ["accept", "--targets", "t", "--state", "s", "--check"]):
+        with pytest.raises(SystemExit):
+            canary.parser().parse_args(bad)
+
+
+def test_a_canary_run_takes_seconds_not_an_epoch(tmp_path, capsys):
+    with instances(" a", " a") as (a, b):
+        run(tmp_path, targets(tmp_path, inst("p-0", a), inst("p-1", b)), capsys)
+    seconds = [float(line.split()[-1]) for line in (tmp_path / "canary.prom").read_text().splitlines()
+               if line.startswith("glm_canary_seconds{")]
+    assert len(seconds) == 2 and all(0 < s < 10 for s in seconds)
+
+
+def test_a_target_without_a_gate_first_does_not_keep_the_others_in(tmp_path, capsys):
+    flags = tmp_path / "flags"
+    with instances(" a", " a", " a", " b") as (r, a, b, c):
+        spec = targets(tmp_path, {"name": "router", "role": "router", "url": r}, inst("prefill-0", a),
+                       inst("prefill-1", b), inst("prefill-2", c))
+        assert canary.main(["run", "--targets", str(spec), "--state", str(tmp_path / "s"), "--flags", str(flags)]) == 1
+    assert (flags / "prefill-2.failing").read_text() == "prefill-2: answered ' b' where the reference is ' a'\n"
+    assert [p.name for p in flags.iterdir()] == ["prefill-2.failing"]
 
 
 def test_a_failing_instance_is_flagged_out_of_rotation_and_back_once_it_passes(tmp_path, capsys):
@@ -497,3 +535,170 @@ def test_an_instance_that_refuses_the_connection_keeps_its_flag_as_it_was(tmp_pa
     err = capsys.readouterr().err
     assert rc == 1 and "prefill-2: 1 of 1 canaries failed: ConnectionRefusedError" in err
     assert sorted(p.name for p in flags.iterdir()) == ["prefill-1.failing"], "kept; none raised for prefill-2"
+
+
+# --- the pieces, one by one ----------------------------------------------------------------------------
+
+
+def test_the_metrics_are_prometheus_text_exactly():
+    results = [{"name": "prefill-0", "role": "prefill", "ok": True, "seconds": 0.25},
+               {"name": "decode-0", "role": "decode", "ok": False, "seconds": 1.5, "pending": True}]
+    assert canary.metrics(results, 1700000000.4, {"decode-0"}, True) == (
+        "# HELP glm_canary_ok 1 when every canary of the target answered the agreed reference in time.\n"
+        "# TYPE glm_canary_ok gauge\n"
+        'glm_canary_ok{target="prefill-0",role="prefill"} 1\n'
+        'glm_canary_ok{target="decode-0",role="decode"} 0\n'
+        "# HELP glm_canary_seconds How long the target's canaries took, all of them.\n"
+        "# TYPE glm_canary_seconds gauge\n"
+        'glm_canary_seconds{target="prefill-0",role="prefill"} 0.250\n'
+        'glm_canary_seconds{target="decode-0",role="decode"} 1.500\n'
+        "# HELP glm_canary_out_of_rotation 1 while the target's gate keeps it out of the router's rotation.\n"
+        "# TYPE glm_canary_out_of_rotation gauge\n"
+        'glm_canary_out_of_rotation{target="prefill-0",role="prefill"} 0\n'
+        'glm_canary_out_of_rotation{target="decode-0",role="decode"} 1\n'
+        "# HELP glm_canary_transition 1 while the instances roll onto another model revision or vLLM.\n"
+        "# TYPE glm_canary_transition gauge\n"
+        "glm_canary_transition 1\n"
+        "# HELP glm_canary_transition_pending 1 when the target answered otherwise than the old reference while "
+        "they roll (not taken out of rotation; judged once every instance has rolled).\n"
+        "# TYPE glm_canary_transition_pending gauge\n"
+        'glm_canary_transition_pending{target="prefill-0",role="prefill"} 0\n'
+        'glm_canary_transition_pending{target="decode-0",role="decode"} 1\n'
+        "# HELP glm_canary_last_run_timestamp_seconds When the canaries last ran.\n"
+        "# TYPE glm_canary_last_run_timestamp_seconds gauge\n"
+        "glm_canary_last_run_timestamp_seconds 1700000000\n")
+    assert "glm_canary_transition 0\n" in canary.metrics(results, 0)
+    assert 'glm_canary_out_of_rotation{target="decode-0",role="decode"} 0\n' in canary.metrics(results, 0)
+
+
+class Conn:
+    """http.client's connection, recording what the canary asks and answering ``answer``."""
+
+    made: list[Conn] = []
+
+    def __init__(self, host: str, port: int | None, timeout: float) -> None:
+        self.where, self.timeout, self.sent, self.closed = (host, port), timeout, None, False
+        Conn.made.append(self)
+
+    def request(self, method: str, path: str, body: bytes, headers: dict) -> None:
+        self.sent = (method, path, json.loads(body), dict(headers))
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+
+    def getresponse(self):  # noqa: ANN201
+        status, data = self.answer
+
+        class R:
+            def read(self) -> bytes:
+                return data
+
+        r = R()
+        r.status = status
+        return r
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def conns(monkeypatch):
+    Conn.made = []
+    plain = type("Plain", (Conn,), {"answer": (200, json.dumps({"choices": [{"text": " 11"}]}).encode())})
+    tls = type("Tls", (Conn,), {"answer": (200, json.dumps({"choices": [{"text": " 12"}]}).encode())})
+    monkeypatch.setattr(canary.http.client, "HTTPConnection", plain)
+    monkeypatch.setattr(canary.http.client, "HTTPSConnection", tls)
+    return plain, tls
+
+
+def test_a_canary_asks_exactly_this(conns):
+    plain, tls = conns
+    assert canary.complete("http://10.0.0.11:8100", "glm-5.2", "k3y", 4.5, rank=3) == " 11"
+    (c,) = Conn.made
+    assert c.where == ("10.0.0.11", 8100) and c.timeout == 4.5 and c.closed
+    assert c.sent == ("POST", "/v1/completions",
+                      {"model": "glm-5.2", "prompt": canary.PROMPT, "max_tokens": canary.MAX_TOKENS, "temperature": 0},
+                      {"Content-Type": "application/json", "Authorization": "Bearer k3y", "X-data-parallel-rank": "3"})
+    assert canary.complete("https://router.example:8443/base/", "m", None, 1) == " 12", "https: TLS"
+    assert Conn.made[-1].sent[1] == "/base/v1/completions" and Conn.made[-1].sent[3] == {"Content-Type": "application/json"}
+    assert isinstance(Conn.made[-1], tls) and isinstance(Conn.made[0], plain)
+
+
+@pytest.mark.parametrize("url", ["ftp://h:1", "h:1", "http://", "https:///x", "file:///etc/passwd"])
+def test_a_target_that_is_not_an_http_url_is_named(conns, url):
+    with pytest.raises(canary.CanaryError) as e:
+        canary.complete(url, "m", None, 1)
+    assert str(e.value) == f"not an http(s) URL: {url!r}" and not e.value.down and Conn.made == []
+
+
+@pytest.mark.parametrize(("answer", "said", "down"), [
+    ((503, b"engine gone"), "HTTP 503: engine gone", True),
+    ((504, b"late"), "HTTP 504: late", False),
+    ((500, b"x" * 300), "HTTP 500: " + "x" * 200, False),
+    ((500, b"\xff bad"), "HTTP 500: \ufffd bad", False),
+    ((200, b'{"choices": []}'), 'not a completion: {"choices": []}', False),
+    ((200, b'{"choices": [{"text": 7}]}'), 'not a completion: {"choices": [{"text": 7}]}', False),
+    ((200, b"\xff" + b"y" * 300), "not a completion: \ufffd" + "y" * 199, False),
+    ((200, b'{"choices": [{"text": " \\n "}]}'), "answered nothing", False),
+    (ConnectionRefusedError(111, "Connection refused"), "ConnectionRefusedError: [Errno 111] Connection refused", True),
+    (OSError(113, "No route to host"), "OSError: [Errno 113] No route to host", False),
+    (TimeoutError(), "no answer within 1 s", False),
+])
+def test_what_is_not_an_answer_is_named(conns, monkeypatch, answer, said, down):
+    plain, _ = conns
+    monkeypatch.setattr(plain, "answer", answer)
+    with pytest.raises(canary.CanaryError) as e:
+        canary.complete("http://h:1", "m", None, 1)
+    assert (str(e.value), e.value.down) == (said, down)
+    assert canary.CanaryError("x").down is False
+
+
+def test_env_values_are_read_as_systemd_takes_them(tmp_path):
+    f = tmp_path / "k.env"
+    f.write_text("A=1\nK=a=b\nQ=\"quoted\"\nS='single'\n  T = x \nK=later\n")
+    assert [canary.read_env_value(str(f), k) for k in ("K", "Q", "S", "A", "T", "none")] == \
+        ["a=b", "quoted", "single", "1", None, None]
+
+
+def test_target_names_and_the_reference_file_they_share():
+    assert canary.target_name_problem("Prefill-0.a_b") is None
+    assert canary.target_name_problem("-x") == "target name '-x': letters, digits, '.', '_' and '-' only"
+    assert canary.target_name_problem(7) == "target name 7: letters, digits, '.', '_' and '-' only"
+
+
+def test_a_state_file_that_is_not_an_object_with_its_keys_is_named(tmp_path):
+    (tmp_path / "r.json").write_text('{"identity": "i"}')
+    with pytest.raises(ValueError) as e:
+        canary.read_state(str(tmp_path), "r.json", "identity", "text")
+    assert str(e.value) == f"{tmp_path / 'r.json'} cannot be read (not an object with identity, text)"
+    assert canary.read_state(str(tmp_path), "none.json", "x") is None
+
+
+def asked(*answers: tuple[str, str | None], gate: bool = True) -> list[dict]:
+    return [{"name": n, "role": n.split("-")[0], "gate": gate, "seconds": 0.1, **({"text": t} if t else {"line": "x"})}
+            for n, t in answers]
+
+
+def test_who_answered_what_most_first_and_what_is_agreed():
+    a = asked(("p-0", " b"), ("p-1", " a"), ("p-2", " a"), ("p-3", None))
+    assert canary.answers_of(a) == "' a' from p-1, p-2; ' b' from p-0"
+    assert canary.agreed(a, 4) is None, "2 of 4 is not more than half"
+    assert canary.agreed(a, 3) == (" a", ["p-1", "p-2"])
+    assert canary.agreed(asked(("p-0", " a")), 1) is None, "one instance agrees with nobody"
+    assert canary.agreed(asked(("p-0", " a")), 1, accept=True) == (" a", ["p-0"])
+    assert canary.agreed(asked(("r-0", " a"), ("r-1", " a"), gate=False), 0) is None, "only instances vote"
+
+
+def test_judge_records_only_what_the_instances_agree_on(tmp_path):
+    results, notes = canary.judge(asked(("p-0", " a")), "id", str(tmp_path), True)
+    assert not results[0]["ok"] and results[0]["hold"] and not (tmp_path / "reference.json").exists()
+    assert results[0]["line"].endswith("(at least 2 and more than half of the 1 instances must agree; one cannot be "
+                                       "held against another: canary.py accept takes its answer)")
+    results, _ = canary.judge(asked(("p-0", " a"), ("p-1", " b")), "id", str(tmp_path), True)
+    assert results[0]["line"] == ("p-0: no reference of 'id' agreed yet: ' a' from p-0; ' b' from p-1 (at least 2 and "
+                                  "more than half of the 2 instances must agree)")
+    failed = asked(("p-0", None), ("p-1", " a"))
+    results, _ = canary.judge(failed, "id", str(tmp_path), True)
+    assert results[0]["line"] == "x", "a target's own failure is what it says"
+    results, notes = canary.judge(asked(("p-0", " a"), ("p-1", " a")), "id", str(tmp_path), True)
+    assert [r["ok"] for r in results] == [True, True] and notes[0].endswith(": recorded")
+    assert all("pending" not in r for r in results)

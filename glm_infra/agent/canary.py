@@ -255,7 +255,7 @@ def judge(asked: list[dict], identity: str, state: str, record: bool, accept: bo
                    f"its reference is of {reference['identity']!r}, not {identity!r}")
             if record:
                 one = "; one cannot be held against another: canary.py accept takes its answer" if voters < 2 else ""
-                why += (f": {answers_of(asked) or 'no answer'} (at least 2 and more than half of the {voters} "
+                why += (f": {answers_of(asked)} (at least 2 and more than half of the {voters} "
                         f"instances must agree{one})")
             for r in results:
                 r.setdefault("line", f"{r['name']}: {why}")
@@ -335,7 +335,7 @@ def flag(results: list[dict], folder: str) -> list[str]:
     return lines
 
 
-def load_targets(path: str, state: str) -> tuple[dict, list[dict], str | None]:
+def load_targets(path: str) -> tuple[dict, list[dict], str | None]:
     """The targets file, checked whole (ValueError, KeyError, TypeError, OSError naming what)."""
     with open(path) as f:
         spec = json.load(f)
@@ -364,7 +364,7 @@ def run(args: argparse.Namespace) -> int:
     host = socket.gethostname()
     accept = args.cmd == "accept"
     try:
-        spec, targets, api_key = load_targets(args.targets, args.state)
+        spec, targets, api_key = load_targets(args.targets)
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"{host}: canary: {args.targets}: {e}", file=sys.stderr)
         return 2
@@ -384,7 +384,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{host}: canary: {line}")
         out = {r["name"] for r in results if os.path.exists(os.path.join(args.flags, f"{r['name']}.failing"))}
     if args.metrics and record:
-        os.makedirs(os.path.dirname(args.metrics) or ".", exist_ok=True)
+        if os.path.dirname(args.metrics):
+            os.makedirs(os.path.dirname(args.metrics), exist_ok=True)
         transition = os.path.exists(os.path.join(args.state, TRANSITION))
         write_atomic(args.metrics, metrics(results, time.time(), out, transition))
     return 0 if all(r["ok"] for r in results) else 1
