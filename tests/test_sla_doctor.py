@@ -8,6 +8,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -752,3 +753,24 @@ def test_the_gates_canaries_run_on_the_router_host_and_a_mismatch_is_a_failure(t
     _fake_ssh(tmp_path, monkeypatch, "echo 'ssh: connect to host 10.0.0.13 port 22: No route to host' >&2; exit 255\n")
     with pytest.raises(canaries.CanaryUnreachable, match="cannot reach b300-3 over SSH for the canaries: ssh: connect"):
         canaries.canary_check(cfg, None, [])
+
+
+def test_a_host_whose_checks_say_nothing_is_not_called_without_drift(capsys, tmp_path, write_stack, monkeypatch):
+    """ssh that exits 0 without running the program (a shell that reads nothing, a forced command) once
+    counted as "no drift: 0 steps": every step must say how it stands."""
+    _fake_ssh(tmp_path, monkeypatch, "cat >/dev/null; exit 0\n")
+    path = write_stack({
+        "glm-infra:hosts": [{"name": "lone", "address": "10.9.9.9", "computeNics": ["mlx5_0"]}],
+        "glm-infra:ssh": {"user": "root", "privateKeyPath": str(tmp_path / "id")},
+        "glm-infra:model": {"repo": "nvidia/GLM-5.2-NVFP4", "revision": "0" * 40, "path": "/mnt/model/glm"},
+        "glm-infra:firewall": {"adminCidrs": ["10.20.0.0/24"]},
+    })
+    (tmp_path / "id").write_text("unused\n")
+    assert cli(["doctor", str(path)]) == doctor.EXIT_UNREACHABLE
+    out = capsys.readouterr().out
+    assert re.search(r"^lone: the checks said nothing of \d+ of \d+ steps \(preflight, \S+, \S+ \.\.\.\): not checked "
+                     r"\(exit 0\)$", out, re.M), out
+    # Some steps said, the rest not: named too.
+    _fake_ssh(tmp_path, monkeypatch, f"cat >/dev/null; echo '{doctor.BEGIN} preflight'; echo '{doctor.END} preflight 0'\n")
+    assert cli(["doctor", str(path)]) == doctor.EXIT_UNREACHABLE
+    assert "lone: the checks said nothing of " in capsys.readouterr().out

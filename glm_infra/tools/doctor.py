@@ -138,6 +138,13 @@ def check_host(stack: StackConfig, host: str, steps: dict[str, Step], args: argp
     result = parse(host, "".join(lines))
     if proc.returncode == 255 and not result.steps:
         result.error = f"cannot reach {host} over SSH: {err.strip().splitlines()[-1] if err.strip() else 'ssh failed'}"
+    # Every step with something to check must say how it stands: one it is silent about was not checked.
+    expected = [name for name, step in steps.items() if checks_of(step)]
+    silent = [name for name in expected if name not in {s.step for s in result.steps}]
+    if silent and result.error is None:
+        said = err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}"
+        result.error = (f"the checks said nothing of {len(silent)} of {len(expected)} steps ({', '.join(silent[:3])}"
+                        f"{' ...' if len(silent) > 3 else ''}): not checked ({said})")
     return result
 
 
