@@ -106,6 +106,20 @@ def test_misses_name_the_bucket_the_mean_and_the_target():
         "128K: no prediction (OOM: x)"]
 
 
+@pytest.mark.parametrize(("ttft", "tpot", "said"), [
+    (None, 10.0, ["16K: no predicted TTFT (aiconfigurator gave None)"]),
+    (float("nan"), 10.0, ["16K: no predicted TTFT (aiconfigurator gave nan)"]),
+    (100.0, float("inf"), ["16K: no predicted TPOT (aiconfigurator gave inf)"]),
+    (0.0, -1.0, ["16K: no predicted TTFT (aiconfigurator gave 0.0)", "16K: no predicted TPOT (aiconfigurator gave -1.0)"]),
+    ("12", 10.0, ["16K: no predicted TTFT (aiconfigurator gave '12')"]),
+])
+def test_a_prediction_without_a_number_is_a_miss_never_a_pass(ttft, tpot, said):
+    """Issue 38: validate --strict-sla passed a bucket whose predicted latency was absent or NaN (no miss to
+    name): a gate that passes on missing data."""
+    s = _stack("prod-b300")
+    assert prediction.misses(s, prediction.BucketPrediction(context=16384, ttft_ms=ttft, tpot_ms=tpot)) == said
+
+
 # --- aiconfigurator's answers: goldens per version --------------------------------------------------------
 
 

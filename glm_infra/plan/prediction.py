@@ -173,12 +173,19 @@ def misses(stack: StackConfig, b: BucketPrediction) -> list[str]:
     name = bucket_label(b.context)
     if b.error is not None:
         return [f"{name}: no prediction ({b.error})"]
+    # A latency aiconfigurator gave without a number (absent, NaN, infinite, not above 0) predicts nothing:
+    # a miss, never a pass.
+    unknown = [f"{name}: no predicted {what} (aiconfigurator gave {value!r})"
+               for what, value in (("TTFT", b.ttft_ms), ("TPOT", b.tpot_ms))
+               if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0)]
+    if unknown:
+        return unknown
+    ttft, tpot = float(b.ttft_ms or 0), float(b.tpot_ms or 0)
     out = []
-    if b.ttft_ms is not None and b.ttft_ms > stack.sla.ttft_seconds * 1000:
-        out.append(f"{name}: predicted TTFT {b.ttft_ms / 1000:.2f} s > {stack.sla.ttft_seconds:g} s (sla.ttftSeconds)")
-    if b.tpot_ms is not None and b.tpot_ms > stack.sla.tpot_seconds * 1000:
-        out.append(f"{name}: predicted TPOT {b.tpot_ms:.1f} ms > {stack.sla.tpot_seconds * 1000:g} ms "
-                   "(sla.tpotSeconds)")
+    if ttft > stack.sla.ttft_seconds * 1000:
+        out.append(f"{name}: predicted TTFT {ttft / 1000:.2f} s > {stack.sla.ttft_seconds:g} s (sla.ttftSeconds)")
+    if tpot > stack.sla.tpot_seconds * 1000:
+        out.append(f"{name}: predicted TPOT {tpot:.1f} ms > {stack.sla.tpot_seconds * 1000:g} ms (sla.tpotSeconds)")
     return out
 
 
