@@ -10,7 +10,7 @@ from conftest import ROOT, STACKS, stack_file
 
 from glm_infra import hostplan
 from glm_infra.plan.topology import plan
-from glm_infra.spec import packages
+from glm_infra.spec import install_rules, packages
 from glm_infra.spec.config import DriversConfig
 from glm_infra.stack import StackError, load_file
 from glm_infra.tools import packages_doc
@@ -96,7 +96,7 @@ def test_every_package_repository_unit_module_and_rule_cites_a_source():
         assert set(p.units) <= set(packages.UNITS), p.name
     for r in packages.RULES:
         assert cited(r.sources), r.branches
-    for rule in packages.INSTALL_RULES:
+    for rule in install_rules.INSTALL_RULES:
         assert cited(rule.sources) and rule.action and rule.standin, rule.rule
     for repo in packages.REPOSITORIES.values():
         assert cited(repo.sources), repo.key

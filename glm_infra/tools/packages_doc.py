@@ -3,7 +3,7 @@ keeps the two equal. ``venv/bin/python -m glm_infra.tools.packages_doc > docs/PA
 
 from __future__ import annotations
 
-from glm_infra.spec import packages
+from glm_infra.spec import install_rules, packages, standins
 
 
 def _cite(sources: tuple[packages.Source, ...]) -> str:
@@ -30,7 +30,8 @@ def markdown() -> str:
     lines = [
         "# External names: packages, repositories, units, install rules",
         "",
-        "Generated from `glm_infra/spec/packages.py` and `repositories.py` beside it",
+        "Generated from `glm_infra/spec/packages.py` and the modules beside it (`units.py`, `host_packages.py`,",
+        "`install_rules.py`, `standins.py`, `repositories.py`)",
         "(`venv/bin/python -m glm_infra.tools.packages_doc > docs/PACKAGES.md`); edit those, not this page.",
         "Every name a host script relies on is listed there once, with where NVIDIA (or Ubuntu) documents",
         "it, and so are the relations apt resolves the packages by and the install rules they impose; the",
@@ -48,7 +49,7 @@ def markdown() -> str:
         "| the packages | glm-infra | settled | the stand-ins | sources |",
         "| --- | --- | --- | --- | --- |",
     ]
-    for r in packages.INSTALL_RULES:
+    for r in install_rules.INSTALL_RULES:
         lines.append(f"| {r.rule} | {r.action} | {'yes' if r.settled else 'no'} | {r.standin} | {_cite(r.sources)} |")
     lines += [
         "",
@@ -97,14 +98,14 @@ def markdown() -> str:
               "`testbed/standins/build-apt-repo` builds every package above that has a stand-in (`debs/<dir>`) with",
               "the registry's name, version and relations (`Provides:`, `Depends:` at exact versions, `Conflicts:`,",
               "`Replaces:`) and repository: the driver-versioned ones for each of "
-              + _names(packages.SIM_DRIVERS) + " (of each branch a release newer than any stack pins, so a pin",
+              + _names(standins.SIM_DRIVERS) + " (of each branch a release newer than any stack pins, so a pin",
               "that is missing or late bites), DOCA's for each of "
-              + _names([d.version for d in packages.SIM_DOCAS]) + ", in one folder, and the running kernel's",
+              + _names([d.version for d in standins.SIM_DOCAS]) + ", in one folder, and the running kernel's",
               "(`linux-headers-<kernel>`, `linux-modules-extra-<kernel>`) for the machine's kernel, which the",
               "simulated hosts share. Its `apt/` folder stands in for the CUDA repository and the distribution's",
               "mirror, `apt/doca/` for the DOCA repository. The stand-ins ship only the units listed here, plus",
               "`nvidia-sim-module.service`, which loads the simulated kernel module at boot, and",
-              "`glm-sim-modules.service`, which loads the simulated kernel's modules of `modules-load.d` at boot",
+              "`simulated-modules-load.service`, which loads the simulated kernel's modules of `modules-load.d` at boot",
               "(systemd-modules-load skips containers); no host script names either.", ""]
     return "\n".join(lines)
 
