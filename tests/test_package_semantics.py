@@ -118,6 +118,52 @@ def pins(h: AptRoot) -> list[str]:
     return sorted(p for p in h.installed() if p.startswith("nvidia-driver-pinning"))
 
 
+def dpkg_root(tmp: Path) -> tuple[Path, dict]:
+    """An empty dpkg root whose packages' maintainer scripts run without chroot, on GLM_SIM_ROOT = that root."""
+    root = tmp / "root"
+    for d in ("var/lib/dpkg/info", "var/lib/dpkg/updates", "var/lib/dpkg/triggers", f"lib/modules/{KERNEL}/build", "bin"):
+        (root / d).mkdir(parents=True)
+    for f in ("var/lib/dpkg/status", "var/lib/dpkg/available"):
+        (root / f).touch()
+    (root / "bin/systemctl").write_text("#!/bin/sh\nexit 0\n")
+    (root / "bin/systemctl").chmod(0o755)
+    return root, {**os.environ, "GLM_SIM_ROOT": str(root), "PATH": f"{root / 'bin'}:{os.environ['PATH']}"}
+
+
+def test_a_host_with_the_earlier_stand_ins_upgrades_to_these_in_one_run(repo, tmp_path):
+    """Hosts f176da7 deployed (the upgrade test, a module after it in one cluster) carry the earlier stand-ins,
+    whose driver package held nvidia-smi, the persistence daemon and the module: the family that holds them
+    now takes them over in one dpkg run (Replaces), as apt upgrades the driver there."""
+    if os.geteuid() != 0:
+        pytest.fail("needs root", pytrace=False)
+    old = tmp_path / "f176da7"
+    old.mkdir()
+    subprocess.run(f"git -C {ROOT} archive f176da7 testbed/standins glm_infra/spec | tar -x -C {old}", shell=True,
+                   check=True)
+    r = subprocess.run([str(old / "testbed/standins/build-apt-repo"), str(old / "apt")], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "GLM_INFRA_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    root, env = dpkg_root(tmp_path)
+
+    def dpkg(*debs: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(["dpkg", f"--root={root}", "--force-script-chrootless", "--force-depends", "-i", *map(str, debs)],
+                              capture_output=True, text=True, timeout=120, env=env)
+
+    first = dpkg(old / "apt/glm-sim-hardware_1.2-1_all.deb", old / "apt/nvidia-driver-580-open_580.159.04-0ubuntu1_all.deb")
+    assert first.returncode == 0, first.stderr
+    new = [repo / "glm-sim-hardware_1.3-1_all.deb", *(repo / f"{p}_580.172.08-1ubuntu1_all.deb" for p in FAMILY_580),
+           repo / "nvidia-driver-580-open_580.172.08-1ubuntu1_all.deb"]
+    r = dpkg(*new)
+    assert r.returncode == 0, r.stderr
+    owners = subprocess.run(["dpkg", f"--root={root}", "-S", "/usr/bin/nvidia-smi",
+                             "/lib/systemd/system/nvidia-persistenced.service", "/usr/share/glm-sim/driver-version"],
+                            capture_output=True, text=True).stdout
+    assert owners.split() == ["nvidia-utils-580:", "/usr/bin/nvidia-smi", "nvidia-compute-utils-580:",
+                              "/lib/systemd/system/nvidia-persistenced.service", "nvidia-dkms-580-open:",
+                              "/usr/share/glm-sim/driver-version"]
+    assert (root / "usr/share/glm-sim/driver-version").read_text().strip() == "580.172.08"
+
+
 def test_the_repository_serves_a_newer_release_than_the_stacks_pin(repo):
     index = (repo / "Packages").read_text() + (repo / "doca" / "Packages").read_text()
     for name, newer in (("nvidia-utils-580", "580.999.01-1ubuntu1"), ("nvidia-utils", "595.999.01-1ubuntu1"),

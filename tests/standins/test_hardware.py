@@ -85,7 +85,7 @@ EXPECTED_CONTENTS = {
     "glm-sim-rdma-tools": ["usr/bin/ibv_devinfo"],
     "pciutils": ["usr/bin/lspci", "usr/bin/setpci"],
     "glm-sim-hardware": ["etc/glm-sim/hardware.conf", "usr/lib/glm-sim/glm_sim_hw.py", "usr/local/sbin/modprobe",
-                         "usr/lib/glm-sim/modules-load", "lib/systemd/system/glm-sim-modules.service"],
+                         "usr/lib/glm-sim/modules-load", "lib/systemd/system/simulated-modules-load.service"],
     f"linux-headers-{KERNEL}": [f"lib/modules/{KERNEL}/build/Makefile"],
     f"linux-modules-extra-{KERNEL}": [f"lib/modules/{KERNEL}/kernel/drivers/infiniband/core/ib_umad.ko.zst",
                                       f"lib/modules/{KERNEL}/kernel/drivers/infiniband/hw/mlx5/mlx5_ib.ko.zst"],
@@ -938,7 +938,7 @@ def test_the_simulated_kernel_loads_a_module_only_when_a_package_ships_it(sim, t
     (tmp_path / "modules-load").write_text(loader)
     assert run(["sh", tmp_path / "modules-load"], env=env).returncode == 0
     assert (sim.root / "run/glm-sim/modules/ib_umad").exists()
-    unit = (DEBS / "glm-sim-hardware/lib/systemd/system/glm-sim-modules.service").read_text()
+    unit = (DEBS / "glm-sim-hardware/lib/systemd/system/simulated-modules-load.service").read_text()
     assert "Before=nvidia-fabricmanager.service" in unit and "ExecStart=/usr/lib/glm-sim/modules-load" in unit
 
 
