@@ -150,6 +150,7 @@ def test_the_dcgm_exporter_uses_nvidia_dcgms_host_engine_not_an_embedded_one():
         assert "Environment=DCGM_REMOTE_HOSTENGINE_INFO=localhost:5555" in lines
         assert "Requires=nvidia-dcgm.service" in lines and "After=nvidia-dcgm.service" in lines
         assert lines.index("[Unit]") < lines.index("Requires=nvidia-dcgm.service") < lines.index("[Service]")
+        assert "Restart=on-failure" in lines  # the engine may not listen yet when the exporter first starts
         assert "ExecStart=/usr/bin/dcgm-exporter -f /etc/dcgm-exporter/glm-infra-counters.csv -a :9400" in lines
 
 
