@@ -16,7 +16,7 @@ HW_LIB = DEBS / "glm-sim-hardware" / "usr" / "lib" / "glm-sim"
 DRIVER = "580.159.04"  # the driver version a Sim root has installed and loaded
 
 TOOLS = {
-    "nvidia-smi": DEBS / "nvidia-driver-580-open/usr/bin/nvidia-smi",
+    "nvidia-smi": DEBS / "nvidia-utils/usr/bin/nvidia-smi",
     "dcgmi": DEBS / "datacenter-gpu-manager-4-core/usr/bin/dcgmi",
     "ibv_devinfo": DEBS / "glm-sim-rdma-tools/usr/bin/ibv_devinfo",
     "show_gids": DEBS / "doca-ofed/usr/sbin/show_gids",
@@ -30,18 +30,19 @@ TOOLS = {
 
 
 class Sim:
-    """A GLM_SIM_ROOT: the shipped hardware.conf, the driver installed and loaded, the fabric
-    manager installed at the driver's version and running."""
+    """A GLM_SIM_ROOT: the shipped hardware.conf, the driver installed and loaded, the persistence daemon
+    running with persistence mode on, the fabric manager installed at the driver's version and running."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        for d in ("etc/glm-sim/hardware.conf.d", "run/glm-sim", "usr/share/glm-sim"):
+        for d in ("etc/glm-sim/hardware.conf.d", "run/glm-sim", "usr/share/glm-sim", "var/run/nvidia-persistenced"):
             (root / d).mkdir(parents=True)
         shutil.copy(DEBS / "glm-sim-hardware/etc/glm-sim/hardware.conf", root / "etc/glm-sim/hardware.conf")
         self.write("usr/share/glm-sim/driver-version", DRIVER)
         self.write("run/glm-sim/loaded-driver-version", DRIVER)
         self.write("usr/share/glm-sim/fabricmanager-version", DRIVER)
         self.write("run/glm-sim/fabricmanager-active", "")
+        self.write("var/run/nvidia-persistenced/persistence-mode", "Enabled")
 
     def write(self, path: str, text: str) -> None:
         (self.root / path).write_text(text + "\n" if text else "")

@@ -56,43 +56,88 @@ def _needs_root():
 
 # --- drivers.sh ----------------------------------------------------------------------------------
 
-# NVIDIA's names and version schemes for branch 580 (glm_infra/spec/packages.py cites each): the branch's
-# pinning package is versioned by branch, the exact version has a pinning package of its own.
+KERNEL = os.uname().release  # what uname -r says in the script
+# NVIDIA's names and version schemes for branch 580 (glm_infra/spec/packages.py cites each): one pinning
+# package, of the exact version; the driver and its family at <version>-1ubuntu1, the rest at <version>-1.
+FAMILY = ["nvidia-utils-580", "nvidia-compute-utils-580", "nvidia-dkms-580-open", "nvidia-kernel-common-580",
+          "libnvidia-compute-580"]
 REPO_VERSIONS = {
-    "nvidia-driver-pinning-580": "580-5", "nvidia-driver-pinning-580.159.04": "580.159.04-1",
-    "nvidia-driver-580-open": "580.159.04-0ubuntu1", "libnvidia-nscq": "580.159.04-1",
-    "nvidia-fabricmanager": "580.159.04-1", "libnvsdm": "580.159.04-1",
-    "datacenter-gpu-manager-4-cuda13": "1:4.4.1-1", "nvlsm": "2025.06.5-1", "infiniband-diags": "2507mlnx56-1",
+    "nvidia-driver-pinning-580.159.04": "580.159.04-1", "nvidia-driver-580-open": "580.159.04-1ubuntu1",
+    **{f: "580.159.04-1ubuntu1" for f in FAMILY},
+    "libnvidia-nscq": "580.159.04-1", "nvidia-fabricmanager": "580.159.04-1", "libnvsdm": "580.159.04-1",
+    "datacenter-gpu-manager-4-cuda13": "1:4.4.1-1", "nvlsm": "2025.06.5-1", "infiniband-diags": "50.0-2ubuntu0.2",
 }
+KERNEL_PACKAGES = {f"linux-headers-{KERNEL}": "1.0-1", f"linux-modules-extra-{KERNEL}": "1.0-1"}
+DRIVER_DIRS = [*DRIVER_DIRS, "/etc/systemd/system"]
+
+# dpkg-query -W PACKAGE: "installed VERSION"; without a package, every installed one ("installed NAME").
+DPKG_QUERY = """case "${!#}" in -f*) for f in "$STATE"/installed/*; do [ -e "$f" ] && echo "installed ${f##*/}"; done; exit 0 ;; esac
+v=$(cat "$STATE/installed/${!#}" 2>/dev/null) && echo "installed $v" || exit 1"""
+APT_CACHE = """case "$1" in
+  madison) p=${!#}; [ -e "$STATE/repo/$p" ] && echo " $p | $(cat "$STATE/repo/$p") | http://repo ./ Packages"; exit 0 ;;
+  show) p=${2%%=*}; echo "Package: $p"; echo "Version: ${2#*=}"
+        [ -e "$STATE/depends/$p" ] && echo "Depends: $(cat "$STATE/depends/$p")"; exit 0 ;;
+esac"""
+# apt refuses to change a held package it is given, as apt-get does without --allow-change-held-packages.
+APT_GET = """for a; do [ "$a" = -s ] && exit 0; done
+case "$1" in
+  install) ;;
+  remove) shift; for a; do case "$a" in -*) ;; *) rm -f "$STATE/installed/$a" ;; esac; done; exit 0 ;;
+  *) exit 0 ;;
+esac
+for a in "$@"; do case "$a" in -*|install) ;; *) if [ -e "$STATE/held/${a%%=*}" ]; then
+  echo "E: Held packages were changed and -y was used without --allow-change-held-packages." >&2; exit 100; fi ;; esac; done
+for a in "$@"; do case "$a" in -*|install) ;; *=*) echo "${a#*=}" > "$STATE/installed/${a%%=*}" ;;
+  *-) rm -f "$STATE/installed/${a%-}" ;; *) cat "$STATE/repo/$a" > "$STATE/installed/$a" ;; esac; done"""
+APT_MARK = """case "$1" in showhold) ls "$STATE/held" ;; hold) shift; for p; do touch "$STATE/held/$p"; done ;;
+  unhold) shift; for p; do rm -f "$STATE/held/$p"; done ;; esac"""
+# The driver's tool: exit 9 without a loaded module, 18 when the loaded module is not the installed one.
+NVIDIA_SMI = """[ -e "$STATE/unloaded" ] && { echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."; exit 9; }
+[ -e "$STATE/mismatch" ] && { echo "Failed to initialize NVML: Driver/library version mismatch"; exit 18; }
+case "$*" in
+  "-pm 1") touch "$STATE/persistence"; echo "All done." ;;
+  *persistence_mode*) for i in 0 1 2 3 4 5 6 7; do if [ -e "$STATE/persistence" ]; then echo Enabled; else echo Disabled; fi; done ;;
+  *) cat "$STATE/loaded" 2>/dev/null || echo 580.159.04 ;;
+esac"""
+# Ubuntu's nvidia-persistenced unit is static; the fabric manager's precheck refuses without ib_umad.
+SYSTEMCTL = """u=${!#}; u=${u%.service}
+case "$1" in
+  list-unit-files|daemon-reload|status) exit 0 ;;
+  is-enabled) if [ -e "$STATE/enabled/$u" ]; then echo enabled; elif [ "$u" = nvidia-persistenced ]; then echo static; else echo disabled; exit 1; fi ;;
+  is-active) [ -e "$STATE/active/$u" ] ;;
+  enable) touch "$STATE/enabled/$u" ;;
+  add-wants) mkdir -p /etc/systemd/system/multi-user.target.wants
+             ln -sf "/lib/systemd/system/$u.service" "/etc/systemd/system/multi-user.target.wants/$u.service" ;;
+  start) if [ "$u" = nvidia-fabricmanager ] && [ ! -e "$STATE/modules/ib_umad" ]; then
+           echo 'Kernel module "ib_umad" has not been loaded, fabric manager cannot be started' >&2; exit 1; fi
+         touch "$STATE/active/$u" ;;
+esac"""
+# With modules-need-extra, a stock noble kernel: ib_umad and mlx5_ib only with linux-modules-extra installed.
+MODPROBE = """m=${!#}; m=${m//-/_}
+if [ -e "$STATE/modules-need-extra" ] && [ ! -e "$STATE/installed/linux-modules-extra-$(uname -r)" ]; then
+  echo "modprobe: FATAL: Module $m not found in directory /lib/modules/$(uname -r)" >&2; exit 1; fi
+touch "$STATE/modules/$m"
+"""
 
 
 @pytest.fixture
 def apt_stubs(tmp_path):
     s = StubPath(tmp_path / "stubs")
-    for pkg, ver in REPO_VERSIONS.items():
-        (s.state / "repo").mkdir(exist_ok=True)
-        (s.state / "repo" / pkg).write_text(ver)
-    for d in ("installed", "held", "enabled"):
+    for d in ("repo", "installed", "held", "enabled", "active", "modules", "depends"):
         (s.state / d).mkdir()
-    # dpkg-query -W PACKAGE: "installed VERSION"; without a package, every installed one ("installed NAME").
-    s.add("dpkg-query", '''case "${!#}" in -f*) for f in "$STATE"/installed/*; do [ -e "$f" ] && echo "installed ${f##*/}"; done; exit 0 ;; esac
-v=$(cat "$STATE/installed/${!#}" 2>/dev/null) && echo "installed $v" || exit 1''')
-    s.add("apt-cache", 'p=${!#}; [ -e "$STATE/repo/$p" ] && echo " $p | $(cat "$STATE/repo/$p") | http://repo ./ Packages"; exit 0')
-    s.add("apt-get", '''[ "$1" = install ] || exit 0
-for a in "$@"; do case "$a" in -*|install) ;; *=*) echo "${a#*=}" > "$STATE/installed/${a%%=*}" ;;
-  *-) rm -f "$STATE/installed/${a%-}" ;; *) cat "$STATE/repo/$a" > "$STATE/installed/$a" ;; esac; done''')
-    s.add("apt-mark", '''case "$1" in showhold) ls "$STATE/held" ;; hold) shift; for p; do touch "$STATE/held/$p"; done ;;
-  unhold) shift; for p; do rm -f "$STATE/held/$p"; done ;; esac''')
+    for pkg, ver in {**REPO_VERSIONS, **KERNEL_PACKAGES}.items():
+        (s.state / "repo" / pkg).write_text(ver)
+    # The driver depends on its family at exactly its own version (apt-cache show's Depends).
+    (s.state / "depends" / "nvidia-driver-580-open").write_text(
+        ", ".join(f"{f} (= 580.159.04-1ubuntu1)" for f in FAMILY) + ", glm-sim-hardware")
+    for name, body in (("dpkg-query", DPKG_QUERY), ("apt-cache", APT_CACHE), ("apt-get", APT_GET),
+                       ("apt-mark", APT_MARK), ("nvidia-smi", NVIDIA_SMI), ("systemctl", SYSTEMCTL),
+                       ("modprobe", MODPROBE)):
+        s.add(name, body)
     s.add("curl", 'while [ $# -gt 1 ]; do [ "$1" = -o ] && { echo "PUBLIC KEY" > "$2"; exit 0; }; shift; done')
     # As gpg does: with a FILE and no --output it writes FILE.gpg, not stdout (an empty keyring otherwise).
     s.add("gpg", 'out=; prev=; for a; do [ "$prev" = --output ] && out=$a; prev=$a; f=$a; done; '
                  'if [ "$out" = - ]; then cat "$f"; else cat "$f" > "${out:-$f.gpg}"; fi')
-    s.add("nvidia-smi", '[ -e "$STATE/mismatch" ] && { echo "Failed to initialize NVML: Driver/library version mismatch"; exit 18; }; '
-                        'cat "$STATE/loaded" 2>/dev/null || echo 580.159.04')
-    s.add("systemctl", '''case "$1" in list-unit-files) exit 0 ;; is-enabled|is-active) [ -e "$STATE/enabled/${!#}" ] ;;
-  enable) for u; do case "$u" in -*|enable) ;; *) touch "$STATE/enabled/$u" ;; esac; done ;; esac''')
-    s.add("modprobe", "exit 1")
-    s.add("systemd-detect-virt", 'for a; do [ "$a" = --quiet ] && exit 0; done; echo systemd-nspawn')
     return s
 
 
@@ -100,53 +145,145 @@ def drivers(stack=PROD) -> str:
     return drivers_role.drivers_script(stack, HOST)
 
 
-def test_drivers_install_pins_holds_and_enables(apt_stubs, tmp_path):
+def installed(stubs: StubPath) -> dict[str, str]:
+    return {p.name: p.read_text().strip() for p in (stubs.state / "installed").iterdir()}
+
+
+def hold_all(stubs: StubPath, versions: dict[str, str]) -> None:
+    for pkg, ver in versions.items():
+        (stubs.state / "installed" / pkg).write_text(ver)
+        (stubs.state / "held" / pkg).touch()
+
+
+def test_drivers_install_the_pin_alone_first_then_the_family_pinned_then_hold_and_enable(apt_stubs, tmp_path):
     r = isolated(apt_stubs, drivers(), ["apply"], DRIVER_DIRS, tmp_path)
     assert r.returncode == 0, r.stderr
-    install = next(c for c in r.calls if c.startswith("apt-get install"))
-    for pkg in ("nvidia-driver-580-open=580.159.04-0ubuntu1", "nvidia-fabricmanager=580.159.04-1",
-                "libnvidia-nscq=580.159.04-1", "nvidia-driver-pinning-580=580-5",
-                "nvidia-driver-pinning-580.159.04=580.159.04-1", "nvlsm"):
-        assert pkg in install.split(), pkg
+    installs = [[a for a in c.split()[2:] if not a.startswith("-")] for c in r.calls if c.startswith("apt-get install")]
+    # NVIDIA's order: the pinning package alone (pinning packages conflict: one only, of the exact version) ...
+    assert installs[0] == ["nvidia-driver-pinning-580.159.04=580.159.04-1"]
+    assert not any(a.startswith("nvidia-driver-pinning-580=") for i in installs for a in i)
+    # ... the headers DKMS builds the module against, then the driver with every exact sibling named at its version.
+    assert installs[1] == [f"linux-headers-{KERNEL}"]
+    for pkg in ("nvidia-driver-580-open=580.159.04-1ubuntu1", "nvidia-fabricmanager=580.159.04-1",
+                "libnvidia-nscq=580.159.04-1", *(f"{f}=580.159.04-1ubuntu1" for f in FAMILY), "nvlsm"):
+        assert pkg in installs[2], pkg
+    assert not any("--allow-change-held-packages" in c for c in r.calls)
     assert sorted(p.name for p in (apt_stubs.state / "held").iterdir()) == sorted(REPO_VERSIONS)
     # NVLSM has no unit: the fabric manager's starts it. DCGM's host engine serves the exporter.
     enabled = {p.name for p in (apt_stubs.state / "enabled").iterdir()}
-    assert enabled == {"nvidia-persistenced", "nvidia-fabricmanager", "nvidia-dcgm"}, enabled
+    assert enabled == {"nvidia-fabricmanager", "nvidia-dcgm"}, enabled
+    # Ubuntu's nvidia-persistenced unit is static: wanted by multi-user.target, persistence mode on.
+    assert in_root(tmp_path, "/etc/systemd/system/multi-user.target.wants/nvidia-persistenced.service").is_symlink()
+    assert {p.name for p in (apt_stubs.state / "active").iterdir()} == {"nvidia-persistenced", "nvidia-fabricmanager",
+                                                                       "nvidia-dcgm"}
+    dropin = in_root(tmp_path, "/etc/systemd/system/nvidia-persistenced.service.d/glm-infra.conf").read_text()
+    assert "ExecStart=\nExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced --persistence-mode --verbose" \
+        in dropin
+    assert r.called("nvidia-smi -pm 1") and "persistence mode on" in r.stdout
     prefs = in_root(tmp_path, "/etc/apt/preferences.d/glm-infra-nvidia").read_text()
-    assert "Package: nvidia-fabricmanager\nPin: version 580.159.04-*\nPin-Priority: 1001" in prefs
-    assert "Package: nvidia-driver-pinning-580\nPin: version 580-*\nPin-Priority: 1001" in prefs
+    for pkg in ("nvidia-fabricmanager", "nvidia-driver-pinning-580.159.04", *FAMILY):
+        assert f"Package: {pkg}\nPin: version 580.159.04-*\nPin-Priority: 1001" in prefs, pkg
     sources = in_root(tmp_path, "/etc/apt/sources.list.d/glm-infra-nvidia.list").read_text()
     assert sources.startswith("deb [signed-by=/usr/share/keyrings/glm-infra-nvidia.gpg] https://developer.download.nvidia.com/")
     # The key the repository is signed with, dearmored into the keyring (not an empty file).
     assert in_root(tmp_path, "/usr/share/keyrings/glm-infra-nvidia.gpg").read_text() == "PUBLIC KEY\n"
     assert '"nvidia-fabricmanager";' in in_root(tmp_path, "/etc/apt/apt.conf.d/51glm-infra-nvidia-hold").read_text()
-    assert "ib_umad" in in_root(tmp_path, "/etc/modules-load.d/glm-infra-nvlink.conf").read_text()
-    assert "not loadable in a container" in r.stdout  # modprobe fails, tolerated in a container
+    assert in_root(tmp_path, "/etc/modules-load.d/glm-infra-nvlink.conf").read_text() == "ib_umad\nmlx5_ib\n"
 
     again = isolated(apt_stubs, drivers(), ["apply"], DRIVER_DIRS, tmp_path)
     assert again.returncode == 0, again.stderr
     assert not again.called("apt-get install") and not again.called("apt-mark hold")
-    assert not again.called("apt-get update") and not again.called("systemctl enable")
+    assert not again.called("apt-get update") and not again.called("systemctl enable") and not again.called("systemctl start")
+    assert not again.called("nvidia-smi -pm")
     assert "wrote" not in again.stdout and "packages already at 580.159.04" in again.stdout
     check = isolated(apt_stubs, drivers(), ["check"], DRIVER_DIRS, tmp_path)
     assert check.returncode == 0 and f"{HOST}: drivers: packages at 580.159.04 and held" in check.stdout, check.stderr
 
 
-def test_drivers_new_version_replaces_the_old_versions_pinning_package(apt_stubs, tmp_path):
-    for pkg, ver in REPO_VERSIONS.items():
-        (apt_stubs.state / "installed" / pkg).write_text(ver)
-        (apt_stubs.state / "held" / pkg).touch()
-    (apt_stubs.state / "installed" / "nvidia-driver-pinning-580.159.04").rename(
-        apt_stubs.state / "installed" / "nvidia-driver-pinning-580.126.09")
-    r = isolated(apt_stubs, drivers(), ["check"], DRIVER_DIRS, tmp_path)
-    assert r.returncode == 1
-    assert "nvidia-driver-pinning-580.126.09 is installed: it pins another driver version than 580.159.04" in r.stderr
+def test_drivers_load_and_persist_ib_umad_before_the_fabric_manager_starts(apt_stubs, tmp_path):
+    """The fabric manager's unit refuses without ib_umad (its precheck): on a stock kernel the module comes with
+    linux-modules-extra, and it is loaded and written to modules-load.d before any unit starts."""
+    (apt_stubs.state / "modules-need-extra").touch()
     r = isolated(apt_stubs, drivers(), ["apply"], DRIVER_DIRS, tmp_path)
     assert r.returncode == 0, r.stderr
-    install = next(c for c in r.calls if c.startswith("apt-get install")).split()
+    calls = r.calls
+    extra = next(i for i, c in enumerate(calls) if c.startswith("apt-get install") and f"linux-modules-extra-{KERNEL}" in c)
+    loaded = max(i for i, c in enumerate(calls) if c == "modprobe ib_umad")
+    started = calls.index("systemctl start nvidia-fabricmanager")
+    assert extra < loaded < started, calls
+    assert in_root(tmp_path, "/etc/modules-load.d/glm-infra-nvlink.conf").read_text() == "ib_umad\nmlx5_ib\n"
+    assert f"installing linux-modules-extra-{KERNEL} (ib_umad mlx5_ib)" in r.stdout
+    # A kernel without the module and no package that has it: the step stops naming both, before the units.
+    (apt_stubs.state / "repo" / f"linux-modules-extra-{KERNEL}").unlink()
+    (apt_stubs.state / "installed" / f"linux-modules-extra-{KERNEL}").unlink()
+    (apt_stubs.state / "active" / "nvidia-fabricmanager").unlink()
+    r = isolated(apt_stubs, drivers(), ["apply"], DRIVER_DIRS, tmp_path)
+    assert r.returncode == 1 and not r.called("systemctl start nvidia-fabricmanager")
+    assert (f"{HOST}: drivers: cannot load ib_umad mlx5_ib (the fabric manager refuses to start without ib_umad) and "
+            f"no repository has linux-modules-extra-{KERNEL}") in r.stderr
+
+
+def test_drivers_new_version_replaces_the_old_versions_pinning_package_and_the_branch_pin(apt_stubs, tmp_path):
+    hold_all(apt_stubs, REPO_VERSIONS)
+    (apt_stubs.state / "installed" / "nvidia-driver-pinning-580.159.04").rename(
+        apt_stubs.state / "installed" / "nvidia-driver-pinning-580.126.09")
+    (apt_stubs.state / "installed" / "nvidia-driver-pinning-580").write_text("580-5")  # as f176da7 left it
+    r = isolated(apt_stubs, drivers(), ["check"], DRIVER_DIRS, tmp_path)
+    assert r.returncode == 1
+    assert "nvidia-driver-pinning-580.126.09 is installed: pinning packages conflict" in r.stderr
+    assert "nvidia-driver-pinning-580 is installed: pinning packages conflict" in r.stderr
+    r = isolated(apt_stubs, drivers(), ["apply"], DRIVER_DIRS, tmp_path)
+    assert r.returncode == 0, r.stderr
+    (install,) = [c.split() for c in r.calls if c.startswith("apt-get install")]  # the pin alone: the tree is right
     assert "nvidia-driver-pinning-580.159.04=580.159.04-1" in install and "nvidia-driver-pinning-580.126.09-" in install
-    assert not (apt_stubs.state / "installed" / "nvidia-driver-pinning-580.126.09").exists()
+    assert "nvidia-driver-pinning-580-" in install
+    assert sorted(p for p in installed(apt_stubs) if p.startswith("nvidia-driver-pinning")) == \
+        ["nvidia-driver-pinning-580.159.04"]
     assert isolated(apt_stubs, drivers(), ["check"], DRIVER_DIRS, tmp_path).returncode == 0
+
+
+def test_drivers_a_host_f176da7_left_is_right_without_reinstall_or_reboot(apt_stubs, tmp_path):
+    """A host f176da7's driver step installed on the simulated cluster's earlier stand-ins: both pinning
+    packages, the driver at -0ubuntu1 with no family, everything held, the module loaded. Only the branch pin
+    goes; nothing is reinstalled and no reboot is asked for."""
+    old = {p: v for p, v in REPO_VERSIONS.items() if p not in FAMILY}
+    hold_all(apt_stubs, {**old, "nvidia-driver-pinning-580": "580-5", "nvidia-driver-580-open": "580.159.04-0ubuntu1",
+                         "infiniband-diags": "2507mlnx56-1"})
+    r = isolated(apt_stubs, drivers(), ["apply"], DRIVER_DIRS, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert [c for c in r.calls if c.startswith("apt-get install")] == [
+        "apt-get install -y -q --allow-downgrades nvidia-driver-pinning-580.159.04=580.159.04-1 nvidia-driver-pinning-580- "
+        "-oDPkg::Lock::Timeout=600"]
+    assert installed(apt_stubs)["nvidia-driver-580-open"] == "580.159.04-0ubuntu1"
+    assert not in_root(tmp_path, "/run/glm-infra/reboot-required").exists() and "reboot" not in r.stdout
+
+
+def test_drivers_move_to_another_branch_removes_the_old_tree_first(apt_stubs, tmp_path):
+    """580 -> 595 (NVIDIA renamed the tree at 590): the old names go in an apt run of their own, after a simulated
+    run of the whole change, then the new names at exactly the new version."""
+    hold_all(apt_stubs, REPO_VERSIONS)
+    new = ["nvidia-utils", "nvidia-compute-utils", "nvidia-dkms-open", "nvidia-kernel-common", "libnvidia-compute"]
+    for pkg in ("nvidia-driver-pinning-595.71.05", "libnvidia-nscq", "nvidia-fabricmanager", "libnvsdm",
+                "nvidia-driver-open", *new):
+        (apt_stubs.state / "repo" / pkg).write_text("595.71.05-1ubuntu1")
+    (apt_stubs.state / "depends" / "nvidia-driver-open").write_text(", ".join(f"{f} (= 595.71.05-1ubuntu1)" for f in new))
+    (apt_stubs.state / "mismatch").touch()  # the 580 module stays loaded until the reboot
+    stack = PROD.model_copy(update={"drivers": PROD.drivers.model_copy(update={"version": "595.71.05"})})
+    r = isolated(apt_stubs, drivers(stack), ["apply"], DRIVER_DIRS, tmp_path)
+    assert r.returncode == 0, r.stderr
+    acts = [c for c in r.calls if c.startswith(("apt-get install", "apt-get remove", "apt-get -s"))]
+    assert acts[0].startswith("apt-get install -y -q --allow-downgrades nvidia-driver-pinning-595.71.05=595.71.05-1ubuntu1 "
+                              "nvidia-driver-pinning-580.159.04-")
+    simulated, removed, tree = acts[-3:]
+    assert simulated.startswith("apt-get -s install") and "nvidia-driver-580-open-" in simulated
+    assert removed.startswith("apt-get remove") and set(removed.split()) >= {"nvidia-driver-580-open", *FAMILY}
+    assert "nvidia-driver-open=595.71.05-1ubuntu1" in tree and "nvidia-dkms-open=595.71.05-1ubuntu1" in tree
+    now = installed(apt_stubs)
+    assert not set(now) & {"nvidia-driver-580-open", *FAMILY, "nvidia-driver-pinning-580.159.04"}
+    assert now["nvidia-fabricmanager"] == "595.71.05-1ubuntu1"
+    assert in_root(tmp_path, "/run/glm-infra/reboot-required").exists()
+    # The services start with the new module after the reboot, not now.
+    assert not r.called("systemctl start") and not r.called("nvidia-smi -pm")
 
 
 def test_drivers_enable_dcgms_host_engine_only_for_the_gate_or_the_exporter(apt_stubs, tmp_path):
@@ -158,7 +295,7 @@ def test_drivers_enable_dcgms_host_engine_only_for_the_gate_or_the_exporter(apt_
     gate = quiet.model_copy(update={"drivers": quiet.drivers.model_copy(update={"dcgm_diag_level": 2})})
     r = isolated(apt_stubs, drivers(gate), ["apply"], DRIVER_DIRS, tmp_path)
     assert r.returncode == 0, r.stderr
-    assert r.called("systemctl enable --now --quiet nvidia-dcgm")
+    assert r.called("systemctl enable --quiet nvidia-dcgm") and r.called("systemctl start nvidia-dcgm")
 
 
 def test_drivers_version_missing_from_the_repository(apt_stubs, tmp_path):
@@ -166,7 +303,24 @@ def test_drivers_version_missing_from_the_repository(apt_stubs, tmp_path):
     r = isolated(apt_stubs, drivers(), ["apply"], DRIVER_DIRS, tmp_path)
     assert r.returncode == 1
     assert f"{HOST}: drivers: nvidia-fabricmanager 580.159.04 is not in https://developer.download.nvidia.com" in r.stderr
-    assert not r.called("apt-get install")
+    assert not any(c.startswith("apt-get install") and "nvidia-fabricmanager" in c for c in r.calls)
+
+
+def test_drivers_stop_before_anything_when_another_source_lists_the_repository(apt_stubs, tmp_path):
+    """cuda-keyring's list for the same repository, with its own keyring: apt refuses the two Signed-By values."""
+    other = in_root(tmp_path, "/etc/apt/sources.list.d/cuda-ubuntu2404-x86_64.list")
+    other.parent.mkdir(parents=True, exist_ok=True)
+    other.write_text("deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] "
+                     "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/ /\n")
+    r = isolated(apt_stubs, drivers(), ["apply"], DRIVER_DIRS, tmp_path)
+    assert r.returncode == 1 and not r.called("apt-get") and not r.called("curl")
+    assert (f"{HOST}: drivers: the repository https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/ "
+            "is already configured in /etc/apt/sources.list.d/cuda-ubuntu2404-x86_64.list: apt refuses one repository "
+            "listed twice with different Signed-By keyrings") in r.stderr
+    assert not in_root(tmp_path, "/etc/apt/sources.list.d/glm-infra-nvidia.list").exists()
+    other.write_text("# deb https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/ /\n"
+                     "deb https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/ /\n")
+    assert isolated(apt_stubs, drivers(), ["apply"], DRIVER_DIRS, tmp_path).returncode == 0  # commented, another URL
 
 
 def test_drivers_changed_module_asks_for_a_reboot(apt_stubs, tmp_path):
@@ -174,22 +328,40 @@ def test_drivers_changed_module_asks_for_a_reboot(apt_stubs, tmp_path):
     r = isolated(apt_stubs, drivers(), ["apply"], DRIVER_DIRS, tmp_path)
     assert r.returncode == 0, r.stderr
     assert in_root(tmp_path, "/run/glm-infra/reboot-required").exists()
-    assert "reboot required" in r.stdout
+    assert "the loaded kernel module is not 580.159.04: reboot required" in r.stdout
     # Services start with the new module after the reboot: enabled, not started now.
-    assert any(c.startswith("systemctl enable --quiet") for c in r.calls)
-    assert not any("--now" in c for c in r.calls if c.startswith("systemctl enable"))
+    assert r.called("systemctl enable --quiet nvidia-fabricmanager")
+    assert not r.called("systemctl start")
+
+
+def test_drivers_no_module_loaded_after_the_install_asks_for_a_reboot_and_later_stops(apt_stubs, tmp_path):
+    """nvidia-smi exits 9 when no NVIDIA module is loaded: right after a first install (the module loads at the
+    boot), a reboot; on a host whose packages were already right and with no reboot pending, the module does
+    not load, and the step says so."""
+    (apt_stubs.state / "unloaded").touch()
+    r = isolated(apt_stubs, drivers(), ["apply"], DRIVER_DIRS, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "no NVIDIA kernel module is loaded yet (nvidia-smi exit 9): 580.159.04 loads at the reboot" in r.stdout
+    marker = in_root(tmp_path, "/run/glm-infra/reboot-required")
+    assert marker.exists() and not r.called("systemctl start")
+    assert isolated(apt_stubs, drivers(), ["apply"], DRIVER_DIRS, tmp_path).returncode == 0  # still pending: no reinstall
+    marker.unlink()  # the boot came, and still no module
+    r = isolated(apt_stubs, drivers(), ["apply"], DRIVER_DIRS, tmp_path)
+    assert r.returncode == 1 and not r.called("apt-get install")
+    assert (f"{HOST}: drivers: nvidia-smi finds no NVIDIA kernel module (exit 9) although the packages were already at "
+            "580.159.04 and no reboot is pending: the module does not load") in r.stderr
 
 
 def test_drivers_verify_mode_changes_nothing_and_names_the_mismatch(apt_stubs, tmp_path):
     stack = PROD.model_copy(update={"drivers": PROD.drivers.model_copy(update={"mode": "verify"})})
     for pkg, ver in REPO_VERSIONS.items():
         (apt_stubs.state / "installed" / pkg).write_text(ver)
-    (apt_stubs.state / "installed" / "nvidia-driver-580-open").write_text("580.126.09-0ubuntu1")
+    (apt_stubs.state / "installed" / "nvidia-driver-580-open").write_text("580.126.09-1ubuntu1")
     r = isolated(apt_stubs, drivers(stack), ["apply"], DRIVER_DIRS, tmp_path)
     assert r.returncode == 1
-    assert "mode verify: nvidia-driver-580-open is 580.126.09-0ubuntu1, stack pins 580.159.04" in r.stderr
-    assert not any(c.startswith(("apt-get", "apt-mark hold", "systemctl enable")) for c in r.calls)
-    assert not any(any(in_root(tmp_path, d).iterdir()) for d in DRIVER_DIRS[:4])
+    assert "mode verify: nvidia-driver-580-open is 580.126.09-1ubuntu1, stack pins 580.159.04" in r.stderr
+    assert not any(c.startswith(("apt-get", "apt-mark hold", "systemctl enable", "systemctl start")) for c in r.calls)
+    assert not any(any(in_root(tmp_path, d).iterdir()) for d in DRIVER_DIRS[:5])
 
 
 def test_drivers_remove_keeps_the_held_driver_by_default(apt_stubs, tmp_path):
@@ -359,6 +531,19 @@ DEVINFO_PORT = """hca_id:\t{dev}
 """
 
 
+RDMA_APT_CACHE = """case "$1" in
+  madison) [ "${!#}" = doca-ofed ] && echo " doca-ofed | 3.1.0-091000 | https://linux.mellanox.com ./ Packages"
+           case "${!#}" in linux-headers-*) echo " ${!#} | 1.0-1 | http://archive.ubuntu.com ./ Packages" ;; esac ;;
+  show) echo "Package: ${2%%=*}"; [ -e "$STATE/doca-depends" ] && echo "Depends: $(cat "$STATE/doca-depends")" ;;
+esac
+exit 0"""
+RDMA_APT_MARK = """case "$1" in
+  showhold) cat "$STATE/held" 2>/dev/null ;;
+  unhold) shift; for p; do sed -i "/^$p\\$/d" "$STATE/held"; done ;;
+  hold) shift; printf '%s\\n' "$@" >> "$STATE/held" ;;
+esac"""
+
+
 @pytest.fixture
 def rdma_stubs(tmp_path):
     s = StubPath(tmp_path / "stubs")
@@ -366,8 +551,10 @@ def rdma_stubs(tmp_path):
     s.add("dpkg-query", 'v=$(cat "$STATE/installed/${!#}" 2>/dev/null) && echo "installed $v" || exit 1')
     s.add("apt-get", '[ "$1" = install ] && for a; do case "$a" in -*|install) ;; *=*) echo "${a#*=}" > "$STATE/installed/${a%%=*}" ;; '
                      '*) echo 50.0-2 > "$STATE/installed/$a" ;; esac; done; exit 0')
-    # NVIDIA's DOCA repository (doca-ofed at the DOCA release's build), its key.
-    s.add("apt-cache", '[ "${!#}" = doca-ofed ] && echo " doca-ofed | 3.1.0-091000 | https://linux.mellanox.com ./ Packages"; exit 0')
+    # NVIDIA's DOCA repository (doca-ofed at the DOCA release's build, depending on DOCA's own builds of Ubuntu's
+    # packages at exact versions: $STATE/doca-depends), its key; the running kernel's headers.
+    s.add("apt-cache", RDMA_APT_CACHE)
+    s.add("apt-mark", RDMA_APT_MARK)
     s.add("curl", 'while [ $# -gt 1 ]; do [ "$1" = -o ] && { echo "PUBLIC KEY" > "$2"; exit 0; }; shift; done')
     s.add("gpg", 'out=; prev=; for a; do [ "$prev" = --output ] && out=$a; prev=$a; f=$a; done; '
                  'if [ "$out" = - ]; then cat "$f"; else cat "$f" > "${out:-$f.gpg}"; fi')  # as gpg_stub above
@@ -406,6 +593,36 @@ def test_rdma_installs_configures_and_checks(rdma_stubs, tmp_path):
             "active_mtu 4096, GID 3 RoCE v2 IPv4 on 8 NICs)") in r.stdout
     again = isolated(rdma_stubs, rdma_script(), ["apply"], RDMA_DIRS, tmp_path)
     assert again.returncode == 0 and not again.called("apt-get") and "wrote" not in again.stdout
+
+
+def test_rdma_lets_doca_replace_only_its_own_held_packages(rdma_stubs, tmp_path):
+    """DOCA brings its own builds of Ubuntu's rdma packages, at exact versions: a held one of those (the driver
+    step holds infiniband-diags) is unheld for the install and held again; any other held package stops the step."""
+    hostcheck = in_root(tmp_path, render.HOSTCHECK)
+    hostcheck.parent.mkdir(parents=True, exist_ok=True)
+    hostcheck.write_text(render.hostcheck_source())
+    (rdma_stubs.state / "doca-depends").write_text("infiniband-diags (= 2507mlnx56-1), libfoo (>= 1), glm-sim-rdma-tools")
+    (rdma_stubs.state / "held").write_text("infiniband-diags\nnvidia-fabricmanager\n")
+    r = isolated(rdma_stubs, rdma_script(), ["apply"], RDMA_DIRS, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.called("apt-get install -y -q --allow-downgrades doca-ofed=3.1.0-091000 infiniband-diags=2507mlnx56-1")
+    assert (rdma_stubs.state / "installed" / "infiniband-diags").read_text().strip() == "2507mlnx56-1"
+    assert sorted((rdma_stubs.state / "held").read_text().split()) == ["infiniband-diags", "nvidia-fabricmanager"]
+    assert f"{HOST}: rdma: DOCA 3.1.0 replaces the held infiniband-diags with its own build" in r.stdout
+    (rdma_stubs.state / "installed" / "doca-ofed").unlink()
+    (rdma_stubs.state / "doca-depends").write_text("nvidia-fabricmanager (= 580.1-1)")
+    r = isolated(rdma_stubs, rdma_script(), ["apply"], RDMA_DIRS, tmp_path)
+    assert r.returncode == 1 and not r.called("apt-get install")
+    assert f"{HOST}: rdma: nvidia-fabricmanager is held at" in r.stderr and "DOCA 3.1.0 needs 580.1-1" in r.stderr
+
+
+def test_rdma_names_why_nvidia_peermem_may_not_load_after_doca(rdma_stubs, tmp_path):
+    stack = PROD.model_copy(update={"rdma": PROD.rdma.model_copy(update={"gpudirect": "peermem"})})
+    (rdma_stubs.state / "installed" / "doca-ofed").write_text("3.1.0-091000")
+    rdma_stubs.add("systemd-detect-virt", "exit 1")  # not a container: the host's own kernel
+    r = isolated(rdma_stubs, rdma.rdma_script(stack, HOST), ["apply"], RDMA_DIRS, tmp_path)
+    assert r.returncode == 1
+    assert f"{HOST}: rdma: cannot load nvidia-peermem" in r.stderr and "rebuild them (dkms autoinstall) and reboot" in r.stderr
 
 
 def test_rdma_check_names_a_doca_ofed_of_another_doca_release(rdma_stubs, tmp_path):

@@ -139,6 +139,21 @@ def test_scrape_targets_and_labels_follow_the_plan():
     assert {"prometheus", "alertmanager"} <= set(jobs)
 
 
+def test_the_dcgm_exporter_uses_nvidia_dcgms_host_engine_not_an_embedded_one():
+    """Without -r / DCGM_REMOTE_HOSTENGINE_INFO the exporter starts a host engine of its own beside nvidia-dcgm's
+    (dcgm-exporter pkg/cmd/app.go: UseRemoteHE is whether the option was set)."""
+    files = monitoring_files("prod-b300")
+    dropins = [v for k, v in files.items() if k.endswith("/nvidia-dcgm-exporter.service.d/glm-infra.conf")]
+    assert dropins and len(dropins) == len(load_file(stack_file("prod-b300")).config.hosts)
+    for text in dropins:
+        lines = text.splitlines()
+        assert "Environment=DCGM_REMOTE_HOSTENGINE_INFO=localhost:5555" in lines
+        assert "Requires=nvidia-dcgm.service" in lines and "After=nvidia-dcgm.service" in lines
+        assert lines.index("[Unit]") < lines.index("Requires=nvidia-dcgm.service") < lines.index("[Service]")
+        assert "Restart=on-failure" in lines  # the engine may not listen yet when the exporter first starts
+        assert "ExecStart=/usr/bin/dcgm-exporter -f /etc/dcgm-exporter/glm-infra-counters.csv -a :9400" in lines
+
+
 def test_no_dcgm_exporter_where_glm_infra_does_not_install_the_driver():
     raw = {k.removeprefix("glm-infra:"): v for k, v in stack_config("prod-b300").items()}
     raw["drivers"] = {**raw.get("drivers", {}), "mode": "verify"}

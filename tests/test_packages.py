@@ -10,7 +10,7 @@ from conftest import ROOT, STACKS, stack_file
 
 from glm_infra import hostplan
 from glm_infra.plan.topology import plan
-from glm_infra.spec import packages
+from glm_infra.spec import install_rules, packages
 from glm_infra.spec.config import DriversConfig
 from glm_infra.stack import StackError, load_file
 from glm_infra.tools import packages_doc
@@ -20,33 +20,50 @@ from glm_infra.tools import packages_doc
 # Expected names written out, from the driver installation guide's 590 rename table and NVIDIA's driver
 # container (580: gpu-driver-container 78fa4ac; 595: ubuntu26.04/install.sh; 610: NemoClaw's pins).
 BRANCHES = [
-    ("580.159.04", "nvidia-driver-pinning-580", "nvidia-driver-580-open"),
-    ("590.48.01", "nvidia-driver-pinning-590", "nvidia-driver-open"),
-    ("595.71.05", "nvidia-driver-pinning-595", "nvidia-driver-open"),
-    ("610.43.02", "nvidia-driver-pinning-610", "nvidia-driver-open"),
+    ("580.159.04", "nvidia-driver-580-open", "580.159.04-1ubuntu1", "580.159.04-1",
+     ["nvidia-utils-580", "nvidia-compute-utils-580", "nvidia-dkms-580-open", "nvidia-kernel-common-580",
+      "libnvidia-compute-580"]),
+    ("590.48.01", "nvidia-driver-open", "590.48.01-1ubuntu1", "590.48.01-1ubuntu1", None),
+    ("595.71.05", "nvidia-driver-open", "595.71.05-1ubuntu1", "595.71.05-1ubuntu1", None),
+    ("610.43.02", "nvidia-driver-open", "610.43.02-1ubuntu1", "610.43.02-1ubuntu1", None),
 ]
+UNSUFFIXED = ["nvidia-utils", "nvidia-compute-utils", "nvidia-dkms-open", "nvidia-kernel-common", "libnvidia-compute"]
 
 
-@pytest.mark.parametrize("version, branch_pin, driver", BRANCHES)
-def test_package_names_follow_the_branchs_rule(version, branch_pin, driver):
+@pytest.mark.parametrize("version, driver, driver_version, versioned, family", BRANCHES)
+def test_package_names_and_versions_follow_the_branchs_rule(version, driver, driver_version, versioned, family):
     d = DriversConfig(version=version)
-    assert d.branch_pin_package == branch_pin
-    assert d.locked_packages == [f"nvidia-driver-pinning-{version}", driver, "libnvidia-nscq",
-                                 "nvidia-fabricmanager", "libnvsdm"]
+    # One pinning package, of the exact version: NVIDIA's pinning packages conflict.
+    assert d.pin_package == f"nvidia-driver-pinning-{version}"
+    assert d.locked_packages == [driver, "libnvidia-nscq", "nvidia-fabricmanager", "libnvsdm"]
+    assert d.family_packages == (family or UNSUFFIXED)
     assert d.tool_packages == ["datacenter-gpu-manager-4-cuda13", "nvlsm", "infiniband-diags"]
     assert d.package_set().units == ("nvidia-persistenced", "nvidia-fabricmanager")
     assert d.package_set(dcgm_exporter=True).units == ("nvidia-persistenced", "nvidia-fabricmanager", "nvidia-dcgm")
+    s = d.package_set()
+    assert {p.name: p.version_for(version) for p in (*s.locked, *s.family, s.pin)} == {
+        driver: driver_version, **{f: driver_version for f in family or UNSUFFIXED}, "libnvidia-nscq": versioned,
+        "nvidia-fabricmanager": versioned, "libnvsdm": versioned, f"nvidia-driver-pinning-{version}": versioned}
+
+
+def test_the_driver_depends_on_its_family_at_exactly_its_version():
+    for version in ("580.159.04", "595.71.05"):
+        s = packages.driver_set(version, True, False)
+        assert s.locked[0].exact_depends == tuple(p.name for p in s.family)
 
 
 def test_only_branch_580s_fabric_packages_provide_the_suffixed_names():
     provides = {p.name: p.provides for p in packages.driver_set("580.159.04", True, False).locked if p.provides}
     assert provides == {"nvidia-fabricmanager": ("nvidia-fabricmanager-580",), "libnvsdm": ("libnvsdm-580",)}
     assert not any(p.provides for p in packages.driver_set("610.43.02", True, False).locked)
+    for version in ("580.159.04", "610.43.02"):  # every pinning package, of every branch
+        pin = packages.driver_set(version, True, False).pin
+        assert pin.provides == pin.conflicts == pin.replaces == ("nvidia-driver-pinning",)
 
 
 def test_without_fabric_manager_neither_its_packages_nor_its_unit():
     d = DriversConfig(fabric_manager=False)
-    assert d.locked_packages == ["nvidia-driver-pinning-580.159.04", "nvidia-driver-580-open", "libnvidia-nscq"]
+    assert d.locked_packages == ["nvidia-driver-580-open", "libnvidia-nscq"]
     assert d.tool_packages == ["datacenter-gpu-manager-4-cuda13"]
     assert d.package_set().units == ("nvidia-persistenced",)
     assert DriversConfig(fabric_manager=False, dcgm_diag_level=1).package_set().units == ("nvidia-persistenced", "nvidia-dcgm")
@@ -79,6 +96,8 @@ def test_every_package_repository_unit_module_and_rule_cites_a_source():
         assert set(p.units) <= set(packages.UNITS), p.name
     for r in packages.RULES:
         assert cited(r.sources), r.branches
+    for rule in install_rules.INSTALL_RULES:
+        assert cited(rule.sources) and rule.action and rule.standin, rule.rule
     for repo in packages.REPOSITORIES.values():
         assert cited(repo.sources), repo.key
     for u in packages.UNITS.values():

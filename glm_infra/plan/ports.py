@@ -6,7 +6,7 @@ relay and each pool's warm-cache relay on the hosts that have relay children, th
 router's metrics), ``router`` (the public port: the stack's hosts and ``router.allowedCidrs``),
 ``operators`` (Prometheus and Alertmanager: the stack's hosts and ``monitoring.allowedCidrs``),
 ``loopback`` (vllm-router's own port, which serves its admin API without a credential, and its gates:
-the router's host only).
+the router's host only; DCGM's host engine on the hosts whose driver step runs it).
 
 The lists of outsiders the firewall lets in (``allowlists``: SSH's ``firewall.adminCidrs``, the router's
 ``router.allowedCidrs``, the monitoring's ``monitoring.allowedCidrs``): validate refuses the first two
@@ -19,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from glm_infra.spec import packages
 from glm_infra.spec.config import StackConfig
 
 from .startup import relay_port, warm_cache_relays
@@ -65,9 +66,15 @@ def listeners(stack: StackConfig, serve: bool = True) -> list[Listener]:
         out.append(Listener(r.host, r.internal_port, "router internal", _key("router", ".internalPort"), LOOPBACK))
         for g in gates(stack, allocate(stack)):
             out.append(Listener(r.host, g.port, f"router gate of {g.instance}", _key("router", ".gatePort"), LOOPBACK))
-    m = stack.monitoring
+    m, d = stack.monitoring, stack.drivers
+    provisioned = {i.host for i in allocate(stack)} if serve else {h.name for h in stack.hosts}
+    # The driver step runs DCGM's host engine (nvidia-dcgm) for the health gate's dcgmi diag or the exporter.
+    if d.mode == "install" and (d.dcgm_diag_level > 0 or m.enabled and m.dcgm_exporter_package is not None):
+        for h in stack.hosts:
+            if h.name in provisioned:
+                out.append(Listener(h.name, packages.DCGM_HOSTENGINE_PORT, "DCGM host engine",
+                                    "nv-hostengine's default port", LOOPBACK))
     if m.enabled:  # Hosts (serve=False) monitor too: every host is provisioned there
-        provisioned = {i.host for i in allocate(stack)} if serve else {h.name for h in stack.hosts}
         for h in stack.hosts:
             out.append(Listener(h.name, m.node_exporter_port, "node exporter", _key("monitoring", ".nodeExporterPort"),
                                 PEERS))

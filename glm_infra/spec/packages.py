@@ -1,146 +1,93 @@
 """Every external name the host scripts rely on, once, each with where it is documented: the
-packages (name, version scheme, the virtual packages they provide, the repository they come from),
-the systemd units the packages ship, the binaries and configuration paths that matter (the
-repositories, their signing keys and the sources cited: ``repositories.py`` beside it). The driver
-step, the RDMA step, the health gate and the monitoring take their names from here; the stand-in
-packages of the simulated cluster are built from here (``python3 glm_infra/spec/packages.py
-standins``); a test fails when a rendered script names something this module does not list.
-``glm_infra.tools.packages_doc`` renders it as docs/PACKAGES.md.
+packages (name, version scheme, the virtual packages they provide, the relations apt resolves them
+by, the repository they come from), the systemd units the packages ship (``units.py``), the binaries
+and configuration paths that matter; the install rules those relations impose are ``install_rules.py``
+(what a real host refuses, and what glm-infra does about it). The repositories, their signing keys
+and the sources cited: ``repositories.py``; the types: ``package_model.py``; the distribution's and
+DOCA's packages: ``host_packages.py``. The driver step, the RDMA step, the health gate and the
+monitoring take their names from here; the stand-in packages of the simulated cluster are built from
+here with the same relations (``standins.py``); a test fails when a rendered script names something
+this registry does not list. ``glm_infra.tools.packages_doc`` renders it as docs/PACKAGES.md.
 
 A source is a URL or ``owner/repo@commit:path[#lines]`` on GitHub. Names that depend on the driver
 branch come from a per-branch rule (``rule``): a branch with no rule is refused, because NVIDIA has
 renamed packages between branches before (590 dropped the branch suffix of most names).
 
-Standard library only: ``testbed/standins/build-apt-repo`` runs this file with a plain python3.
+Standard library only: ``testbed/standins/build-apt-repo`` runs ``standins.py``, which imports this
+file, with a plain python3.
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field, replace
 
 if __package__:
     from . import repositories as cite
+    from .host_packages import (DOCA_COMPONENTS, DOCA_OFED, DOCA_REPLACES, IBVERBS_UTILS, INFINIBAND_DIAGS,
+                                LIBIBNETDISC, LINUX_HEADERS, LINUX_MODULES_EXTRA, RDMA_CORE, UBUNTU_RDMA_VERSION)
+    from .package_model import BranchRule, Package, UnknownBranch
+    from .units import FABRIC_MODULES, KERNEL_MODULES, UNITS
 else:  # run as a file by testbed/standins/build-apt-repo (a plain python3): this folder is on sys.path
     import repositories as cite  # type: ignore[no-redef]
+    from host_packages import (DOCA_COMPONENTS, DOCA_OFED, DOCA_REPLACES, IBVERBS_UTILS,  # type: ignore[no-redef]
+                               INFINIBAND_DIAGS, LIBIBNETDISC, LINUX_HEADERS, LINUX_MODULES_EXTRA, RDMA_CORE,
+                               UBUNTU_RDMA_VERSION)
+    from package_model import BranchRule, Package, UnknownBranch  # type: ignore[no-redef]
+    from units import FABRIC_MODULES, KERNEL_MODULES, UNITS  # type: ignore[no-redef]
+# The registry's one entry point: what its other modules hold is read from here too.
 Source, REPOSITORIES = cite.Source, cite.REPOSITORIES
-
-# --- systemd units -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Unit:
-    name: str  # with its suffix
-    package: str  # the package that ships the file (may be a dependency of the one installed)
-    enable: str  # who enables it, and when glm-infra does
-    sources: tuple[Source, ...]
-
-
-UNITS = {u.name: u for u in (
-    Unit("nvidia-persistenced.service", "nvidia-compute-utils-<branch> (a dependency of the driver package)",
-         "the driver step, always",
-         (Source(cite.UBUNTU_PERSISTENCED, "nvidia-persistenced is provided by nvidia-compute-utils-<branch>"),
-          Source(f"{cite.GDC_NOBLE_DRIVER}#L616", "NVIDIA's container starts nvidia-persistenced before the fabric"))),
-    Unit("nvidia-fabricmanager.service", "nvidia-fabricmanager",
-         "the driver step, with drivers.fabricManager; on NVLink 5 its ExecStart, nvidia-fabricmanager-start.sh, "
-         "also starts NVLSM (nvlsm ships no unit of its own)",
-         (Source(f"{cite.GDC_NOBLE_DRIVER}#L636-L647", "on an NVLink 5 system NVIDIA's container runs "
-                 "nvidia-fabricmanager-start.sh --mode start --fm-config-file … --nvlsm-config-file "
-                 "/usr/share/nvidia/nvlsm/nvlsm.conf --nvlsm-pid-file /var/run/nvidia-fabricmanager/nvlsm.pid"),
-          Source("https://github.com/NVIDIA/NVSentinel/issues/883", "nvidia-fabricmanager.service is the fabric "
-                 "manager's unit on bare-metal installs (/usr/lib/systemd/system/nvidia-fabricmanager.service)"),
-          Source(cite.NVLSM_SPEC, "the nvlsm package NVIDIA ships has no unit: a distribution that runs NVLSM alone "
-                             "adds its own nvlsm.service"),
-          Source(cite.FM_GUIDE, "Fabric Manager user guide: NVLink 5 systems run NVLSM beside the fabric manager"))),
-    Unit("nvidia-dcgm.service", "datacenter-gpu-manager-4-core (a dependency of datacenter-gpu-manager-4-cuda13)",
-         "the driver step, when the health gate runs dcgmi diag (drivers.dcgmDiagLevel > 0) or the cite.DCGM "
-         "exporter runs",
-         (Source(f"{cite.DCGM}:config-files/systemd/nvidia-dcgm.service.in", "ExecStart=/usr/bin/nv-hostengine -n "
-                 "--service-account nvidia-dcgm, Alias=dcgm.service, WantedBy=multi-user.target"),
-          Source(f"{cite.DCGM}:config-files/CMakeLists.txt#L22-L25", "installed to lib/systemd/system by the Core "
-                                                                "component (datacenter-gpu-manager-4-core)"),
-          Source(f"{cite.DCGM}:scripts/deb/postinst", "the package's postinst does not enable it"),
-          Source(cite.DCGM_GUIDE, "sudo systemctl --now enable nvidia-dcgm"))),
-    Unit("nvidia-dcgm-exporter.service", "datacenter-gpu-manager-exporter", "the monitoring's dcgm-exporter step",
-         (Source(f"{cite.DCGM_EXPORTER}:packaging/config-files/systemd/nvidia-dcgm-exporter.service",
-                 "Wants=nvidia-dcgm.service, After=nvidia-dcgm.service"),)),
-)}
-
-# Kernel modules the steps load or keep away.
-KERNEL_MODULES = {
-    "ib_umad": (Source(f"{cite.GDC_NOBLE_DRIVER}#L186-L191", "NVLink 5 waits for the mlx5_core and ib_umad modules "
-                                                        "before the fabric manager starts"),),
-    "nvidia-peermem": (Source("https://docs.nvidia.com/datacenter/tesla/driver-installation-guide/620/kernel-modules.html",
-                              "nvidia-peermem.ko is one of the driver's kernel modules"),),
-}
 
 # --- packages ----------------------------------------------------------------------------------------
 
 # Version schemes: {version} is the driver's (580.159.04), {branch} its branch (580), {dcgm} and {doca}
-# the other release trains, N a packaging revision. The scripts match the part before the revision:
-# "<version>-" for the driver-versioned packages, "<branch>-" for the branch pin, "<doca>-" for DOCA.
-DRIVER_VERSIONED = "{version}-1"  # fabric manager, NSCQ, NVSDM, the exact-version pinning package
+# the other release trains, N a packaging revision, {driver_scheme} and {versioned} the branch rule's.
+# The scripts match the part before the revision: "<version>-" for the driver-versioned packages,
+# "<doca>-" for DOCA.
 
-
-@dataclass(frozen=True)
-class Package:
-    name: str  # for a per-branch name the rule fills in {branch} / {version}
-    role: str  # drivers | fabric | dcgm | rdma | monitoring
-    repository: str  # key of REPOSITORIES
-    scheme: str  # version scheme (see above); "any" for packages held at whatever version the repo has
-    sources: tuple[Source, ...]
-    provides: tuple[str, ...] = ()  # virtual packages it provides (so installing these names fails)
-    depends: tuple[str, ...] = ()  # only the dependencies the stand-in mirrors
-    units: tuple[str, ...] = ()  # units it (or a dependency the stand-in folds in) ships
-    binaries: tuple[str, ...] = ()  # programs glm-infra or the units run
-    paths: tuple[str, ...] = ()  # configuration and data paths that matter
-    standin: str = ""  # testbed/standins/debs/<standin>
-    standin_version: str = ""  # the version the stand-in carries when it does not follow the driver
-
-    def version_for(self, driver: str) -> str:
-        """The stand-in's version for driver version ``driver``."""
-        if self.standin_version:
-            return self.standin_version
-        return self.scheme.format(version=driver, branch=driver.split(".")[0])
-
-
-@dataclass(frozen=True)
-class BranchRule:
-    """How NVIDIA names the driver packages of some branches in its Ubuntu repository."""
-
-    branches: tuple[str, ...]
-    driver: str  # the open-kernel-module driver metapackage
-    driver_scheme: str
-    suffixed_virtuals: bool  # fabric manager and NVSDM provide their old "-<branch>" names
-    sources: tuple[Source, ...]
+# The roles of the driver's family: the packages the driver metapackage depends on at exactly its own
+# version, which the stand-ins build and glm-infra pins (with their names per branch rule).
+FAMILY_ROLES = ("utils", "compute_utils", "dkms", "kernel_common", "libcompute")
+# Every name of the branch-named driver tree (the driver guide's rename table and the Ubuntu-style
+# metapackages' dependencies): a package "<name>[-<branch>][-server][-open]" of another branch's naming
+# than the stack's is the tree of another driver branch, removed when the driver changes branch.
+# (cuda-drivers keeps its name across the rename: it is no branch's.)
+DRIVER_TREE_NAMES = (
+    "libnvidia-cfg1", "libnvidia-common", "libnvidia-compute", "libnvidia-decode",
+    "libnvidia-encode", "libnvidia-extra", "libnvidia-fbc1", "libnvidia-gl", "libnvidia-gpucomp",
+    "nvidia-compute-utils", "nvidia-dkms", "nvidia-driver", "nvidia-kernel-common", "nvidia-kernel-source",
+    "nvidia-utils", "xserver-xorg-video-nvidia",
+)
 
 
 RULES = (
     BranchRule(
-        ("580",), "nvidia-driver-{branch}-open", "{version}-0ubuntu1", True,
+        ("580",), "nvidia-driver-{branch}-open", "{version}-1ubuntu1", "{version}-1", True,
+        {"utils": "nvidia-utils-{branch}", "compute_utils": "nvidia-compute-utils-{branch}",
+         "dkms": "nvidia-dkms-{branch}-open", "kernel_common": "nvidia-kernel-common-{branch}",
+         "libcompute": "libnvidia-compute-{branch}"}, True,
         (Source(f"{cite.GDC_BRANCH_RULE}#L55-L94", "580 and later: nvidia-fabricmanager, libnvidia-nscq, libnvsdm, "
                                               "nvidia-imex without a branch suffix, at ${DRIVER_VERSION}-1; older "
                                               "branches -${DRIVER_BRANCH}"),
          Source(cite.GDC_PR_451, "Package nvidia-fabricmanager-580 is a virtual package provided by: nvidia-fabricmanager "
                             "580.65.06-1 (likewise libnvsdm-580)"),
-         Source("https://packages.ubuntu.com/tenacious/amd64/nvidia-dkms-580",
-                "the 580 driver packages keep the branch in their name, versioned <driver>-0ubuntu1"),
+         Source(cite.ISSUE_39_VERSIONS, "nvidia-driver-580-open 580.159.04 is versioned 580.159.04-1ubuntu1 in "
+                                        "NVIDIA's repository (-0ubuntu1 ended around 580.105)"),
          Source(cite.DRIVER_GUIDE, "§4.1 Version locking packages for Ubuntu / Debian"))),
     BranchRule(
-        ("590", "595", "610"), "nvidia-driver-open", "{version}-1ubuntu1", False,
+        ("590", "595", "610"), "nvidia-driver-open", "{version}-1ubuntu1", "{version}-1ubuntu1", False,
+        {"utils": "nvidia-utils", "compute_utils": "nvidia-compute-utils", "dkms": "nvidia-dkms-open",
+         "kernel_common": "nvidia-kernel-common", "libcompute": "libnvidia-compute"}, False,
         (Source(cite.DRIVER_GUIDE, "§4.1.1 Ubuntu 590 and later packages: the branch suffix is dropped "
-                              "(nvidia-dkms-580-open → nvidia-dkms-open, …); libnvidia-nscq, libnvsdm unchanged"),
+                              "(nvidia-dkms-580-open → nvidia-dkms-open, libnvidia-compute-580 → libnvidia-compute, "
+                              "…); libnvidia-nscq, libnvsdm unchanged"),
          Source(f"{cite.GDC_RESOLUTE_INSTALL}#L46-L97", "branch 595 (Dockerfile DRIVER_BRANCH=595): "
                 "nvidia-driver-pinning-${DRIVER_VERSION}, nvidia-driver-open, nvidia-fabricmanager, "
                 "libnvidia-nscq, libnvsdm, nvlsm, infiniband-diags"),
+         Source(cite.GDC_PR_899, "nvidia-fabricmanager, libnvidia-nscq, nvidia-imex 595.71.05-1ubuntu1"),
          Source(cite.NEMOCLAW, "branch 610: nvidia-driver-pinning-610=610-2ubuntu1, "
                           "nvidia-driver-open=610.43.02-1ubuntu1"))),
 )
 BRANCHES = tuple(b for r in RULES for b in r.branches)
-
-
-class UnknownBranch(ValueError):
-    pass
 
 
 def branch_of(version: str) -> str:
@@ -158,53 +105,101 @@ def rule(branch: str) -> BranchRule:
         "glm_infra/spec/packages.py")
 
 
+PINNING = "nvidia-driver-pinning"  # the virtual package every pinning package provides and conflicts with
+PIN_SOURCES = (
+    Source(cite.ISSUE_39_PINNING, "Package: nvidia-driver-pinning-580 / Provides: nvidia-driver-pinning / Conflicts: "
+                                  "nvidia-driver-pinning / Replaces: nvidia-driver-pinning: only one pinning package "
+                                  "can be installed at a time"),
+    Source(f"{cite.GDC_RESOLUTE_INSTALL}#L45-L49", "NVIDIA's container installs exactly one, "
+                                               "nvidia-driver-pinning-${DRIVER_VERSION}, in an apt run of its own"),
+)
 BRANCH_PIN = Package(
     "nvidia-driver-pinning-{branch}", "drivers", "cuda", "{branch}-N",
     (Source(cite.ISSUE_26, "nvidia-driver-pinning-580 is versioned by branch: 580-5"),
      Source(cite.NEMOCLAW, "nvidia-driver-pinning-610=610-2ubuntu1"),
-     Source(cite.DRIVER_GUIDE, "§4.1 one pinning package per branch locks the packages to that branch")),
+     Source(cite.DRIVER_GUIDE, "§4.1 one pinning package per branch locks the packages to that branch"),
+     *PIN_SOURCES),
+    provides=(PINNING,), conflicts=(PINNING,), replaces=(PINNING,),
+    paths=("/etc/apt/preferences.d/",),
     standin="nvidia-driver-pinning-branch", standin_version="{branch}-5",
+    note="not installed: the exact-version pin replaces it (one pinning package only); found on a host, it goes",
 )
 VERSION_PIN = Package(
-    "nvidia-driver-pinning-{version}", "drivers", "cuda", DRIVER_VERSIONED,
+    "nvidia-driver-pinning-{version}", "drivers", "cuda", "{versioned}",
     (Source(f"{cite.GDC_RESOLUTE_INSTALL}#L45-L49", "apt-get install nvidia-driver-pinning-${DRIVER_VERSION}: pins the "
                                                "driver and the extra packages to the exact release"),
+     Source(f"{cite.GDC_RESOLUTE_INSTALL}#L68-L69", "the pinning package constrains the driver-versioned packages "
+                                               "(fabricmanager, nscq, imex) to DRIVER_VERSION"),
      Source(f"{cite.GDC}:ubuntu26.04/README.md#L8-L9", "the version-specific nvidia-driver-pinning-<version> package pins "
                                                   "the whole driver tree to DRIVER_VERSION"),
-     Source("botus99/.my-scripts@36ebfad6f2c5fd6865a1f9a095d71c1a032104a8:nvidia/pin-driver-version.sh",
-            "version-locking packages track a branch or an exact version: apt install nvidia-driver-pinning-<version>")),
+     Source(cite.GDC_PR_899, "595: nvidia-driver-pinning-595.71.05 595.71.05-1ubuntu1"),
+     *PIN_SOURCES),
+    provides=(PINNING,), conflicts=(PINNING,), replaces=(PINNING,),
+    paths=("/etc/apt/preferences.d/",),
     standin="nvidia-driver-pinning-version",
+    note="installed alone, first, in an apt run of its own: apt reads its preferences only from the next run on",
 )
+EXACT_SOURCES = (Source(cite.DATAPROC_1342, "nvidia-driver-550-open : Depends: libnvidia-gl-550 (= 550.54.15-0ubuntu1), "
+                 "nvidia-dkms-550-open (<= 550.54.15-1), (>= 550.54.15), libnvidia-compute-550 (= …) … but it is not "
+                 "going to be installed"),
+          Source(cite.DAVID_SHARE_3, "nvidia-driver-565 : Depends: nvidia-dkms-565 (= 565.57.01-0ubuntu1), "
+                 "nvidia-kernel-common-565 (= …), nvidia-compute-utils-565 (= …), …"),
+          Source(cite.OPEN_GPU_537, "nvidia-driver-535-open : Depends: libnvidia-compute-535 (= 535.54.03-0ubuntu0.22.04.1) "
+                 "but 535.54.03-0ubuntu1 is to be installed"))
 DRIVER = Package(
     "{driver}", "drivers", "cuda", "{driver_scheme}",
-    (Source(f"{cite.GDC_RESOLUTE_INSTALL}#L93", "the open-module driver metapackage"),),
-    units=("nvidia-persistenced.service",),
-    binaries=("nvidia-smi", "nvidia-persistenced"),
+    (Source(f"{cite.GDC_RESOLUTE_INSTALL}#L93", "the open-module driver metapackage"), *EXACT_SOURCES),
+    exact_depends=tuple(f"{{{r}}}" for r in FAMILY_ROLES),
     standin="nvidia-driver-580-open",
 )
+UTILS = Package(
+    "{utils}", "drivers", "cuda", "{driver_scheme}", EXACT_SOURCES,
+    binaries=("nvidia-smi",), standin="nvidia-utils",
+)
+COMPUTE_UTILS = Package(
+    "{compute_utils}", "drivers", "cuda", "{driver_scheme}",
+    (Source(cite.UBUNTU_PERSISTENCED, "nvidia-persistenced is provided by nvidia-compute-utils-<branch>"), *EXACT_SOURCES),
+    units=("nvidia-persistenced.service",), binaries=("nvidia-persistenced",), standin="nvidia-compute-utils",
+)
+DKMS = Package(
+    "{dkms}", "drivers", "cuda", "{driver_scheme}",
+    (Source(cite.DRIVER_GUIDE, "§4.1.1: nvidia-dkms-580-open → nvidia-dkms-open"),
+     Source(cite.DKMS_HEADERS, "DKMS cannot build a module without the headers of the running kernel: "
+                               "Your kernel headers for kernel … cannot be found at /lib/modules/…/build"), *EXACT_SOURCES),
+    standin="nvidia-dkms",
+)
+KERNEL_COMMON = Package(
+    "{kernel_common}", "drivers", "cuda", "{driver_scheme}", EXACT_SOURCES, standin="nvidia-kernel-common",
+)
+LIBCOMPUTE = Package(
+    "{libcompute}", "drivers", "cuda", "{driver_scheme}", EXACT_SOURCES, standin="libnvidia-compute",
+)
+FAMILY = (UTILS, COMPUTE_UTILS, DKMS, KERNEL_COMMON, LIBCOMPUTE)
 NSCQ = Package(
-    "libnvidia-nscq", "drivers", "cuda", DRIVER_VERSIONED,
+    "libnvidia-nscq", "drivers", "cuda", "{versioned}",
     (Source(f"{cite.GDC_NOBLE_INSTALL}#L54-L57", "apt-get install libnvidia-nscq=${DRIVER_VERSION}*; apt-mark hold"),
-     Source(f"{cite.GDC_BRANCH_RULE}#L63-L69", "libnvidia-nscq=${DRIVER_VERSION}-1 from branch 580 on")),
+     Source(f"{cite.GDC_BRANCH_RULE}#L63-L69", "libnvidia-nscq=${DRIVER_VERSION}-1 from branch 580 on"),
+     Source(cite.GDC_PR_899, "595: libnvidia-nscq 595.71.05-1ubuntu1")),
     standin="libnvidia-nscq",
 )
 FABRICMANAGER = Package(
-    "nvidia-fabricmanager", "fabric", "cuda", DRIVER_VERSIONED,
+    "nvidia-fabricmanager", "fabric", "cuda", "{versioned}",
     (Source(f"{cite.GDC_NOBLE_INSTALL}#L47-L52", "apt-get install nvidia-fabricmanager=${DRIVER_VERSION}*; apt-mark hold"),
      Source(f"{cite.GDC_BRANCH_RULE}#L55-L61", "nvidia-fabricmanager=${DRIVER_VERSION}-1 from branch 580 on"),
      Source(cite.GDC_PR_451, "it provides the virtual nvidia-fabricmanager-580"),
+     Source(cite.GDC_PR_899, "595: nvidia-fabricmanager 595.71.05-1ubuntu1"),
      Source(cite.TALOS_FM, "nv-fabricmanager reads /usr/share/nvidia/nvswitch/fabricmanager.cfg")),
-    provides=("nvidia-fabricmanager-{branch}",),
+    branch_virtuals=("nvidia-fabricmanager-{branch}",),
     units=("nvidia-fabricmanager.service",),
     binaries=("nv-fabricmanager", "nvidia-fabricmanager-start.sh"),
     paths=("/usr/share/nvidia/nvswitch/fabricmanager.cfg", "/var/run/nvidia-fabricmanager/nvlsm.pid"),
     standin="nvidia-fabricmanager",
 )
 NVSDM = Package(
-    "libnvsdm", "fabric", "cuda", DRIVER_VERSIONED,
+    "libnvsdm", "fabric", "cuda", "{versioned}",
     (Source(f"{cite.GDC_NOBLE_INSTALL}#L59-L65", "apt-get install libnvsdm=${DRIVER_VERSION}* (amd64 only)"),
      Source(cite.GDC_PR_451, "it provides the virtual libnvsdm-580")),
-    provides=("libnvsdm-{branch}",),
+    branch_virtuals=("libnvsdm-{branch}",),
     standin="libnvsdm",
 )
 NVLSM = Package(
@@ -219,12 +214,6 @@ NVLSM = Package(
     paths=("/usr/share/nvidia/nvlsm/nvlsm.conf",),
     standin="nvlsm", standin_version="2025.06.5-1",
 )
-INFINIBAND_DIAGS = Package(
-    "infiniband-diags", "fabric", "cuda", "any",
-    (Source(f"{cite.GDC_NOBLE_INSTALL}#L67-L69", "installed beside nvlsm for NVLink 5"),),
-    binaries=("ibstat",),
-    standin="infiniband-diags", standin_version="2507mlnx56-1",
-)
 DCGM_CUDA13 = Package(
     "datacenter-gpu-manager-4-cuda13", "dcgm", "cuda", "1:{dcgm}-1",
     (Source(f"{cite.DCGM}:cmake/packaging.cmake#L131-L175", "${CPACK_PACKAGE_NAME}-cuda13 depends on -core "
@@ -232,61 +221,67 @@ DCGM_CUDA13 = Package(
      Source(f"{cite.DCGM}:CMakeLists.txt#L17", "CPACK_PACKAGE_NAME datacenter-gpu-manager-4"),
      Source(f"{cite.DCGM}:CMakeLists.txt#L889", "epoch 1")),
     provides=("datacenter-gpu-manager-4",),
-    depends=("datacenter-gpu-manager-4-core",),
+    exact_depends=("datacenter-gpu-manager-4-core",),
     standin="datacenter-gpu-manager-4-cuda13", standin_version="1:4.4.1-1",
 )
 DCGM_CORE = Package(
     "datacenter-gpu-manager-4-core", "dcgm", "cuda", "1:{dcgm}-1",
     (Source(f"{cite.DCGM}:cmake/packaging.cmake#L131", "the Core component's package"),
      Source(f"{cite.DCGM}:CMakeLists.txt#L606-L619", "dcgmi and nv-hostengine are in the Core component"),
-     Source(f"{cite.DCGM}:dcgmi/Command.cpp#L70-L106", "dcgmi connects to the host engine and fails without it")),
+     Source(f"{cite.DCGM}:dcgmi/Command.cpp#L70-L106", "dcgmi connects to the host engine and fails without it"),
+     Source(cite.DCGM_EXPORTER_GUIDE, "the exporter can connect to a separately managed DCGM host engine "
+                                      "(nv-hostengine, port 5555)")),
     units=("nvidia-dcgm.service",),
     binaries=("dcgmi", "nv-hostengine"),
     standin="datacenter-gpu-manager-4-core", standin_version="1:4.4.1-1",
 )
 DCGM_EXPORTER_PACKAGE = Package(
-    "datacenter-gpu-manager-exporter", "monitoring", "cuda", "any",
-    (Source(cite.DCGM_EXPORTER_GUIDE, "cite.DCGM Exporter as a package-managed systemd service"),
-     Source(f"{cite.DCGM_EXPORTER}:packaging/config-files/systemd/nvidia-dcgm-exporter.service", "its unit")),
+    "datacenter-gpu-manager-exporter", "monitoring", "cuda", "{exporter}.{revision}-1",
+    (Source(cite.DCGM_EXPORTER_GUIDE, "DCGM Exporter as a package-managed systemd service; RPM and Debian package "
+            "versions identify the exporter version"),
+     Source(f"{cite.DCGM_EXPORTER_PACKAGING}:hack/package/test.sh#L43-L45", "PACKAGE_VERSION=${EXPORTER_VERSION}."
+            "${PACKAGE_REVISION}, PACKAGE_RELEASE=1: the deb is <exporter>.<revision>-1, depending on libc6 only"),
+     Source(f"{cite.DCGM_EXPORTER}:packaging/config-files/systemd/nvidia-dcgm-exporter.service", "its unit"),
+     Source(f"{cite.DCGM_EXPORTER}:README.md#L99-L110", "the remote host engine, -r or DCGM_REMOTE_HOSTENGINE_INFO"),
+     Source(f"{cite.DCGM_EXPORTER}:pkg/cmd/app.go#L172-L178", "--remote-hostengine-info, alias -r, default "
+            "localhost:5555, environment DCGM_REMOTE_HOSTENGINE_INFO"),
+     Source(f"{cite.DCGM_EXPORTER}:pkg/cmd/app.go#L1096", "UseRemoteHE: c.IsSet(CLIRemoteHEInfo): without it set, an "
+            "embedded host engine")),
     units=("nvidia-dcgm-exporter.service",),
     binaries=("dcgm-exporter",),
     paths=("/etc/dcgm-exporter/default-counters.csv",),
-    standin="datacenter-gpu-manager-exporter", standin_version="4.4.1-4.5.2-1",
+    standin="datacenter-gpu-manager-exporter", standin_version="4.5.2.001-1",
+    note="its drop-in sets DCGM_REMOTE_HOSTENGINE_INFO=localhost:5555: no embedded host engine beside nvidia-dcgm",
 )
-DOCA_OFED = Package(
-    "doca-ofed", "rdma", "doca", "{doca}-N",
-    (Source(cite.DOCA_GUIDE, "sudo apt-get -y install doca-ofed from the DOCA online repository"),
-     Source("https://docs.oracle.com/en/industries/communications/session-monitor/6.1/upgrade/"
-            "installing-doca-ofed-package-oracle-linux.html", "DOCA 3.1.0 is build 3.1.0-091000")),
-    binaries=("show_gids", "ibdev2netdev", "ib_write_bw", "ibv_devinfo"),
-    standin="doca-ofed", standin_version="3.1.0-091000",
-)
-RDMA_CORE = Package(
-    "rdma-core", "rdma", "ubuntu", "any",
-    (Source(f"{cite.UBUNTU_NOBLE}rdma-core", "the distribution's RDMA stack"),),
-    standin="rdma-core", standin_version="50.0-2glmsim1",
-)
-IBVERBS_UTILS = Package(
-    "ibverbs-utils", "rdma", "ubuntu", "any",
-    (Source(f"{cite.UBUNTU_NOBLE}ibverbs-utils", "ibv_devinfo"),),
-    binaries=("ibv_devinfo",),
-    standin="ibverbs-utils", standin_version="50.0-2glmsim1",
-)
-PACKAGES = (BRANCH_PIN, VERSION_PIN, DRIVER, NSCQ, FABRICMANAGER, NVSDM, NVLSM, INFINIBAND_DIAGS, DCGM_CUDA13,
-            DCGM_CORE, DCGM_EXPORTER_PACKAGE, DOCA_OFED, RDMA_CORE, IBVERBS_UTILS)
+
+
+# Where nvidia-dcgm's host engine listens (nv-hostengine's default port), for the exporter to use it.
+DCGM_HOSTENGINE_PORT = 5555
+DCGM_HOSTENGINE = f"localhost:{DCGM_HOSTENGINE_PORT}"
+
+PACKAGES = (BRANCH_PIN, VERSION_PIN, DRIVER, *FAMILY, NSCQ, FABRICMANAGER, NVSDM, NVLSM, LIBIBNETDISC,
+            INFINIBAND_DIAGS, DCGM_CUDA13, DCGM_CORE, DCGM_EXPORTER_PACKAGE, DOCA_OFED, *DOCA_COMPONENTS, RDMA_CORE,
+            IBVERBS_UTILS, LINUX_HEADERS, LINUX_MODULES_EXTRA)
+DRIVER_VERSIONED = (VERSION_PIN, DRIVER, *FAMILY, NSCQ, FABRICMANAGER, NVSDM)
 
 
 def resolve(p: Package, version: str) -> Package:
-    """``p`` with the names and scheme of driver ``version``'s branch filled in."""
+    """``p`` with the names and schemes of driver ``version``'s branch filled in."""
     b = branch_of(version)
     r = rule(b)
-    fill = {"branch": b, "version": version, "driver": r.driver.format(branch=b), "driver_scheme": r.driver_scheme}
-    name = p.name.format(**fill)
-    scheme = p.scheme.format(**fill) if "{driver_scheme}" in p.scheme else p.scheme
-    provides = tuple(v.format(**fill) for v in p.provides) if r.suffixed_virtuals else ()
+    fill = {"branch": b, "version": version, "driver": r.driver.format(branch=b), "driver_scheme": r.driver_scheme,
+            "versioned": r.versioned_scheme, **{k: v.format(branch=b) for k, v in r.family.items()},
+            "kernel": "{kernel}"}  # the running kernel's: the scripts name it, $(uname -r)
+
+    def f(s: str) -> str:
+        return s.format(**fill) if "{" in s else s
+
+    scheme = p.scheme.format(**fill) if p.scheme in ("{driver_scheme}", "{versioned}") else p.scheme
+    virtuals = tuple(f(v) for v in p.branch_virtuals) if r.suffixed_virtuals else ()
     sources = p.sources + (r.sources if p is DRIVER else ())
-    return replace(p, name=name, scheme=scheme, provides=provides, standin_version=p.standin_version.format(**fill),
-                   sources=sources)
+    return replace(p, name=f(p.name), scheme=scheme, provides=p.provides + virtuals, branch_virtuals=(),
+                   exact_depends=tuple(f(d) for d in p.exact_depends),
+                   standin_version=p.standin_version.format(**fill), sources=sources)
 
 
 # --- what the roles install ---------------------------------------------------------------------------
@@ -296,20 +291,24 @@ def resolve(p: Package, version: str) -> Package:
 class DriverSet:
     """The driver step's packages for one driver version."""
 
-    branch_pin: Package  # installed at "<branch>-*"
-    locked: tuple[Package, ...]  # installed at exactly "<version>-*"
-    tools: tuple[Package, ...]  # installed and held at whatever version the repository has
+    pin: Package  # NVIDIA's exact-version pinning package: installed alone, first
+    locked: tuple[Package, ...]  # installed at exactly "<version>-*": the driver, NSCQ (fabric manager, NVSDM)
+    family: tuple[Package, ...]  # the driver's siblings, at exactly its version (its dependencies)
+    tools: tuple[Package, ...]  # installed and held at whatever version the repository has, if missing
     units: tuple[str, ...] = field(default=())  # enabled (without .service)
+    tree_branch: str = ""  # the branch the driver tree's names carry ("" from 590 on)
 
 
 def driver_set(version: str, fabric_manager: bool, dcgm: bool) -> DriverSet:
     """Raises UnknownBranch for a branch no rule covers."""
-    locked = [VERSION_PIN, DRIVER, NSCQ] + ([FABRICMANAGER, NVSDM] if fabric_manager else [])
+    locked = [DRIVER, NSCQ] + ([FABRICMANAGER, NVSDM] if fabric_manager else [])
     tools = [DCGM_CUDA13] + ([NVLSM, INFINIBAND_DIAGS] if fabric_manager else [])
     units = ["nvidia-persistenced"] + (["nvidia-fabricmanager"] if fabric_manager else []) + \
         (["nvidia-dcgm"] if dcgm else [])
-    return DriverSet(resolve(BRANCH_PIN, version), tuple(resolve(p, version) for p in locked),
-                     tuple(resolve(p, version) for p in tools), tuple(units))
+    r = rule(branch_of(version))
+    return DriverSet(resolve(VERSION_PIN, version), tuple(resolve(p, version) for p in locked),
+                     tuple(resolve(p, version) for p in FAMILY), tuple(resolve(p, version) for p in tools),
+                     tuple(units), branch_of(version) if r.tree_branch else "")
 
 
 def rdma_packages(stack: str) -> tuple[Package, ...]:
@@ -322,11 +321,13 @@ def rdma_packages(stack: str) -> tuple[Package, ...]:
 def cited_names(versions: tuple[str, ...] = ()) -> set[str]:
     """Every package, unit (with and without .service), binary and kernel module listed here, with the
     per-branch names of the given driver versions (virtual packages apart: ``virtual_names``)."""
-    out: set[str] = set()
+    out: set[str] = set(DRIVER_TREE_NAMES) | set(DOCA_REPLACES)
     for p in PACKAGES:
-        ps = [resolve(p, v) for v in versions] if "{" in p.name + "".join(p.provides) else [p]
+        if "{kernel}" in p.name:
+            continue
+        ps = [resolve(p, v) for v in versions] if "{" in p.name + "".join(p.exact_depends) else [p]
         for q in ps:
-            out |= {q.name, *q.depends, *q.binaries, *q.units}
+            out |= {q.name, *q.depends, *q.exact_depends, *q.binaries, *q.units}
     for u in UNITS:
         out |= {u, u.removesuffix(".service")}
     return out | set(KERNEL_MODULES)
@@ -339,41 +340,3 @@ def virtual_names(versions: tuple[str, ...]) -> set[str]:
 
 def cited_urls() -> set[str]:
     return {u for r in REPOSITORIES.values() for u in (r.url, r.keyring_url) if u}
-
-
-# --- the stand-in packages of the simulated cluster -------------------------------------------------
-
-# The driver versions the stand-in repository carries: the stacks' default and a second one, so the
-# simulated cluster can move the driver (upgrade, reboot, downgrade).
-SIM_DRIVERS = ("580.159.04", "580.172.08")
-# Which stand-in repository serves a package: the main one stands in for NVIDIA's CUDA repository
-# and the distribution's mirror, doca/ for NVIDIA's DOCA repository.
-STANDIN_REPOSITORY = {"cuda": ".", "ubuntu": ".", "doca": "doca"}
-
-
-def standin_builds(drivers: tuple[str, ...] = SIM_DRIVERS) -> list[tuple[str, str, str, str, str, str]]:
-    """(stand-in dir, package, version, Provides, Depends, repository dir) of every stand-in build:
-    the driver-versioned packages once per driver version, the others once."""
-    rows: dict[tuple[str, str], tuple[str, str, str, str, str, str]] = {}
-    for v in drivers:
-        for p in PACKAGES:
-            q = resolve(p, v)
-            version = q.version_for(v)
-            depends = ", ".join(f"{d} (= {version})" if d == "datacenter-gpu-manager-4-core" else d for d in q.depends)
-            rows.setdefault((q.name, version), (q.standin, q.name, version, ", ".join(q.provides), depends,
-                                                STANDIN_REPOSITORY[q.repository]))
-    return list(rows.values())
-
-
-def _main(argv: list[str]) -> int:
-    if argv[:1] != ["standins"]:
-        print("usage: packages.py standins [DRIVER_VERSION...]", file=sys.stderr)
-        return 2
-    drivers = tuple(argv[1:]) or SIM_DRIVERS
-    for row in standin_builds(drivers):
-        print("\t".join(x or "-" for x in row))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))

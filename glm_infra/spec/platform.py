@@ -86,14 +86,19 @@ class DriversConfig(StrictModel):
         return packages.driver_set(self.version, self.fabric_manager, self.dcgm_diag_level > 0 or dcgm_exporter)
 
     @property
-    def branch_pin_package(self) -> str:
-        """NVIDIA's pinning package of the branch, versioned by branch (580-N), not by driver version."""
-        return self.package_set().branch_pin.name
+    def pin_package(self) -> str:
+        """NVIDIA's pinning package of this exact driver version: the only one installed (they conflict)."""
+        return self.package_set().pin.name
 
     @property
     def locked_packages(self) -> list[str]:
         """Packages whose version must be exactly the driver's (a mismatch breaks the fabric)."""
         return [p.name for p in self.package_set().locked]
+
+    @property
+    def family_packages(self) -> list[str]:
+        """The driver's siblings: it depends on them at exactly its own version."""
+        return [p.name for p in self.package_set().family]
 
     @property
     def tool_packages(self) -> list[str]:

@@ -35,6 +35,29 @@ CUDA_KEY = ("https://forums.developer.nvidia.com/t/unable-to-add-nvidia-cuda-rep
             "missing-key-7fa2af80-pub/252028/2")
 UBUNTU_PERSISTENCED = "http://manpages.ubuntu.com/manpages/jammy/man1/nvidia-persistenced.1.html"
 UBUNTU_NOBLE = "https://packages.ubuntu.com/noble/"
+GDC_PR_899 = "https://github.com/NVIDIA/gpu-driver-container/pull/899"
+DRIVER_GUIDE_RECENT = "https://docs.nvidia.com/datacenter/tesla/driver-installation-guide/recent-updates.html"
+NVIDIA_SMI_DOC = "https://docs.nvidia.com/deploy/nvidia-smi/index.html"
+CANVOS_PR_700 = "https://github.com/spectrocloud/CanvOS/pull/700"
+CUDA_REPO_4 = "https://github.com/NVIDIA/cuda-repo-management/issues/4"
+DATAPROC_1342 = "https://github.com/GoogleCloudDataproc/initialization-actions/issues/1342"
+DAVID_SHARE_3 = "https://github.com/david-xinyuwei/david-share/issues/3"
+OPEN_GPU_537 = "https://github.com/NVIDIA/open-gpu-kernel-modules/issues/537"
+DKMS_HEADERS = "dell/dkms@998e3b5e903d15715333d849979bbb20e93ecd36:run_test.sh"
+HPCCM_DOCA = "NVIDIA/hpc-container-maker@01f9bb8c4e28e3b7e50ee08404c53a800a158fb1:hpccm/building_blocks/doca_ofed.py"
+DCGM_EXPORTER_PACKAGING = "NVIDIA/dcgm-exporter@7ad58324b4447b64dc3dedf946b889b648b7f476"
+APT_GET_MAN = "https://manpages.debian.org/bookworm/apt/apt-get.8.en.html"
+# What issue 39 brought from NVIDIA's repository and a borrowed Ubuntu 24.04.3 GPU machine (captures, no URL).
+ISSUE_39_PINNING = ("glm-infra issue 39 (a control-file capture of NVIDIA's Ubuntu 24.04 CUDA repository: the pinning "
+                    "packages Provide, Conflict with and Replace nvidia-driver-pinning)")
+ISSUE_39_VERSIONS = ("glm-infra issue 39 (NVIDIA's Ubuntu 24.04 CUDA repository: nvidia-driver-580-open "
+                     "580.159.04-1ubuntu1)")
+ISSUE_39_MODULES = "glm-infra issue 39 (a stock noble kernel: ib_umad and mlx5_ib in linux-modules-extra-$(uname -r))"
+ISSUE_39_RDMA = ("glm-infra issue 39 (Ubuntu 24.04.3 with Ubuntu's rdma-core packages, libibverbs1 50.0-2ubuntu0.2; "
+                 "DOCA's builds are versioned 2507mlnx56-1…)")
+ISSUE_39_PERSISTENCED = ("glm-infra issue 39 (captures of Ubuntu's nvidia-persistenced.service: static, "
+                         "StopWhenUnneeded=true, Type=forking, ExecStart=/usr/bin/nvidia-persistenced --user "
+                         "nvidia-persistenced --no-persistence-mode --verbose)")
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ CREDENTIAL = {
     "router gate": "none: nginx in front of one instance, for the router (loopback only)",
     "node exporter": "none (host metrics, the canaries' textfile)",
     "DCGM exporter": "none (GPU metrics)",
+    "DCGM host engine": "none: nvidia-dcgm's nv-hostengine, for dcgmi and the DCGM exporter (loopback only)",
     "prometheus": "none (queries; its admin API is off)",
     "alertmanager": "none: its API can silence alerts (keep `monitoring.allowedCidrs` to operators)",
 }

@@ -242,16 +242,28 @@ PREVIOUS_MAIN = "f176da75a19788609c9ca64b7d8e34b0107db617"
 UPGRADE_ADDS = ("-relay-key", "-etc-glm-infra-secrets-relay-env", "-canary-transition")
 # Why an upgrade from PREVIOUS_MAIN restarts the instances (each through its rollout, one at a time per
 # pool), or None where it must restart none. Set it only for a change that must reach running instances.
-UPGRADE_RESTARTS: str | None = None
+# Issue 39: drivers.sh and rdma.sh changed (NVIDIA's install order and relations), and a change to a driver or
+# RDMA step rolls (roles/roll: its digest is in the roll's commands): each host is drained and returned around
+# them, one at a time per pool. No reboot and no reinstall: a host PREVIOUS_MAIN deployed has the right
+# packages, and only its second pinning package goes.
+UPGRADE_RESTARTS: str | None = ("issue 39: the driver and RDMA steps changed, and such a change rolls each host (drained "
+                                "and returned, one at a time per pool), without a reboot or a reinstall")
 # The steps the upgrade may update (by name suffix), issue 38: the weights staging and each pool's warm-cache
 # relay (signed with the relay key; the caches of the kinds relayed, installed as the services'), the canaries
 # (an agreed reference) and Prometheus (their alerts), the front (only the public routes), the firewall of
 # every host (vllm-router's own port on loopback; a drop-in for nftables.service: reloaded, not restarted),
 # the placement step (reads the units) and the nearest-NIC step (the ACS unit tried again); the front and the
 # gates turn nginx's default site (port 80) off where glm-infra installed nginx.
+# Issue 39: the driver step (NVIDIA's order; it removes the second pinning package, loads the fabric's modules,
+# turns persistence mode on, reinstalls nothing) and what its output triggers (the reboot step: no reboot, the
+# wait and the check after it: none, the health gate, the facts); the RDMA step (nothing to install); the roll
+# around them (turn, drain, return); the DCGM exporter's drop-in (nvidia-dcgm's host engine: the exporter
+# restarts).
 UPGRADE_UPDATES = ("-weights-sim-1-stage", "-weights-sim-2-stage", "-weights-sim-3-stage", "-prefill-warm-cache",
                    "-router-canary", "-prometheus", "-router-front-conf", "-router-front", "-router-gates",
-                   "-firewall-nftables", "-vllm-placement-placement", "-nic-affinity-pairs")
+                   "-firewall-nftables", "-vllm-placement-placement", "-nic-affinity-pairs",
+                   "-drivers-install", "-drivers-reboot", "-drivers-wait", "-drivers-back", "-health-gate", "-facts",
+                   "-rdma-setup", "-turn-acquire", "-host-drain", "-host-return", "-turn-release", "-dcgm-exporter")
 
 
 def previous_main_tree(into: Path, mark: Path) -> Path:
@@ -269,3 +281,35 @@ def previous_main_tree(into: Path, mark: Path) -> Path:
     init.write_text(init.read_text() + "\nimport os as _os\nif _os.environ.get('GLM_UPGRADE_MARK'):\n"
                     "    open(_os.environ['GLM_UPGRADE_MARK'], 'w').write(__file__)\n")
     return into
+
+
+def previous_standins(previous: Path) -> None:
+    """PREVIOUS_MAIN's stand-in repository (apt-previous/ beside this checkout's apt/, the same key) and the stack
+    file of ``previous`` (previous_main_tree) pointed at it. Issue 39's stand-ins carry NVIDIA's relations (the
+    pinning packages conflict, the driver's family at its exact version, the fabric manager's precheck): the
+    driver step of PREVIOUS_MAIN does not follow them and fails there, as it would on a real host; a stack it
+    deployed exists only on the stand-ins of its time."""
+    out = SIM_CACHE / "www" / "apt-previous"
+    p = subprocess.run([str(previous / "testbed/standins/build-apt-repo"), str(out), str(SIM_CACHE / "debian-debs")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, f"PREVIOUS_MAIN's build-apt-repo failed: {p.stderr[-2000:]}"
+    stack = previous / "stacks" / SIM_STACK.name
+    text = stack.read_text()
+    assert ":8088/apt/" in text, "the sim stack's repositories are the machine's :8088/apt/"
+    stack.write_text(text.replace(":8088/apt/", ":8088/apt-previous/"))
+
+
+def as_the_previous_main_found_them(hosts: tuple[str, ...]) -> None:
+    """The hosts without what a driver step installed (the stand-ins, glm-infra's apt and module files), as an
+    image has them: PREVIOUS_MAIN's driver step installs only on the stand-ins of its time, and an earlier module
+    of one cluster (this checkout's driver step) leaves its own, held (destroy keeps the driver)."""
+    script = ("pkgs=$(dpkg-query -W -f='${db:Status-Status} ${Package} ${Maintainer}\\n' "
+              "| awk '$1 == \"installed\" && /glm-infra simulated cluster/ {print $2}'); "
+              "if [ -n \"$pkgs\" ]; then apt-mark unhold $pkgs >/dev/null && "
+              "DEBIAN_FRONTEND=noninteractive apt-get purge -y -q $pkgs >/dev/null; fi && "
+              "rm -f /etc/apt/sources.list.d/glm-infra-*.list /etc/apt/preferences.d/glm-infra-* "
+              "/etc/apt/apt.conf.d/51glm-infra-nvidia-hold /usr/share/keyrings/glm-infra-*.gpg "
+              "/etc/modules-load.d/glm-infra-*.conf && rm -rf /etc/systemd/system/nvidia-persistenced.service.d "
+              "/run/glm-sim/modules && systemctl daemon-reload")
+    for h in hosts:
+        on_host(h, script)

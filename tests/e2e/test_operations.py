@@ -34,9 +34,11 @@ from e2e.harness import (
     UPGRADE_ADDS,
     UPGRADE_RESTARTS,
     UPGRADE_UPDATES,
+    as_the_previous_main_found_them,
     cluster_first,
     on_host,
     previous_main_tree,
+    previous_standins,
     sh,
 )
 from glm_infra.tools.sla_verdict import PROMETHEUS_FLOOR_S
@@ -165,8 +167,15 @@ def test_a_stack_deployed_by_the_previous_main_upgrades_without_replacing_or_del
     configure(stack, webhook)
     mark = tmp_path / "imported-from"
     previous = previous_main_tree(tmp_path / "previous", mark)
+    # The previous main's driver step on the stand-ins of its time, on hosts as it found them (issue 39: this
+    # checkout's stand-ins carry NVIDIA's relations, which it does not follow: tests/test_package_semantics.py).
+    previous_standins(previous)
+    as_the_previous_main_found_them(HOSTS)
     sh(f"cd {previous} && pulumi up -s sim --yes --skip-preview --non-interactive", env={"GLM_UPGRADE_MARK": str(mark)})
     assert Path(mark.read_text()).parent == previous / "glm_infra", "the first up ran the previous main's code"
+    boots = {h: on_host(h, "cat /proc/sys/kernel/random/boot_id").strip() for h in HOSTS}
+    assert all("nvidia-driver-pinning-580" in on_host(h, "apt-mark showhold").split() for h in HOSTS), \
+        "the previous main installed both pinning packages"
 
     def resources() -> list[dict]:  # the summaries below do not count providers
         return [r for r in json.loads(sh("pulumi stack export -s sim").stdout)["deployment"]["resources"]
@@ -201,6 +210,14 @@ def test_a_stack_deployed_by_the_previous_main_upgrades_without_replacing_or_del
     else:  # each instance rolled once, to pick up what this checkout changes for it
         now_started = _starts()
         assert all(now_started[u] != started[u] for u in started), (UPGRADE_RESTARTS, started, now_started)
+    # The driver step changed, and a host whose packages are right is neither rebooted nor reinstalled: only
+    # the previous main's second pinning package goes (pinning packages conflict).
+    assert {h: on_host(h, "cat /proc/sys/kernel/random/boot_id").strip() for h in HOSTS} == boots, "no host rebooted"
+    assert "reboot required" not in out.stdout and not re.search(r"drivers: installing nvidia-driver-580-open", out.stdout)
+    for h in HOSTS:
+        assert f"{h}: drivers: installing nvidia-driver-pinning-580.159.04=580.159.04-1 alone, first, removing " \
+               "nvidia-driver-pinning-580" in out.stdout
+        assert "nvidia-driver-pinning-580" not in on_host(h, "apt-mark showhold").split()
     sh("pulumi preview -s sim --expect-no-changes --non-interactive")
 
 

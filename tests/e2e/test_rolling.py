@@ -1,4 +1,5 @@
-"""A driver upgrade that reboots rolls through each pool, under load through the router.
+"""A driver upgrade that reboots rolls through each pool, under load through the router: within branch 580,
+then across the 590 rename (the stand-ins carry both namings, glm_infra/spec/packages.py).
 
 The sim stack laid out so that every pool has two hosts: prefill and decode both on sim-1 and sim-2 (one
 DP4 instance of each per host, 8 GPUs per host), the router and the monitoring on sim-3 (which runs no
@@ -23,6 +24,7 @@ from e2e.harness import ROOT, on_host, router_chat, sh, steady_load
 ROUTER = "https://10.88.0.13:8000"
 ROLLING = ("sim-1", "sim-2")
 NEW_DRIVER = "580.172.08"  # the stand-in apt repository's second driver version
+RENAMED_DRIVER = "595.71.05"  # its branch 595, under NVIDIA's names from 590 on
 CLIENT: dict = {}
 
 
@@ -66,6 +68,70 @@ def router_host_mirror():
             on_host("sim-3", f"rm -f {' '.join(MIRROR)}", check=False)
 
 
+def roll_driver(stack, version: str) -> str:
+    """The driver moved to ``version`` under ~2 requests/s through the router's public port: each host of a pool
+    drained, rebooted and back healthy in the router before the next one's turn, no request failed. pulumi's
+    output."""
+    boots = {h: booted_at(h) for h in ROLLING}
+    stack.config_set("glm-infra:drivers.version", version)
+    preview = stack.preview_json()
+    changed = {s["urn"].split("::")[-1] for s in preview.get("steps", []) if s.get("op") not in ("same", "read")}
+    for h in ROLLING:
+        assert {f"glm-{h}-{k}" for k in ("turn-acquire", "host-drain", "drivers-install", "host-return",
+                                         "turn-release")} <= changed, changed
+    assert not any(k.endswith(("-unit", "-rollout")) for k in changed), "no instance is restarted by a resource"
+
+    t_up = time.time()
+    with steady_load(chat) as load:  # ~2 requests/s through the router's public port while the hosts roll
+        up = stack.up()
+        time.sleep(2)
+    took = time.time() - t_up
+    print(f"\nrolling driver upgrade to {version}: {load.sent} requests in {took:.0f} s, {len(load.failures)} failed",
+          file=sys.stderr)
+    for f in load.failures:
+        print(f"  {f}", file=sys.stderr)
+
+    # Each host rebooted once, inside its own turn; the turns did not overlap, in pool order.
+    phases = {h: dict((p, t) for t, p in roll_records(h) if t >= t_up) for h in ROLLING}
+    for h in ROLLING:
+        ph = phases[h]
+        assert {"drain-start", "stopped", "drained", "return-start", "returned"} <= set(ph), (h, ph)
+        boot = booted_at(h)
+        assert boot > boots[h], f"{h} rebooted"
+        assert ph["stopped"] < boot < ph["return-start"] < ph["returned"], (h, ph, boot)
+        assert on_host(h, "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u").strip() == version
+    for h in ROLLING:  # the timeline, seconds from the start of the up
+        print(f"  {h}: " + ", ".join(f"{p} {t - t_up:.1f}" for p, t in sorted(phases[h].items(), key=lambda x: x[1]))
+              + f", boot {booted_at(h) - t_up:.1f}", file=sys.stderr)
+    for line in up.stdout.splitlines():
+        if ": roll: " in line or ": turn: " in line:
+            print(f"  {line.strip()[-160:]}", file=sys.stderr)
+    first_host, second_host = sorted(ROLLING, key=lambda h: phases[h]["drain-start"])
+    assert first_host == "sim-1", "in pool order"
+    assert phases[first_host]["returned"] < phases[second_host]["drain-start"], \
+        f"no two hosts of a pool down together: {phases}"
+    assert up.stdout.count(f"the loaded kernel module is not {version}: reboot required") == 2
+    for h in ROLLING:
+        assert re.search(rf"{h}: roll: the router marks (http://\S+ )+down", up.stdout), f"{h}: drained in the router"
+        assert re.search(rf"{h}: roll: the router marks (http://\S+ )+healthy", up.stdout), f"{h}: back in the router"
+        assert f"{h}: turn: prefill/slot-0 taken" in up.stdout
+    assert load.sent >= 20
+    assert not load.failures, f"{len(load.failures)} of {load.sent} requests failed during the roll: {load.failures[:10]}"
+
+    # Nothing pending, nothing left drained, no turn left held.
+    sh("pulumi preview -s sim --expect-no-changes --non-interactive")
+    for h in ROLLING:
+        assert "nothing drained" in on_host(h, "/usr/local/libexec/glm-infra/roll.sh check")
+    chat("after the upgrade")
+    return up.stdout
+
+
+def installed(host: str) -> dict[str, str]:
+    """Package -> version of what ``host`` has installed."""
+    out = on_host(host, "dpkg-query -W -f='${db:Status-Status} ${Package} ${Version}\\n'")
+    return {n: v for s, n, v in (line.split() for line in out.splitlines() if line.strip()) if s == "installed"}
+
+
 def test_rolling_driver_upgrade_under_load(stack, router_host_mirror):
     for key, value in (("prefill.instancesPerHost", "1"), ("decode.hosts[0]", "sim-1"),
                        ("decode.hosts[1]", "sim-2"), ("decode.dp", "4")):
@@ -86,53 +152,28 @@ def test_rolling_driver_upgrade_under_load(stack, router_host_mirror):
         except (urllib.error.URLError, OSError):
             assert time.monotonic() < deadline, "the router serves after the first up"
             time.sleep(2)
-    boots = {h: booted_at(h) for h in ROLLING}
-    stack.config_set("glm-infra:drivers.version", NEW_DRIVER)
-    preview = stack.preview_json()
-    changed = {s["urn"].split("::")[-1] for s in preview.get("steps", []) if s.get("op") not in ("same", "read")}
-    for h in ROLLING:
-        assert {f"glm-{h}-{k}" for k in ("turn-acquire", "host-drain", "drivers-install", "host-return",
-                                         "turn-release")} <= changed, changed
-    assert not any(k.endswith(("-unit", "-rollout")) for k in changed), "no instance is restarted by a resource"
+    roll_driver(stack, NEW_DRIVER)
+    for h in ROLLING:  # exactly the new release, though the stand-in repository has a newer 580
+        got = installed(h)
+        assert got["nvidia-utils-580"] == got["nvidia-driver-580-open"] == f"{NEW_DRIVER}-1ubuntu1"
+        assert [p for p in got if p.startswith("nvidia-driver-pinning-")] == [f"nvidia-driver-pinning-{NEW_DRIVER}"]
 
-    t_up = time.time()
-    with steady_load(chat) as load:  # ~2 requests/s through the router's public port while the hosts roll
-        up = stack.up()
-        time.sleep(2)
-    took = time.time() - t_up
-    print(f"\nrolling driver upgrade: {load.sent} requests in {took:.0f} s, {len(load.failures)} failed", file=sys.stderr)
-    for f in load.failures:
-        print(f"  {f}", file=sys.stderr)
 
-    # Each host rebooted once, inside its own turn; the turns did not overlap, in pool order.
-    phases = {h: dict((p, t) for t, p in roll_records(h) if t >= t_up) for h in ROLLING}
+def test_rolling_driver_upgrade_across_the_590_rename_under_load(stack, router_host_mirror):
+    """580 -> 595 (the stack of the test above, at NEW_DRIVER): NVIDIA's packages lose the branch from their
+    names at 590. Each host, in its turn: the 580 tree goes in an apt run of its own, the 595 tree comes at
+    exactly 595.71.05 (the repository also has a newer 595), one pinning package, the fabric manager at the
+    driver's version; rebooted, healthy, back in the router; no request lost."""
+    if not CLIENT:
+        pytest.skip("needs the stack of test_rolling_driver_upgrade_under_load")
+    out = roll_driver(stack, RENAMED_DRIVER)
     for h in ROLLING:
-        ph = phases[h]
-        assert {"drain-start", "stopped", "drained", "return-start", "returned"} <= set(ph), (h, ph)
-        boot = booted_at(h)
-        assert boot > boots[h], f"{h} rebooted"
-        assert ph["stopped"] < boot < ph["return-start"] < ph["returned"], (h, ph, boot)
-        assert on_host(h, "nvidia-smi --query-gpu=driver_version --format=csv,noheader | sort -u").strip() == NEW_DRIVER
-    for h in ROLLING:  # the timeline, seconds from the start of the up
-        print(f"  {h}: " + ", ".join(f"{p} {t - t_up:.1f}" for p, t in sorted(phases[h].items(), key=lambda x: x[1]))
-              + f", boot {booted_at(h) - t_up:.1f}", file=sys.stderr)
-    for line in up.stdout.splitlines():
-        if ": roll: " in line or ": turn: " in line:
-            print(f"  {line.strip()[-160:]}", file=sys.stderr)
-    first_host, second_host = sorted(ROLLING, key=lambda h: phases[h]["drain-start"])
-    assert first_host == "sim-1", "in pool order"
-    assert phases[first_host]["returned"] < phases[second_host]["drain-start"], \
-        f"no two hosts of a pool down together: {phases}"
-    assert up.stdout.count(f"the loaded kernel module is not {NEW_DRIVER}: reboot required") == 2
-    for h in ROLLING:
-        assert re.search(rf"{h}: roll: the router marks (http://\S+ )+down", up.stdout), f"{h}: drained in the router"
-        assert re.search(rf"{h}: roll: the router marks (http://\S+ )+healthy", up.stdout), f"{h}: back in the router"
-        assert f"{h}: turn: prefill/slot-0 taken" in up.stdout
-    assert load.sent >= 20
-    assert not load.failures, f"{len(load.failures)} of {load.sent} requests failed during the roll: {load.failures[:10]}"
-
-    # Nothing pending, nothing left drained, no turn left held.
-    sh("pulumi preview -s sim --expect-no-changes --non-interactive")
-    for h in ROLLING:
-        assert "nothing drained" in on_host(h, "/usr/local/libexec/glm-infra/roll.sh check")
-    chat("after the upgrade")
+        assert f"{h}: drivers: removing the driver tree of another branch first:" in out
+        got = installed(h)
+        assert not {"nvidia-driver-580-open", "nvidia-utils-580", "nvidia-dkms-580-open"} & set(got), got
+        for p in ("nvidia-driver-open", "nvidia-utils", "nvidia-compute-utils", "nvidia-dkms-open", "nvidia-fabricmanager",
+                  "libnvidia-nscq", "libnvsdm"):
+            assert got[p] == f"{RENAMED_DRIVER}-1ubuntu1", (h, p, got.get(p))
+        assert [p for p in got if p.startswith("nvidia-driver-pinning-")] == [f"nvidia-driver-pinning-{RENAMED_DRIVER}"]
+        assert f"{h}: healthy (8 × NVIDIA B300 SXM6 AC, driver {RENAMED_DRIVER}; fabric Completed on 8 GPUs" in \
+            on_host(h, "/usr/local/libexec/glm-infra/health-gate.sh check")

@@ -121,8 +121,20 @@ def test_up_provisions_every_host(stack):
         health = on_host(h, "/usr/local/libexec/glm-infra/health-gate.sh check")
         assert f"{h}: healthy (8 × NVIDIA B300 SXM6 AC, driver 580.159.04; fabric Completed on 8 GPUs; NVLink 18 of 18 links up on each of 8 GPUs; 0 pending row remaps on 8 GPUs)" in health
         held = on_host(h, "apt-mark showhold").split()
-        assert {"nvidia-driver-580-open", "nvidia-fabricmanager", "libnvidia-nscq", "nvidia-driver-pinning-580",
-                "nvidia-driver-pinning-580.159.04"} <= set(held)
+        assert {"nvidia-driver-580-open", "nvidia-utils-580", "nvidia-dkms-580-open", "nvidia-fabricmanager",
+                "libnvidia-nscq", "nvidia-driver-pinning-580.159.04", "infiniband-diags"} <= set(held)
+        # NVIDIA's packages as the stand-ins carry them (issue 39): one pinning package (they conflict), the
+        # driver's family at exactly its version although the repository has a newer 580, DOCA's own
+        # infiniband-diags, the fabric's modules loaded before the fabric manager, persistence mode on.
+        versions = dict(line.split() for line in on_host(
+            h, "dpkg-query -W -f='${db:Status-Status} ${Package} ${Version}\\n' | awk '$1 == \"installed\" {print $2, $3}'"
+        ).splitlines())
+        assert [p for p in versions if p.startswith("nvidia-driver-pinning-")] == ["nvidia-driver-pinning-580.159.04"]
+        assert versions["nvidia-utils-580"] == versions["nvidia-dkms-580-open"] == "580.159.04-1ubuntu1"
+        assert versions["doca-ofed"] == "3.1.0-091000" and versions["infiniband-diags"] == "2507mlnx56-1"
+        assert on_host(h, "ls /run/glm-sim/modules").split() == ["ib_umad", "mlx5_ib"]
+        assert on_host(h, "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader | sort -u").strip() == "Enabled"
+        assert "DCGM host engine: remote localhost:5555" in on_host(h, "journalctl -u nvidia-dcgm-exporter --no-pager -o cat")
         assert "580.159.04" in on_host(h, "nvidia-smi --query-gpu=driver_version --format=csv,noheader")
         runtime = on_host(h, "/usr/local/libexec/glm-infra/runtime.sh check")
         assert "vllm==0.33.0+glmsim" in runtime and "FlashInfer kernels match" in runtime
@@ -582,6 +594,10 @@ def test_driver_change_reboots_only_when_the_module_changes(stack):
         assert f"{h}: healthy (8 × NVIDIA B300 SXM6 AC, driver 580.172.08; fabric Completed on 8 GPUs; NVLink 18 of 18 links up on each of 8 GPUs; 0 pending row remaps on 8 GPUs)" in on_host(
             h, "/usr/local/libexec/glm-infra/health-gate.sh check")
         assert "580.172.08" in on_host(h, "dpkg-query -W -f='${Version}' nvidia-fabricmanager")
+        # Exactly 580.172.08 though the repository has a newer 580; one pinning package, this version's.
+        assert on_host(h, "dpkg-query -W -f='${Version}' nvidia-utils-580").strip() == "580.172.08-1ubuntu1"
+        assert on_host(h, "dpkg-query -W -f='${db:Status-Status} ${Package}\\n' 'nvidia-driver-pinning-*' "
+                          "| awk '$1 == \"installed\" {print $2}'").split() == ["nvidia-driver-pinning-580.172.08"]
     for h in HOSTS:  # the firewall came back with the boot, before the services
         assert "table inet glm_infra" in on_host(h, "nft list tables")
         assert on_host(h, "systemctl is-active glm-infra-firewall").strip() == "active"

@@ -15,7 +15,10 @@ import hashlib
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -30,32 +33,48 @@ B300_TOPO = ROOT / "tests/fixtures/nvidia-smi-topo/sglang-issue-26039-b300-8gpu-
 FIXTURES = ROOT / "tests" / "fixtures" / "h200x2-nvidia-smi"  # copied from shared/fixtures/nvidia-smi/h200x2
 SHELLCHECK = ROOT / "venv" / "bin" / "shellcheck"
 
-# The brief's package table.
+KERNEL = os.uname().release  # the machine's kernel, which the simulated hosts share
+FAMILY = ("nvidia-utils-580", "nvidia-compute-utils-580", "nvidia-dkms-580-open", "nvidia-kernel-common-580",
+          "libnvidia-compute-580")
+# The brief's package table, with NVIDIA's version schemes (glm_infra/spec/packages.py): the main repository.
 EXPECTED_VERSIONS = {
-    "glm-sim-hardware": "1.2-1",
+    "glm-sim-hardware": "1.3-1",
     "pciutils": "1:3.10.0-2glmsim1",
     "glm-sim-rdma-tools": "1.0-1",
     "nvidia-driver-pinning-580": "580-5",
     "nvidia-driver-pinning-580.159.04": "580.159.04-1",
-    "nvidia-driver-580-open": "580.159.04-0ubuntu1",
+    "nvidia-driver-580-open": "580.159.04-1ubuntu1",
+    **{f: "580.159.04-1ubuntu1" for f in FAMILY},
     "libnvidia-nscq": "580.159.04-1",
     "nvidia-fabricmanager": "580.159.04-1",
     "nvlsm": "2025.06.5-1",
     "libnvsdm": "580.159.04-1",
-    "infiniband-diags": "2507mlnx56-1",
+    "libibnetdisc5t64": "50.0-2ubuntu0.2",
+    "infiniband-diags": "50.0-2ubuntu0.2",
     "datacenter-gpu-manager-4-cuda13": "1:4.4.1-1",
     "datacenter-gpu-manager-4-core": "1:4.4.1-1",
-    "datacenter-gpu-manager-exporter": "4.4.1-4.5.2-1",
-    "doca-ofed": "3.1.0-091000",
-    "rdma-core": "50.0-2glmsim1",
-    "ibverbs-utils": "50.0-2glmsim1",
+    "datacenter-gpu-manager-exporter": "4.5.2.001-1",
+    "rdma-core": "50.0-2ubuntu0.2",
+    "ibverbs-utils": "50.0-2ubuntu0.2",
+    f"linux-headers-{KERNEL}": "1.0-1",
+    f"linux-modules-extra-{KERNEL}": "1.0-1",
+}
+# The DOCA repository: DOCA 3.1.0 with its own builds of Ubuntu's rdma packages, a newer DOCA, and the
+# simulation's own packages (both repositories carry them).
+DOCA_VERSIONS = {
+    "doca-ofed": ["3.1.0-091000", "3.99.0-999000"],
+    "infiniband-diags": ["2507mlnx56-1", "2599mlnx99-1"],
+    "rdma-core": ["2507mlnx56-1", "2599mlnx99-1"],
+    "ibverbs-utils": ["2507mlnx56-1", "2599mlnx99-1"],
+    "glm-sim-hardware": ["1.3-1"], "glm-sim-rdma-tools": ["1.0-1"], "pciutils": ["1:3.10.0-2glmsim1"],
 }
 EXPECTED_CONTENTS = {
-    "nvidia-driver-580-open": [
-        "usr/bin/nvidia-smi", "usr/bin/nvidia-modprobe", "usr/bin/nvidia-persistenced",
-        "lib/systemd/system/nvidia-persistenced.service", "lib/systemd/system/nvidia-sim-module.service",
-        "usr/share/glm-sim/driver-version",
-    ],
+    "nvidia-utils-580": ["usr/bin/nvidia-smi"],
+    "nvidia-compute-utils-580": ["usr/bin/nvidia-persistenced", "lib/systemd/system/nvidia-persistenced.service"],
+    "nvidia-dkms-580-open": ["lib/systemd/system/nvidia-sim-module.service", "usr/share/glm-sim/driver-version"],
+    "nvidia-kernel-common-580": ["usr/bin/nvidia-modprobe"],
+    "nvidia-driver-pinning-580.159.04": ["etc/apt/preferences.d/nvidia-driver-pinning-580.159.04.pref"],
+    "nvidia-driver-pinning-580": ["etc/apt/preferences.d/nvidia-driver-pinning-580.pref"],
     "nvidia-fabricmanager": [
         "usr/bin/nv-fabricmanager", "usr/bin/nvidia-fabricmanager-start.sh",
         "lib/systemd/system/nvidia-fabricmanager.service", "usr/share/glm-sim/fabricmanager-version",
@@ -63,10 +82,13 @@ EXPECTED_CONTENTS = {
     "nvlsm": ["opt/nvidia/nvlsm/sbin/nvlsm", "usr/share/nvidia/nvlsm/nvlsm.conf"],
     "infiniband-diags": ["usr/sbin/ibstat"],
     "datacenter-gpu-manager-4-core": ["usr/bin/dcgmi", "usr/bin/nv-hostengine", "lib/systemd/system/nvidia-dcgm.service"],
-    "doca-ofed": ["usr/bin/ibdev2netdev", "usr/sbin/show_gids", "usr/bin/ib_write_bw"],
     "glm-sim-rdma-tools": ["usr/bin/ibv_devinfo"],
     "pciutils": ["usr/bin/lspci", "usr/bin/setpci"],
-    "glm-sim-hardware": ["etc/glm-sim/hardware.conf", "usr/lib/glm-sim/glm_sim_hw.py"],
+    "glm-sim-hardware": ["etc/glm-sim/hardware.conf", "usr/lib/glm-sim/glm_sim_hw.py", "usr/local/sbin/modprobe",
+                         "usr/lib/glm-sim/modules-load", "lib/systemd/system/simulated-modules-load.service"],
+    f"linux-headers-{KERNEL}": [f"lib/modules/{KERNEL}/build/Makefile"],
+    f"linux-modules-extra-{KERNEL}": [f"lib/modules/{KERNEL}/kernel/drivers/infiniband/core/ib_umad.ko.zst",
+                                      f"lib/modules/{KERNEL}/kernel/drivers/infiniband/hw/mlx5/mlx5_ib.ko.zst"],
 }
 
 
@@ -106,12 +128,9 @@ def repo(tmp_path_factory):
     return {"dir": out, "stdout": r.stdout, "env": env, "gnupghome": base / "cache" / "sim" / "gpg"}
 
 
-DOCA = {"doca-ofed"}  # served by the repository's doca/ part, which stands in for NVIDIA's DOCA repository
-
-
-def deb(repo, package: str) -> Path:
-    version = EXPECTED_VERSIONS[package].split(":")[-1]
-    return repo["dir"] / ("doca" if package in DOCA else "") / f"{package}_{version}_all.deb"
+def deb(repo, package: str, version: str | None = None, folder: str = "") -> Path:
+    version = (version or EXPECTED_VERSIONS[package]).split(":")[-1]
+    return repo["dir"] / folder / f"{package}_{version}_all.deb"
 
 
 def test_build_script_is_shellcheck_clean():
@@ -138,15 +157,30 @@ def test_every_package_is_built_with_its_version(repo):
         assert "Architecture: all\n" in fields
         assert "Maintainer: glm-infra simulated cluster" in fields
         assert f"built {package} {version}" in repo["stdout"]
-    upgrades = {p.replace("580.159.04", "580.172.08"): v.replace("580.159.04", "580.172.08")
-                for p, v in EXPECTED_VERSIONS.items() if "580.159.04" in v}
-    for package, version in upgrades.items():  # the second driver build, for upgrade tests
-        assert f"built {package} {version}" in repo["stdout"]
-        fields = run(["dpkg-deb", "-f", repo["dir"] / f"{package}_{version}_all.deb", "Version"]).stdout
-        assert fields.strip() == version
-    assert sorted(p.name for p in repo["dir"].glob("*.deb")) == sorted(
-        [deb(repo, p).name for p in EXPECTED_VERSIONS if p not in DOCA] + [f"{p}_{v}_all.deb" for p, v in upgrades.items()]
-    )
+    for package, versions in DOCA_VERSIONS.items():
+        for version in versions:
+            assert deb(repo, package, version, "doca").is_file(), (package, version)
+    # The other driver releases: a second 580, branch 595 under its renamed packages, and of each branch a
+    # release newer than any stack pins.
+    others = {
+        "580.172.08": ["nvidia-driver-pinning-580.172.08_580.172.08-1", "nvidia-driver-580-open_580.172.08-1ubuntu1",
+                       "nvidia-dkms-580-open_580.172.08-1ubuntu1", "nvidia-fabricmanager_580.172.08-1"],
+        "580.999.01": ["nvidia-utils-580_580.999.01-1ubuntu1", "libnvidia-nscq_580.999.01-1"],
+        "595.71.05": ["nvidia-driver-pinning-595_595-5", "nvidia-driver-pinning-595.71.05_595.71.05-1ubuntu1",
+                      "nvidia-driver-open_595.71.05-1ubuntu1", "nvidia-utils_595.71.05-1ubuntu1",
+                      "nvidia-compute-utils_595.71.05-1ubuntu1", "nvidia-dkms-open_595.71.05-1ubuntu1",
+                      "nvidia-kernel-common_595.71.05-1ubuntu1", "libnvidia-compute_595.71.05-1ubuntu1",
+                      "nvidia-fabricmanager_595.71.05-1ubuntu1", "libnvidia-nscq_595.71.05-1ubuntu1",
+                      "libnvsdm_595.71.05-1ubuntu1"],
+        "595.999.01": ["nvidia-driver-open_595.999.01-1ubuntu1"],
+    }
+    for names in others.values():
+        for name in names:
+            assert (repo["dir"] / f"{name}_all.deb").is_file(), name
+    # Nothing else: the registry's builds and the simulation's own packages (tests/standins/test_registry_standins).
+    main = {p.name for p in repo["dir"].glob("*.deb")}
+    assert {deb(repo, p).name for p in EXPECTED_VERSIONS} <= main
+    assert not {p.name for p in repo["dir"].glob("*.deb") if "mlnx" in p.name or p.name.startswith("doca-")}
 
 
 def test_packages_hold_their_tools_owned_by_root(repo):
@@ -161,14 +195,14 @@ def test_packages_hold_their_tools_owned_by_root(repo):
 
 
 def test_both_rdma_stacks_get_ibv_devinfo_from_one_shared_package(repo):
-    for package in ("doca-ofed", "ibverbs-utils"):
-        depends = run(["dpkg-deb", "-f", deb(repo, package), "Depends"]).stdout
+    for path in (deb(repo, "doca-ofed", "3.1.0-091000", "doca"), deb(repo, "ibverbs-utils")):
+        depends = run(["dpkg-deb", "-f", path, "Depends"]).stdout
         assert "glm-sim-rdma-tools" in depends
 
 
 def test_version_files_carry_the_upstream_version(repo, tmp_path):
     for package, path in (
-        ("nvidia-driver-580-open", "usr/share/glm-sim/driver-version"),
+        ("nvidia-dkms-580-open", "usr/share/glm-sim/driver-version"),
         ("nvidia-fabricmanager", "usr/share/glm-sim/fabricmanager-version"),
     ):
         run(["dpkg-deb", "-x", deb(repo, package), tmp_path])
@@ -215,8 +249,9 @@ def test_release_describes_the_indexes(repo):
             line = f" {hashlib.new(algorithm, data).hexdigest()} {len(data)} {name}\n"
             assert line in block, f"{section} lacks {line!r}"
     packages = (out / "Packages").read_text()
-    for package in EXPECTED_VERSIONS.keys() - DOCA:
+    for package in EXPECTED_VERSIONS:
         assert f"Filename: ./{deb(repo, package).name}\n" in packages
+    assert "Filename: ./doca/" not in packages  # each repository indexes its own folder only
 
 
 def test_rebuilding_unchanged_sources_does_nothing(repo):
@@ -771,40 +806,57 @@ def test_dcgmi_without_a_driver_cannot_start_its_host_engine(sim):
 # --- the simulated kernel module and fabric manager -----------------------------------------
 
 
-def postinst(sim: Sim, tmp_path: Path, booted: bool) -> list[str]:
-    """Run the driver's postinst against the sim root with a recording systemctl."""
+def postinst(sim: Sim, tmp_path: Path, booted: bool, package: str = "nvidia-dkms") -> subprocess.CompletedProcess:
+    """Run a stand-in's postinst against the sim root with a recording systemctl."""
     stub = tmp_path / "bin"
     stub.mkdir(exist_ok=True)
     (stub / "systemctl").write_text('#!/bin/sh\necho "systemctl $*" >> "$SYSTEMCTL_LOG"\n')
     (stub / "systemctl").chmod(0o755)
     if booted:
         (sim.root / "run/systemd/system").mkdir(parents=True, exist_ok=True)
-    log = tmp_path / "systemctl.log"
-    log.write_text("")
-    env = {"PATH": f"{stub}:/usr/bin:/bin", "GLM_SIM_ROOT": str(sim.root), "SYSTEMCTL_LOG": str(log)}
-    r = run(["sh", DEBS / "nvidia-driver-580-open/DEBIAN/postinst", "configure"], env=env)
-    assert r.returncode == 0, r.stderr
-    return log.read_text().splitlines()
+    (tmp_path / "systemctl.log").write_text("")
+    env = {"PATH": f"{stub}:/usr/bin:/bin", "GLM_SIM_ROOT": str(sim.root), "SYSTEMCTL_LOG": str(tmp_path / "systemctl.log")}
+    return run(["sh", DEBS / package / "DEBIAN/postinst", "configure"], env=env)
+
+
+def headers(sim: Sim) -> None:
+    (sim.root / "lib/modules" / KERNEL / "build").mkdir(parents=True)
 
 
 def test_driver_postinst_loads_the_module_on_a_fresh_install(sim, tmp_path):
+    headers(sim)
     (sim.root / "run/glm-sim/loaded-driver-version").unlink()
-    calls = postinst(sim, tmp_path, booted=False)
+    r = postinst(sim, tmp_path, booted=False)
+    assert r.returncode == 0, r.stderr
     assert (sim.root / "run/glm-sim/loaded-driver-version").read_text().strip() == DRIVER
-    assert calls == ["systemctl --quiet enable nvidia-sim-module.service nvidia-persistenced.service"]
+    assert (tmp_path / "systemctl.log").read_text().splitlines() == ["systemctl --quiet enable nvidia-sim-module.service"]
     assert sim.run("nvidia-smi").returncode == 0
 
 
 def test_driver_postinst_keeps_the_old_module_loaded_on_an_upgrade(sim, tmp_path):
+    headers(sim)
     sim.write("run/glm-sim/loaded-driver-version", "580.126.09")
-    calls = postinst(sim, tmp_path, booted=True)
+    r = postinst(sim, tmp_path, booted=True)
+    assert r.returncode == 0, r.stderr
     assert (sim.root / "run/glm-sim/loaded-driver-version").read_text().strip() == "580.126.09"
-    assert "systemctl start nvidia-persistenced.service" in calls
+    assert "systemctl daemon-reload" in (tmp_path / "systemctl.log").read_text()
     assert sim.run("nvidia-smi").returncode == 18  # until the reboot
 
 
+def test_dkms_built_modules_fail_to_configure_without_the_kernels_headers(sim, tmp_path):
+    """As DKMS: the driver's module and DOCA's are built against /lib/modules/$(uname -r)/build."""
+    (sim.root / "run/glm-sim/loaded-driver-version").unlink()
+    for package in ("nvidia-dkms", "doca-ofed"):
+        r = postinst(sim, tmp_path, booted=False, package=package)
+        assert r.returncode == 21, package
+        assert f"Error! Your kernel headers for kernel {KERNEL} cannot be found at /lib/modules/{KERNEL}/build" in r.stderr
+    assert not (sim.root / "run/glm-sim/loaded-driver-version").exists()  # nothing was built
+    headers(sim)
+    assert postinst(sim, tmp_path, booted=False, package="doca-ofed").returncode == 0
+
+
 def test_module_unit_loads_the_installed_driver_at_boot():
-    unit = (DEBS / "nvidia-driver-580-open/lib/systemd/system/nvidia-sim-module.service").read_text()
+    unit = (DEBS / "nvidia-dkms/lib/systemd/system/nvidia-sim-module.service").read_text()
     assert "Type=oneshot" in unit and "WantedBy=multi-user.target" in unit
     assert "ExecStart=/bin/cp /usr/share/glm-sim/driver-version /run/glm-sim/loaded-driver-version" in unit
 
@@ -819,3 +871,115 @@ def test_fabric_manager_runs_only_at_the_loaded_driver_version(sim):
             [TOOLS["nv-fabricmanager"]], env={**os.environ, "GLM_SIM_ROOT": str(sim.root)}, timeout=1,
             capture_output=True,
         )
+
+
+# --- persistence mode, the simulated kernel's modules, the DCGM host engine -----------------------
+
+
+def persistence(sim: Sim) -> tuple[str, str]:
+    """(nvidia-smi -q's Persistence Mode, the plain table's Persistence-M) of GPU 0."""
+    q = re.search(r"^    Persistence Mode +: (\w+)$", sim.out("nvidia-smi", "-q"), re.M)[1]
+    return q, sim.out("nvidia-smi").split("\n")[8].split("|")[1].split()[-1]
+
+
+def test_ubuntus_persistence_daemon_leaves_persistence_mode_off_until_told(sim, tmp_path):
+    """Ubuntu's unit runs the daemon with --no-persistence-mode: started as it ships, the GPUs have persistence
+    mode off; with --persistence-mode (glm-infra's drop-in), or nvidia-smi -pm 1, on."""
+    unit = (DEBS / "nvidia-compute-utils/lib/systemd/system/nvidia-persistenced.service").read_text()
+    assert "ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced --no-persistence-mode --verbose" in unit
+    sections = re.findall(r"^\[(\w+)\]$", unit, re.M)
+    assert sections == ["Unit", "Service"] and "StopWhenUnneeded=true" in unit and "Type=forking" in unit  # static
+    daemon = DEBS / "nvidia-compute-utils/usr/bin/nvidia-persistenced"
+    env = {**os.environ, "GLM_SIM_ROOT": str(sim.root)}
+    pid_file = sim.root / "var/run/nvidia-persistenced/nvidia-persistenced.pid"
+    try:
+        r = run(["sh", daemon, "--user", "nvidia-persistenced", "--no-persistence-mode", "--verbose"], env=env)
+        assert r.returncode == 0, r.stderr  # forked: the unit is Type=forking
+        assert persistence(sim) == ("Disabled", "Off")
+        assert sim.out("nvidia-smi", "--query-gpu=persistence_mode", "--format=csv,noheader").split() == ["Disabled"] * 8
+        assert sim.out("nvidia-smi", "-pm", "1").endswith("All done.\n")
+        assert persistence(sim) == ("Enabled", "On")
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        run(["sh", daemon, "--user", "nvidia-persistenced", "--persistence-mode"], env=env)
+        assert persistence(sim) == ("Enabled", "On")
+    finally:
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_the_simulated_kernel_loads_a_module_only_when_a_package_ships_it(sim, tmp_path):
+    """The stand-in modprobe: ib_umad is loaded (marked under /run/glm-sim/modules) only with linux-modules-extra's
+    file for the running kernel; anything else goes to the real modprobe. At boot, modules-load.d is read."""
+    shim = DEBS / "glm-sim-hardware/usr/local/sbin/modprobe"
+    real = tmp_path / "real-modprobe"
+    real.write_text('#!/bin/sh\necho "modprobe: FATAL: Module $1 not found in directory /lib/modules/$(uname -r)" >&2\nexit 1\n')
+    real.chmod(0o755)
+    env = {**os.environ, "GLM_SIM_ROOT": str(sim.root), "GLM_SIM_REAL_MODPROBE": str(real)}
+    r = run(["sh", shim, "ib_umad"], env=env)
+    assert r.returncode == 1 and "Module ib_umad not found" in r.stderr
+    assert not (sim.root / "run/glm-sim/modules/ib_umad").exists()
+    extra = sim.root / "lib/modules" / KERNEL / "kernel/drivers/infiniband"
+    (extra / "core").mkdir(parents=True)
+    (extra / "core/ib_umad.ko.zst").touch()
+    assert run(["sh", shim, "-q", "ib-umad"], env=env).returncode == 0
+    assert (sim.root / "run/glm-sim/modules/ib_umad").exists()
+    assert run(["sh", shim, "mlx5_ib"], env=env).returncode == 1  # not shipped here
+    # At boot: what modules-load.d lists (systemd-modules-load skips containers).
+    (sim.root / "run/glm-sim/modules/ib_umad").unlink()
+    (sim.root / "etc/modules-load.d").mkdir(parents=True)
+    (sim.root / "etc/modules-load.d/glm-infra-nvlink.conf").write_text("# the fabric\nib_umad\n")
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "modprobe").symlink_to(shim)
+    loader = (DEBS / "glm-sim-hardware/usr/lib/glm-sim/modules-load").read_text().replace("/usr/local/sbin/modprobe", str(shim))
+    (tmp_path / "modules-load").write_text(loader)
+    assert run(["sh", tmp_path / "modules-load"], env=env).returncode == 0
+    assert (sim.root / "run/glm-sim/modules/ib_umad").exists()
+    unit = (DEBS / "glm-sim-hardware/lib/systemd/system/simulated-modules-load.service").read_text()
+    assert "Before=nvidia-fabricmanager.service" in unit and "ExecStart=/usr/lib/glm-sim/modules-load" in unit
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_exporter_uses_the_host_engine_it_is_told_to_and_otherwise_embeds_one(sim, tmp_path):
+    """dcgm-exporter runs an embedded host engine unless -r / DCGM_REMOTE_HOSTENGINE_INFO names one, which must
+    answer at start (nv-hostengine's port, 5555 by default)."""
+    engine_port, http_port = free_port(), free_port()
+    counters = DEBS / "datacenter-gpu-manager-exporter/etc/dcgm-exporter/default-counters.csv"
+    exporter = DEBS / "datacenter-gpu-manager-exporter/usr/bin/dcgm-exporter"
+    env = {**os.environ, "GLM_SIM_ROOT": str(sim.root), "PYTHONPATH": str(HW_LIB),
+           "DCGM_REMOTE_HOSTENGINE_INFO": f"127.0.0.1:{engine_port}"}
+    r = run([exporter, "-f", counters, "-a", f"127.0.0.1:{http_port}"], env=env)
+    assert r.returncode == 1
+    assert f"dcgm-exporter: cannot connect to the DCGM host engine at 127.0.0.1:{engine_port}" in r.stderr
+    engine = subprocess.Popen([DEBS / "datacenter-gpu-manager-4-core/usr/bin/nv-hostengine", "-n", "-p", str(engine_port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs = [engine]
+    try:
+        for _ in range(100):
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", engine_port)) == 0:
+                    break
+            time.sleep(0.05)
+        for extra, said in (({}, f"remote 127.0.0.1:{engine_port}"), ({"DCGM_REMOTE_HOSTENGINE_INFO": ""}, None)):
+            e = {**env, **extra}
+            if said is None:
+                del e["DCGM_REMOTE_HOSTENGINE_INFO"]
+            p = subprocess.Popen([exporter, "-f", counters, "-a", f"127.0.0.1:{http_port}"], env=e,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            procs.append(p)
+            line = p.stderr.readline()
+            assert line.strip() == f"dcgm-exporter: DCGM host engine: {said or 'embedded'}", line
+            p.kill()
+            p.wait(timeout=10)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(timeout=10)

@@ -1,6 +1,7 @@
 """The stand-in packages against the registry of real names (glm_infra/spec/packages.py): each is built with
-the real name, version scheme, virtual packages and repository, and ships the units the real package
-ships and no other; the fabric manager's unit starts NVLSM through its start wrapper, as the real one."""
+the real name, version scheme, virtual packages, relations (Depends at exact versions, Conflicts, Replaces) and
+repository, and ships the units the real package ships and no other; the fabric manager's unit checks for
+ib_umad before it starts and starts NVLSM through its start wrapper, as the real one."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from glm_infra.spec import packages
+from glm_infra.spec import packages, standins
 from testbed import STANDINS
 from testbed.hardware import DEBS
 
@@ -37,7 +38,7 @@ def repo(tmp_path_factory) -> Path:
 
 
 def fields(deb: Path) -> dict[str, str]:
-    out = run(["dpkg-deb", "-f", deb, "Package", "Version", "Provides", "Depends"]).stdout
+    out = run(["dpkg-deb", "-f", deb, "Package", "Version", "Provides", "Depends", "Conflicts", "Replaces"]).stdout
     return dict(line.split(": ", 1) for line in out.splitlines())
 
 
@@ -46,34 +47,73 @@ def units(deb: Path) -> set[str]:
     return set(re.findall(r"/lib/systemd/system/([\w@.-]+\.service)$", listing, re.M))
 
 
-def test_stand_ins_have_the_real_names_versions_provides_and_repository(repo):
-    builds = packages.standin_builds()
+KERNEL = os.uname().release  # build-apt-repo builds the running kernel's stand-ins for the machine's kernel
+
+
+def built(repo: Path, b: standins.StandinBuild) -> Path:
+    return repo / b.repository / f"{b.package}_{b.version.split(':')[-1]}_all.deb"
+
+
+def test_stand_ins_have_the_real_names_versions_relations_and_repository(repo):
+    builds = standins.standin_builds(kernel=KERNEL)
     assert builds, "the registry lists stand-ins"
-    for _, name, version, provides, _, folder in builds:
-        deb = repo / folder / f"{name}_{version.split(':')[-1]}_all.deb"
+    for b in builds:
+        deb = built(repo, b)
         assert deb.is_file(), deb
         f = fields(deb)
-        assert (f["Package"], f["Version"], f.get("Provides", "")) == (name, version, provides), deb.name
-    # The schemes themselves, written out: NVIDIA's branch pin by branch, the rest by driver version.
+        assert (f["Package"], f["Version"], f.get("Provides", ""), f.get("Conflicts", "")) == \
+            (b.package, b.version, b.provides, b.conflicts), deb.name
+        # The registry's relations first; a stand-in adds its own (glm-sim-hardware; the earlier stand-ins' files).
+        assert f.get("Depends", "").startswith(b.depends) and f.get("Replaces", "").startswith(b.replaces), deb.name
+    # The schemes themselves, written out: NVIDIA's branch pin by branch, the rest by driver version; 590 and
+    # later without the branch in the names and at -1ubuntu1; DOCA's own builds in the DOCA repository only.
     debs = {p.relative_to(repo).as_posix() for p in repo.rglob("*.deb")}
     for expected in ("nvidia-driver-pinning-580_580-5_all.deb", "nvidia-driver-pinning-580.159.04_580.159.04-1_all.deb",
                      "nvidia-driver-pinning-580.172.08_580.172.08-1_all.deb", "libnvidia-nscq_580.159.04-1_all.deb",
-                     "nvidia-driver-580-open_580.172.08-0ubuntu1_all.deb", "nvidia-fabricmanager_580.172.08-1_all.deb",
-                     "doca/doca-ofed_3.1.0-091000_all.deb"):
+                     "nvidia-driver-580-open_580.159.04-1ubuntu1_all.deb", "nvidia-dkms-580-open_580.172.08-1ubuntu1_all.deb",
+                     "nvidia-fabricmanager_580.172.08-1_all.deb", "nvidia-driver-open_595.71.05-1ubuntu1_all.deb",
+                     "nvidia-fabricmanager_595.71.05-1ubuntu1_all.deb", "nvidia-driver-pinning-595.71.05_595.71.05-1ubuntu1_all.deb",
+                     "infiniband-diags_50.0-2ubuntu0.2_all.deb", "doca/infiniband-diags_2507mlnx56-1_all.deb",
+                     "doca/doca-ofed_3.1.0-091000_all.deb", "doca/doca-ofed_3.99.0-999000_all.deb",
+                     f"linux-headers-{KERNEL}_1.0-1_all.deb", f"linux-modules-extra-{KERNEL}_1.0-1_all.deb",
+                     "datacenter-gpu-manager-exporter_4.5.2.001-1_all.deb"):
         assert expected in debs, expected
-    assert not [d for d in debs if re.match(r"(libnvidia-nscq|nvidia-fabricmanager|libnvsdm)-580_", d)]
-    assert "doca-ofed_3.1.0-091000_all.deb" not in debs  # only NVIDIA's DOCA repository has it
+    assert not [d for d in debs if re.match(r"(libnvidia-nscq|nvidia-fabricmanager|libnvsdm)-5[89][05]_", d)]
+    assert not [d for d in debs if "mlnx" in d and not d.startswith("doca/")]
     assert fields(repo / "nvidia-fabricmanager_580.159.04-1_all.deb")["Provides"] == "nvidia-fabricmanager-580"
+    assert "Provides" not in fields(repo / "nvidia-fabricmanager_595.71.05-1ubuntu1_all.deb")
     assert fields(repo / "datacenter-gpu-manager-4-cuda13_4.4.1-1_all.deb")["Depends"].startswith(
         "datacenter-gpu-manager-4-core (= 1:4.4.1-1)")
+    # Only one pinning package at a time; the driver wants its family at exactly its version.
+    for pin in ("nvidia-driver-pinning-580_580-5_all.deb", "nvidia-driver-pinning-580.159.04_580.159.04-1_all.deb"):
+        f = fields(repo / pin)
+        assert f["Provides"] == f["Conflicts"] == f["Replaces"] == "nvidia-driver-pinning", pin
+    assert fields(repo / "nvidia-driver-580-open_580.159.04-1ubuntu1_all.deb")["Depends"].startswith(
+        "nvidia-utils-580 (= 580.159.04-1ubuntu1), nvidia-compute-utils-580 (= 580.159.04-1ubuntu1), "
+        "nvidia-dkms-580-open (= 580.159.04-1ubuntu1), nvidia-kernel-common-580 (= 580.159.04-1ubuntu1), "
+        "libnvidia-compute-580 (= 580.159.04-1ubuntu1)")
+    assert fields(repo / "infiniband-diags_50.0-2ubuntu0.2_all.deb")["Depends"].startswith(
+        "libibnetdisc5t64 (= 50.0-2ubuntu0.2)")
+    assert fields(repo / "doca/doca-ofed_3.1.0-091000_all.deb")["Depends"].startswith(
+        "rdma-core (= 2507mlnx56-1), ibverbs-utils (= 2507mlnx56-1), infiniband-diags (= 2507mlnx56-1)")
+    assert "datacenter-gpu-manager" not in fields(repo / "datacenter-gpu-manager-exporter_4.5.2.001-1_all.deb")["Depends"]
+
+
+def test_the_pinning_packages_pin_the_driver_tree_to_their_release(repo, tmp_path):
+    for deb, pin in (("nvidia-driver-pinning-580.159.04_580.159.04-1_all.deb", "Pin: version 580.159.04-*"),
+                     ("nvidia-driver-pinning-580_580-5_all.deb", "Pin: version 580.*")):
+        out = tmp_path / deb
+        run(["dpkg-deb", "-x", repo / deb, out])
+        (prefs,) = (out / "etc/apt/preferences.d").iterdir()
+        assert prefs.suffix == ".pref"  # apt ignores a preferences file with another extension
+        assert f"Package: *nvidia* libnvsdm*\n{pin}\nPin-Priority: 1000" in prefs.read_text()
 
 
 def test_stand_ins_ship_only_the_units_the_real_packages_ship(repo):
     by_dir = {p.standin: p for p in packages.PACKAGES}
-    for standin, name, version, _, _, folder in packages.standin_builds():
-        p = by_dir[standin]
-        shipped = units(repo / folder / f"{name}_{version.split(':')[-1]}_all.deb")
-        assert shipped - SIM_ONLY_UNITS == set(p.units), name
+    for b in standins.standin_builds(kernel=KERNEL):
+        shipped = units(built(repo, b))
+        assert shipped - SIM_ONLY_UNITS == set(by_dir[b.dir].units), b.package
     every = {u for d in repo.rglob("*.deb") for u in units(d)}
     assert "nvlsm.service" not in every and "nvidia-dcgm.service" in every
 
@@ -88,12 +128,10 @@ def test_the_dcgm_host_engine_unit_is_the_real_one():
     assert "Alias=dcgm.service" in lines and "WantedBy=multi-user.target" in lines
 
 
-def test_the_fabric_manager_unit_starts_nvlsm_through_the_wrapper():
-    exec_start = next(l for l in unit_lines("nvidia-fabricmanager/lib/systemd/system/nvidia-fabricmanager.service")
-                      if l.startswith("ExecStart="))
-    assert exec_start.startswith("ExecStart=/usr/bin/nvidia-fabricmanager-start.sh --mode start ")
-    assert "--nvlsm-config-file /usr/share/nvidia/nvlsm/nvlsm.conf" in exec_start
-    assert "--nvlsm-pid-file /var/run/nvidia-fabricmanager/nvlsm.pid" in exec_start
+def test_the_fabric_manager_unit_checks_then_starts_nvlsm_through_the_wrapper():
+    lines = unit_lines("nvidia-fabricmanager/lib/systemd/system/nvidia-fabricmanager.service")
+    assert "ExecStartPre=/usr/bin/nvidia-fabricmanager-start.sh --mode precheck" in lines
+    assert "ExecStart=/usr/bin/nvidia-fabricmanager-start.sh --mode start" in lines
 
 
 WRAPPER = ["--mode", "start", "--fm-config-file", "/usr/share/nvidia/nvswitch/fabricmanager.cfg",
@@ -114,6 +152,8 @@ def fm_root(tmp_path):
     for d in ("usr/share/glm-sim", "run/glm-sim"):
         (root / d).mkdir(parents=True)
     (root / "usr/share/glm-sim/fabricmanager-version").write_text("580.159.04\n")
+    (root / "run/glm-sim/modules").mkdir()
+    (root / "run/glm-sim/modules/ib_umad").touch()  # loaded
     (root / "run/glm-sim/loaded-driver-version").write_text("580.159.04\n")
     for f in (root / "usr/bin").iterdir():
         f.chmod(0o755)
@@ -161,3 +201,16 @@ def test_the_wrapper_fails_without_nvlsm_or_ibstat(fm_root, tmp_path):
     (root / "opt/nvidia/nvlsm/sbin/nvlsm").unlink()
     r = run(["sh", wrapper, *WRAPPER], env=env)
     assert r.returncode == 1 and '"/opt/nvidia/nvlsm/sbin/nvlsm" does not exist' in r.stderr
+
+
+def test_the_precheck_refuses_without_ib_umad_as_the_real_one(fm_root):
+    root, env = fm_root
+    wrapper = root / "usr/bin/nvidia-fabricmanager-start.sh"
+    r = run(["sh", wrapper, "--mode", "precheck"], env=env)
+    assert r.returncode == 0 and "Detected NVL5+ system" in r.stdout, r.stderr
+    (root / "run/glm-sim/modules/ib_umad").unlink()
+    for mode in (["--mode", "precheck"], WRAPPER):
+        r = run(["sh", wrapper, *mode], env=env)
+        assert r.returncode == 1
+        assert 'Kernel module "ib_umad" has not been loaded, fabric manager cannot be started' in r.stderr
+    assert not (root / "var/run/nvidia-fabricmanager/nvlsm.pid").exists()  # nothing started

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from glm_infra.plan.topology import HostPlan
 from glm_infra.render import render_template
+from glm_infra.spec import packages
 from glm_infra.spec.config import StackConfig
 from glm_infra.steps import ScriptStep, Step
 
@@ -12,7 +13,8 @@ from glm_infra.steps import ScriptStep, Step
 def drivers_script(stack: StackConfig, host: str) -> str:
     m = stack.monitoring  # the DCGM exporter's unit wants DCGM's host engine (monitoring.dcgm_hosts)
     exporter = m.enabled and m.dcgm_exporter_package is not None and stack.drivers.mode == "install"
-    return render_template("drivers.sh.j2", host=host, d=stack.drivers, p=stack.drivers.package_set(exporter))
+    return render_template("drivers.sh.j2", host=host, d=stack.drivers, p=stack.drivers.package_set(exporter),
+                           tree_names=packages.DRIVER_TREE_NAMES, modules=packages.FABRIC_MODULES)
 
 
 def reboot_script(host: str) -> str:

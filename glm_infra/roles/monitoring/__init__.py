@@ -22,7 +22,7 @@ import yaml
 from glm_infra import render
 from glm_infra.plan.topology import HostPlan, Plan
 from glm_infra.render import render_template
-from glm_infra.spec import paths
+from glm_infra.spec import packages, paths
 from glm_infra.spec.config import StackConfig
 from glm_infra.steps import RenderedFile, Step, file_step
 
@@ -185,7 +185,15 @@ def dcgm_counters() -> str:
 
 
 def dcgm_exporter_dropin(stack: StackConfig) -> str:
-    return ("# Managed by glm-infra: the DCGM exporter on glm-infra's fields and port.\n[Service]\nExecStart=\n"
+    """glm-infra's fields and port, and nvidia-dcgm's host engine (the driver step runs it): without one named
+    the exporter runs an embedded engine of its own beside it (glm_infra/spec/packages.py). Named through its
+    environment variable, which the exporter reads as its -r option. The engine may not listen yet when the
+    exporter starts (nvidia-dcgm's unit is started, not ready), and the exporter exits then: it starts again
+    (the packaged unit restarts it only on an abort)."""
+    return ("# Managed by glm-infra: the DCGM exporter on glm-infra's fields and port, on nvidia-dcgm's host engine.\n"
+            "[Unit]\nRequires=nvidia-dcgm.service\nAfter=nvidia-dcgm.service\n"
+            f"[Service]\nEnvironment=DCGM_REMOTE_HOSTENGINE_INFO={packages.DCGM_HOSTENGINE}\n"
+            "Restart=on-failure\nRestartSec=5\nExecStart=\n"
             f"ExecStart=/usr/bin/dcgm-exporter -f {paths.DCGM_EXPORTER_COUNTERS} "
             f"-a :{stack.monitoring.dcgm_exporter_port}\n")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from glm_infra.plan.topology import HostPlan
 from glm_infra.render import render_template
+from glm_infra.spec import packages
 from glm_infra.spec.config import StackConfig
 from glm_infra.spec.paths import HOSTCHECK
 from glm_infra.steps import ScriptStep, Step
@@ -11,7 +12,8 @@ from glm_infra.steps import ScriptStep, Step
 
 def rdma_script(stack: StackConfig, host: str) -> str:
     return render_template(
-        "rdma.sh.j2", host=host, r=stack.rdma, nics=stack.host(host).compute_nics, hostcheck=HOSTCHECK
+        "rdma.sh.j2", host=host, r=stack.rdma, nics=stack.host(host).compute_nics, hostcheck=HOSTCHECK,
+        doca_replaces=packages.DOCA_REPLACES,
     )
 
 

@@ -2,7 +2,8 @@
 
 State comes from /etc/glm-sim/hardware.conf, then /etc/glm-sim/hardware.conf.d/*.conf in name
 order (later files win), as shell-style KEY=VALUE lines. GLM_SIM_ROOT, when set, prefixes
-/etc/glm-sim, /run/glm-sim and /usr/share/glm-sim so tests can run the tools against a temp dir.
+/etc/glm-sim, /run/glm-sim, /usr/share/glm-sim and /var/run/nvidia-persistenced so tests can run the
+tools against a temp dir.
 Identifiers (UUIDs, GUIDs, MACs, serials) derive from the host name, so each simulated host differs
 but stays the same across calls.
 """
@@ -48,6 +49,10 @@ INSTALLED_DRIVER = "/usr/share/glm-sim/driver-version"
 LOADED_DRIVER = "/run/glm-sim/loaded-driver-version"
 FABRICMANAGER_VERSION = "/usr/share/glm-sim/fabricmanager-version"
 FABRICMANAGER_ACTIVE = "/run/glm-sim/fabricmanager-active"  # stands in for systemd under GLM_SIM_ROOT
+# Persistence mode: the persistence daemon's (the stand-in nvidia-persistenced writes it as its options say; its
+# unit removes the folder when it stops), else the driver's own (nvidia-smi -pm without the daemon).
+PERSISTENCE_DAEMON = "/var/run/nvidia-persistenced/persistence-mode"
+PERSISTENCE_DRIVER = "/run/glm-sim/persistence-mode"
 # The switch ports setpci turned ACS off on, one per line: under /run, so gone at the next boot, as the
 # ACS Control register is reset then.
 ACS_OFF = "/run/glm-sim/acs-off"
@@ -138,6 +143,22 @@ def loaded_driver() -> str:
             f"Failed to initialize NVML: Driver/library version mismatch\nNVML library version: {library}", 18
         )
     return loaded
+
+
+def persistence_mode() -> str:
+    """"Enabled" or "Disabled", as nvidia-smi reports it."""
+    for path in (PERSISTENCE_DAEMON, PERSISTENCE_DRIVER):
+        if read_version(path) == "Enabled":
+            return "Enabled"
+    return "Disabled"
+
+
+def set_persistence_mode(on: bool) -> None:
+    """nvidia-smi -pm: through the daemon when it runs, else in the driver."""
+    daemon = sim_path(PERSISTENCE_DAEMON)
+    target = daemon if daemon.parent.is_dir() else sim_path(PERSISTENCE_DRIVER)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(("Enabled" if on else "Disabled") + "\n")
 
 
 def fabricmanager_active() -> bool:
