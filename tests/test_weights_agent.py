@@ -2349,7 +2349,7 @@ def test_without_an_include_the_whole_folder_is_staged_but_never_through_a_symli
     assert cache_seed(home, other, includes=(".cache/link", ".cache/link/x", ".cache/vllm", ".cache/vllm/modelinfos",
                                              cubin)) == 0
     out = capsys.readouterr().out
-    assert f"s: weights: {home}: '.cache/link' skipped (reached through a symlink, not followed)" in out
+    assert f"s: weights: {home}: '.cache/link' skipped (a symlink, not followed)" in out
     assert f"s: weights: {home}: '.cache/link/x' skipped (reached through a symlink, not followed)" in out
     assert cache_manifest(other)["files"] == entries({n: b for n, b in CACHE.items()
                                                       if n.startswith(".cache/vllm/") or n == cubin})
@@ -2847,3 +2847,241 @@ def test_the_relay_command_says_ready_only_once_it_listens(tmp_path, capsys, mon
                    "--relay-key-file", KEYFILE) == 1
     assert said == [], "never ready: systemd fails the start, and the step"
     assert f"cannot serve the relay on {taken}: Address already in use (held by pid {os.getpid()}" in capsys.readouterr().err
+
+
+# --- what the relay mutation run asked: the edges of what another host sends or asks -----------------------
+
+
+def fake_proc(tmp_path: Path, tcp: list[str], tcp6: list[str], pids: dict[str, tuple[str, int, list[str]]]) -> Path:
+    """A /proc of the test's own: its TCP tables' lines and, per pid, (comm, owner uid, the fds' links)."""
+    proc = tmp_path / "proc"
+    (proc / "net").mkdir(parents=True)
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    (proc / "net" / "tcp").write_text(header + "".join(line + "\n" for line in tcp))
+    (proc / "net" / "tcp6").write_text(header + "".join(line + "\n" for line in tcp6))
+    for pid, (comm, uid, links) in pids.items():
+        (proc / pid / "fd").mkdir(parents=True)
+        (proc / pid / "comm").write_text(comm + "\n")
+        for i, link in enumerate(links):
+            (proc / pid / "fd" / str(i)).symlink_to(link)
+        os.chown(proc / pid, uid, 0)
+    (proc / "self").mkdir()  # not a pid
+    return proc
+
+
+def tcp_line(address: str, port: int, state: str, inode: int) -> str:
+    return f"   0: {address}:{port:04X} 00000000:0000 {state} 00000000:00000000 00:00000000 00000000     0        0 {inode}"
+
+
+def test_who_holds_a_port_from_a_proc_of_the_tests_own(tmp_path):
+    import pwd
+
+    nobody = pwd.getpwnam("nobody").pw_uid
+    proc = fake_proc(tmp_path, [tcp_line("0100007F", 8090, "0A", 111), tcp_line("0100007F", 8091, "01", 222),
+                                "   1: short line"],
+                     [tcp_line("00000000000000000000000001000000", 7090, "0A", 333)],
+                     {"9": ("decoy", 0, ["socket:[999]", "/dev/null"]), "10": ("squatter", nobody, ["socket:[111]"]),
+                      "100": ("other", 0, ["socket:[111]"]), "12": ("six", 4242424, ["socket:[333]"])})
+    assert w.port_holder(8090, str(proc)) == "pid 10 (squatter, user nobody)", "the lowest pid, by number"
+    assert w.port_holder(7090, str(proc)) == "pid 12 (six, user 4242424)", "IPv6, and a uid without a name"
+    assert w.port_holder(8091, str(proc)) is None, "connected, not listening"
+    assert w.port_holder(5555, str(proc)) is None
+    (proc / "net" / "tcp6").unlink()  # one table gone: the other is read
+    assert w.port_holder(8090, str(proc)) == "pid 10 (squatter, user nobody)"
+    shutil.rmtree(proc / "10")
+    shutil.rmtree(proc / "100")
+    assert w.port_holder(8090, str(proc)) == "a socket of a process this host's /proc does not show"
+
+
+def test_a_relay_that_cannot_bind_for_another_reason_names_no_holder(tmp_path):
+    with pytest.raises(w.StageError) as e:
+        w.start_relay(keyed(), str(tmp_path), "192.0.2.1:0", 1)  # not an address of this host
+    assert str(e.value) == "cannot serve the relay on 192.0.2.1:0: Cannot assign requested address"
+
+
+def test_a_refusal_is_plain_text_of_its_length_and_logged_once_a_minute(relay_of, capsys, monkeypatch):
+    relay, url, _ = relay_of
+    status, headers, body = get(f"{url}/.glm-progress.json")
+    assert (status, headers["Content-Type"], headers["Content-Length"]) == (401, "text/plain", str(len(body)))
+    assert body == f"unauthenticated relay client: no {w.AUTH_HEADER} header of NAME TIME NONCE MAC\n".encode()
+    now = [1000.0]
+    monkeypatch.setattr(w.time, "monotonic", lambda: now[0])
+    relay.refused.clear()
+    capsys.readouterr()
+    for t in (1000.0, 1059.9, 1060.0, 1119.9, 1120.0):
+        now[0] = t
+        get(f"{url}/.glm-done")
+    assert capsys.readouterr().out.count("refused a request from ::1") == 3, "at 1000, 1060 and 1120"
+
+
+def test_a_client_header_of_other_spacing_or_at_the_edge_of_the_window(monkeypatch):
+    r = keyed()
+    monkeypatch.setattr(w.time, "time", lambda: 5000.0)
+    h = signed(target="/a", at=5000)[w.AUTH_HEADER]
+    assert r.authenticate(h.replace(" ", "  ", 1), "/a") == (None, f"no {w.AUTH_HEADER} header of NAME TIME NONCE MAC")
+    assert r.authenticate(h.replace(" ", "\t", 1), "/a")[0] is None
+    assert r.authenticate(signed(target="/a", at=5000 - w.AUTH_WINDOW_S)[w.AUTH_HEADER], "/a")[0] == "c1", "the edge"
+    name, why = r.authenticate(signed(target="/a", at=5000 - w.AUTH_WINDOW_S - 1)[w.AUTH_HEADER], "/a")
+    assert why == (f"signed at {5000 - w.AUTH_WINDOW_S - 1}, {w.AUTH_WINDOW_S + 1} s from this host's clock (more than "
+                   f"{w.AUTH_WINDOW_S} s: replayed, or the hosts' clocks differ)")
+
+
+def test_a_401_from_a_source_is_named_in_its_words_cut_short(tmp_path):
+    long = b"unauthenticated relay client: " + b"\xff" + b"x" * 400
+    fake = Fake({"/f": (401, {}, long)})
+    with running(fake.server) as url, pytest.raises(w.Forged) as e:
+        w.download(f"{url}/f", str(tmp_path / "f"), 3, follow=False, auth=AUTH)
+    said = (long[:300].decode(errors="replace")).strip()
+    assert str(e.value) == (f"{url}/f: HTTP 401: {said} (this host's relay key is not the one its source holds)")
+
+
+@pytest.mark.parametrize(("name", "includes", "kinds", "taken"), [
+    ("a/b/k.so", [], ["k.*"], True),
+    ("k.so", [], ["k.*"], True),
+    ("a b/k.so", [], ["k.*"], True),
+])
+def test_what_the_directory_source_takes_by_the_last_name(name, includes, kinds, taken):
+    assert w.wanted(name, includes, kinds) is taken
+
+
+def test_copy_hashed_counts_every_chunk_against_its_limit(monkeypatch):
+    import io
+
+    monkeypatch.setattr(w, "CHUNK", 4)
+    out = io.BytesIO()
+    assert w.copy_hashed(io.BytesIO(b"x" * 10), out, limit=10) == (10, sha(b"x" * 10)), "exactly the limit"
+    assert out.getvalue() == b"x" * 10
+    with pytest.raises(w.StageError, match="more than 9 bytes"):
+        w.copy_hashed(io.BytesIO(b"x" * 10), io.BytesIO(), limit=9)
+    got: list[int] = []
+    w.copy_hashed(io.BytesIO(b"y" * 9), io.BytesIO(), on_bytes=got.append)
+    assert got == [4, 4, 1]
+
+
+def test_the_directory_seed_writes_through_no_link_left_where_it_copies(tmp_path, capsys):
+    home = home_of(tmp_path / "home")
+    path = tmp_path / "h" / "warm"
+    root = path.parent / "warm.revisions" / KEY
+    name = ".cache/vllm/modelinfos/glm.json"
+    victim = tmp_path / "victim"
+    victim.write_text("root's\n")
+    (root / name).parent.mkdir(parents=True)
+    (root / (name + ".partial")).symlink_to(victim)  # a link planted where a cut copy would be: refused whole
+    assert cache_seed(home, path) == 1
+    assert capsys.readouterr().err.endswith(f"s: weights: refusing the manifest from {home}: {name!r} would land at "
+                                            f"{victim}, outside {root} (through a symlink)\n")
+    assert victim.read_text() == "root's\n"
+    (root / (name + ".partial")).unlink()
+    (root / (name + ".partial")).write_text("a cut copy")  # an earlier copy cut short
+    old = os.umask(0)
+    try:
+        assert cache_seed(home, path) == 0
+    finally:
+        os.umask(old)
+    assert not os.path.lexists(root / (name + ".partial")), "started over, renamed into place"
+    assert (root / name).read_bytes() == CACHE[name] and stat_mode(root / name) == 0o644
+
+
+def test_the_directory_seed_names_where_a_copy_fails_and_goes_on_after_a_file_it_skips(tmp_path, capsys, monkeypatch):
+    home = home_of(tmp_path / "home", {**CACHE, ".cache/vllm/big.json": b"x" * 50})
+    monkeypatch.setattr(w, "MAX_DIRECTORY_FILE", 1 << 20)
+    real = w.copy_hashed
+
+    def grows(src, dst, on_bytes=None, limit=None):
+        if src.name and str(src.name).endswith("big.json") or os.fstat(src.fileno()).st_size == 50:
+            raise w.StageError("more than 40 bytes")
+        return real(src, dst, on_bytes, limit)
+
+    monkeypatch.setattr(w, "copy_hashed", grows)
+    path = tmp_path / "h" / "warm"
+    assert cache_seed(home, path) == 0
+    assert f"s: weights: {home}: '.cache/vllm/big.json' skipped (more than 40 bytes)" in capsys.readouterr().out
+    assert {e["path"] for e in cache_manifest(path)["files"]} == set(CACHE), "the files after it too"
+    blocked = tmp_path / "h2" / "warm"
+    (blocked.parent / "warm.revisions" / KEY).mkdir(parents=True)
+    (blocked.parent / "warm.revisions" / KEY / ".cache").write_text("a file where a folder goes")
+    monkeypatch.setattr(w, "copy_hashed", real)
+    assert cache_seed(home, blocked) == 1
+    err = capsys.readouterr().err
+    assert re.search(rf"s: weights: \.cache/\S+: cannot copy it from {home} into {blocked.parent}/warm.revisions/{KEY}: "
+                     r"(Not a directory|File exists)", err), err
+
+
+def test_a_folder_that_goes_or_cannot_be_opened_while_the_seed_walks_is_named(tmp_path, capsys, monkeypatch):
+    home = home_of(tmp_path / "home")
+    real_listdir, real_open = w.os.listdir, w.os.open
+
+    def listdir(fd):
+        names = real_listdir(fd)
+        return [*names, "gone.json"] if "modelinfos" in names else names  # listed, gone before its stat
+
+    def open_(name, flags, *a, **kw):
+        if name == "XYZ":
+            raise OSError(errno.ELOOP, "Too many levels of symbolic links")
+        return real_open(name, flags, *a, **kw)
+
+    import errno
+
+    monkeypatch.setattr(w.os, "listdir", listdir)
+    monkeypatch.setattr(w.os, "open", open_)
+    path = tmp_path / "h" / "warm"
+    assert cache_seed(home, path) == 0
+    out = capsys.readouterr().out
+    assert f"s: weights: {home}: '.cache/vllm/gone.json' skipped (No such file or directory)" in out
+    assert f"s: weights: {home}: '.triton/cache/XYZ' skipped (cannot open it (Too many levels of symbolic links))" in out
+    assert {e["path"] for e in cache_manifest(path)["files"]} == {n for n in CACHE if "XYZ" not in n}
+
+
+def test_install_makes_its_folders_with_their_own_mode(tmp_path, capsys):
+    path = staged_cache(tmp_path)
+    into = tmp_path / "home"
+    old = os.umask(0)
+    try:
+        assert install(path, into) == 0
+    finally:
+        os.umask(old)
+    for folder in (".cache", ".cache/vllm", ".triton/cache/XYZ"):
+        assert stat_mode(into / folder) == 0o755, folder
+    assert stat_mode(into / ".triton/cache/XYZ/_fwd_kernel.cubin") == 0o644
+
+
+def test_install_without_includes_or_kinds_says_so_when_it_refuses(tmp_path, capsys):
+    path = staged_cache(tmp_path)
+    manifest = tmp_path / "h" / "warm.revisions" / KEY / ".glm-manifest.json"
+    good = json.loads(manifest.read_text())
+    capsys.readouterr()
+    assert run("install", "--revision", KEY, "--path", str(path), "--into", str(tmp_path / "i"), "--kind",
+               "*.nothing") == 1
+    assert capsys.readouterr().err.endswith(
+        f": weights: refusing the manifest from {manifest}: {good['files'][0]['path']!r} is not under --into or not "
+        "of the kinds *.nothing\n")
+    assert run("install", "--revision", KEY, "--path", str(path), "--into", str(tmp_path / "i"), "--include",
+               ".nothing") == 1
+    assert "is not under .nothing or not of the kinds (any)\n" in capsys.readouterr().err
+
+
+def test_the_relay_command_serves_the_commit_to_its_children_and_names_one_that_left(tmp_path, capsys):
+    seed = staged_cache(tmp_path)
+    manifest = tmp_path / "h" / "warm.revisions" / KEY / ".glm-manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "commit": HUB_COMMIT}))
+    bind = f"127.0.0.1:{free_port()}"
+    docs: list[dict] = []
+
+    def child() -> None:
+        for _ in range(100):
+            with contextlib.suppress(Exception):
+                status, _, body = sget(f"http://{bind}/.glm-progress.json", name="kid-a")
+                if status == 200:
+                    docs.append(json.loads(body))
+                    return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=child)
+    t.start()
+    rc = run("relay", "--revision", KEY, "--path", str(seed), "--bind", bind, "--children", "kid-a,kid-b",
+             "--stall", "1", "--relay-key-file", KEYFILE, "--name", "seed-host")
+    t.join()
+    captured = capsys.readouterr()
+    assert rc == 1 and docs and docs[0]["commit"] == HUB_COMMIT and docs[0]["complete"] is True
+    assert f"seed-host: weights: {KEY}: serving 4 files on {bind} to kid-a, kid-b\n" in captured.out
+    assert captured.err.endswith("seed-host: weights: kid-a stopped copying from this host before they had every file\n")

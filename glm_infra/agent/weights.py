@@ -721,11 +721,11 @@ def files_server(directory: str, bind: str, **handler: object) -> _Server:
         (host, int(port)), functools.partial(type(_Files.__name__, (_Files,), handler), directory=directory))
 
 
-def port_holder(port: int) -> str | None:
+def port_holder(port: int, proc: str = "/proc") -> str | None:
     """Who listens on TCP ``port`` on this host, from /proc: "pid N (COMMAND, user U)", or what /proc shows of
     it; None when nothing visible listens there."""
     inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for table in (f"{proc}/net/tcp", f"{proc}/net/tcp6"):
         with contextlib.suppress(OSError), open(table) as f:
             for line in list(f)[1:]:
                 fields = line.split()
@@ -734,13 +734,13 @@ def port_holder(port: int) -> str | None:
                     inodes.add(fields[9])
     if not inodes:
         return None
-    for pid in sorted((p for p in os.listdir("/proc") if p.isdigit()), key=int):
+    for pid in sorted((p for p in os.listdir(proc) if p.isdigit()), key=int):
         with contextlib.suppress(OSError):
-            fds = os.listdir(f"/proc/{pid}/fd")
-            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in {f"socket:[{i}]" for i in inodes} for fd in fds):
-                with open(f"/proc/{pid}/comm") as f:
+            fds = os.listdir(f"{proc}/{pid}/fd")
+            if any(os.readlink(f"{proc}/{pid}/fd/{fd}") in {f"socket:[{i}]" for i in inodes} for fd in fds):
+                with open(f"{proc}/{pid}/comm") as f:
                     comm = f.read().strip()
-                uid = os.stat(f"/proc/{pid}").st_uid
+                uid = os.stat(f"{proc}/{pid}").st_uid
                 try:
                     user = pwd.getpwuid(uid).pw_name
                 except KeyError:
@@ -970,8 +970,8 @@ def directory_files(args: argparse.Namespace) -> dict[str, int]:
     --from, or what is under each --include, of the --kind patterns. Anything else (a symlink, a socket, a
     file of another kind, one larger than MAX_DIRECTORY_FILE) or a name the manifest cannot hold is skipped
     (with a line; other kinds counted in one). No symlink is followed anywhere on the way (each folder is
-    opened from its parent's descriptor): what the folder's owner changes meanwhile cannot lead this root
-    process elsewhere; this staging's own folder is never read into itself."""
+    opened from its parent's descriptor, an include's folders too): what the folder's owner changes meanwhile
+    cannot lead this root process elsewhere; this staging's own folder is never read into itself."""
     top = args.from_dir
     found: dict[str, int] = {}
     other_kinds: list[str] = []
@@ -984,8 +984,19 @@ def directory_files(args: argparse.Namespace) -> dict[str, int]:
     def skip(name: str, why: str) -> None:
         log(f"{top}: {name!r} skipped ({why})")
 
-    def take(name: str, st: os.stat_result) -> None:
-        if stat.S_ISLNK(st.st_mode):
+    def visit(folder: int, entry: str, name: str, include: bool = False) -> None:
+        """``entry`` of the open ``folder``, known as ``name`` under --from (``include``: an --include): a folder
+        is walked, a regular file of the kinds taken, anything else skipped."""
+        try:
+            st = os.stat(entry, dir_fd=folder, follow_symlinks=False)
+        except OSError as e:
+            if include and e.errno == errno.ENOENT:
+                return log(f"{os.path.join(top, name)}: not there, skipped")
+            return skip(name, e.strerror or str(e))
+        if stat.S_ISDIR(st.st_mode):
+            if (st.st_dev, st.st_ino) != own:
+                walk(folder, entry, name)
+        elif stat.S_ISLNK(st.st_mode):
             skip(name, "a symlink, not followed")
         elif not stat.S_ISREG(st.st_mode):
             skip(name, "not a regular file")
@@ -998,69 +1009,36 @@ def directory_files(args: argparse.Namespace) -> dict[str, int]:
         else:
             found[name] = st.st_size
 
-    def walk(fd: int, prefix: str) -> None:
-        try:
-            entries = sorted(os.scandir(fd), key=lambda e: e.name)
+    def walk(folder: int, entry: str, name: str) -> None:
+        try:  # (a folder swapped for a link since it was seen is not opened: ELOOP)
+            fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
         except OSError as e:
-            log(f"{os.path.join(top, prefix)}: cannot list it ({e.strerror}), skipped")
-            return
-        for e in entries:
-            name = f"{prefix}/{e.name}" if prefix else e.name
-            try:
-                st = e.stat(follow_symlinks=False)
-            except OSError as err:
-                skip(name, err.strerror or str(err))
-                continue
-            if not stat.S_ISDIR(st.st_mode):
-                take(name, st)
-                continue
-            if (st.st_dev, st.st_ino) == own:
-                continue
-            try:
-                sub = os.open(e.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            except OSError as err:
-                skip(name, f"cannot open it ({err.strerror})")
-                continue
-            try:
-                walk(sub, name)
-            finally:
-                os.close(sub)
+            return skip(name, f"cannot open it ({e.strerror})")
+        try:
+            for sub in sorted(os.listdir(fd)):
+                visit(fd, sub, f"{name}/{sub}" if name else sub)
+        finally:
+            os.close(fd)
 
     top_fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for rel in args.include or [""]:
             if not rel:
-                walk(top_fd, "")
+                walk(top_fd, ".", "")
                 continue
-            try:
-                fd = open_beneath(top_fd, rel, os.O_RDONLY | os.O_DIRECTORY)
+            head, _, last = rel.rpartition("/")
+            try:  # the include's folders, each opened without following a link
+                parent = open_beneath(top_fd, head, os.O_RDONLY | os.O_DIRECTORY) if head else os.dup(top_fd)
             except FileNotFoundError:
                 log(f"{os.path.join(top, rel)}: not there, skipped")
                 continue
-            except OSError as e:
-                if e.errno not in (errno.ENOTDIR, errno.ELOOP):
-                    skip(rel, f"cannot open it ({e.strerror})")
-                    continue
-                # An include may name one file; a symlink on the way (or at its end) is not followed.
-                try:
-                    parent = open_beneath(top_fd, rel.rsplit("/", 1)[0], os.O_RDONLY | os.O_DIRECTORY) \
-                        if "/" in rel else os.dup(top_fd)
-                    try:
-                        st = os.stat(rel.rsplit("/", 1)[-1], dir_fd=parent, follow_symlinks=False)
-                    finally:
-                        os.close(parent)
-                except OSError:
-                    skip(rel, "reached through a symlink, not followed")
-                    continue
-                if stat.S_ISLNK(st.st_mode):
-                    skip(rel, "reached through a symlink, not followed")
-                else:
-                    take(rel, st)
+            except OSError:
+                skip(rel, "reached through a symlink, not followed")
                 continue
             try:
-                walk(fd, rel)
+                visit(parent, last, rel, include=True)
             finally:
-                os.close(fd)
+                os.close(parent)
     finally:
         os.close(top_fd)
     if other_kinds:
