@@ -28,6 +28,8 @@ class HostInput(TypedDict, total=False):
     """RDMA devices carrying KV traffic (e.g. mlx5_0). Never the NVSwitch-management ConnectX."""
     ssh_port: int
     """SSH port. Default: 22."""
+    host_key: str
+    """The host's SSH public key, one line as in its /etc/ssh/ssh_host_ed25519_key.pub (`ssh-ed25519 AAAA…`), read over a path you trust (its console, your provisioning): glm-infra and doctor then connect only to a host that proves it holds it. Unset: whatever answers on the address is taken for the host, with a warning."""
     nvlinks: int
     """NVLink links per GPU the health gate expects up (18 on HGX B300). Default: 18."""
 

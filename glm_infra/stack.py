@@ -205,6 +205,11 @@ def _build(raw: dict[str, Any], source: str, problems: list[Problem], lines: dic
 def _warnings(stack: StackConfig, serve: bool = True, capacity: bool = True) -> list[str]:
     out = capacity_warnings(stack) if serve and capacity else []
     out += firewall_warnings(stack, serve)
+    unchecked = [h.name for h in stack.hosts if h.host_key is None]
+    if unchecked:
+        out.append(f"{NAMESPACE}:hosts[].hostKey is not set for {', '.join(unchecked)}: whatever answers SSH on their "
+                   "addresses is taken for them (and gets the steps' secret files); set each host's public key "
+                   "(its /etc/ssh/ssh_host_ed25519_key.pub, read over a path you trust)")
     if stack.router is not None and stack.router.api_key is None:
         out.append(f"{NAMESPACE}:router.apiKey is not set: the router's public port accepts any client")
     if (unpinned := unpinned_revision(stack)) is not None:
@@ -248,8 +253,9 @@ def _from_pydantic(err: dict[str, Any]) -> Problem:
         msg = msg[len("Value error, ") :]
     if kind not in ("extra_forbidden", "missing") and "input" in err and not isinstance(err["input"], (dict, list)):
         # Never echo what was given for a secret (a mistyped one may still be the real value).
+        # Nor a host key that is not one: a private key pasted there is the likeliest mistake.
         if not any(path == f"{NAMESPACE}:{top}.{sub}" or path.startswith(f"{NAMESPACE}:{top}.{sub}[")
-                   for top, sub in SECRET_PATHS):
+                   for top, sub in SECRET_PATHS) and not path.endswith(".hostKey"):
             msg += f" (got {err['input']!r})"
     return Problem(path, msg)
 

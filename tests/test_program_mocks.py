@@ -650,3 +650,20 @@ def test_the_program_warns_of_ssh_and_the_router_open_to_every_address(key_file,
         "you mean",
         "glm-infra:router.allowedCidrs: 0.0.0.0/0 lets every IPv4 address reach the router's public port (8000 on "
         "b300-3); list the networks your clients (or their load balancer) connect from unless that is what you mean"}
+
+
+def test_a_host_key_given_is_what_every_connection_to_that_host_checks(key_file, tmp_path):
+    """hosts[].hostKey reaches every command's connection to that host (pulumi-command then refuses a host that
+    does not hold it); a host without one is connected to as before."""
+    cfg = yaml.safe_load(stack_file("sim").read_text())
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+    cfg["config"]["glm-infra:hosts"][0]["hostKey"] = key
+    path = tmp_path / "Pulumi.sim.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    run = run_program(path, key_file, stack="sim")
+    by_host: dict[str, set] = {}
+    for r in run.resources:
+        if r.type == "command:remote:Command":
+            by_host.setdefault(r.inputs["connection"]["host"], set()).add(r.inputs["connection"].get("hostKey"))
+    assert by_host["10.88.0.11"] == {key}
+    assert by_host["10.88.0.12"] == by_host["10.88.0.13"] == {None}

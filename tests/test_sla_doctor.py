@@ -774,3 +774,19 @@ def test_a_host_whose_checks_say_nothing_is_not_called_without_drift(capsys, tmp
     _fake_ssh(tmp_path, monkeypatch, f"cat >/dev/null; echo '{doctor.BEGIN} preflight'; echo '{doctor.END} preflight 0'\n")
     assert cli(["doctor", str(path)]) == doctor.EXIT_UNREACHABLE
     assert "lone: the checks said nothing of " in capsys.readouterr().out
+
+
+def test_doctor_checks_a_host_by_the_key_the_stack_gives(tmp_path):
+    cfg = load_file(stack_file("sim")).config
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+    hosts = [cfg.hosts[0].model_copy(update={"host_key": key}),
+             cfg.hosts[1].model_copy(update={"host_key": key, "ssh_port": 2222}), cfg.hosts[2]]
+    cfg = cfg.model_copy(update={"hosts": hosts})
+    known = doctor.known_hosts(cfg, str(tmp_path))
+    assert Path(known).read_text() == f"10.88.0.11 {key}\n[10.88.0.12]:2222 {key}\n", "port 22: the name alone"
+    argv = doctor.ssh_argv(cfg, "sim-1", None, ["LogLevel=ERROR"], known)
+    assert argv[argv.index(f"UserKnownHostsFile={known}") + 2] == "StrictHostKeyChecking=yes"
+    assert "StrictHostKeyChecking=accept-new" not in argv
+    assert argv.index("StrictHostKeyChecking=yes") < argv.index("LogLevel=ERROR"), "ssh takes the first value given"
+    argv = doctor.ssh_argv(cfg, "sim-3", None, [], known)
+    assert "StrictHostKeyChecking=accept-new" in argv and not any(a.startswith("UserKnownHostsFile") for a in argv)

@@ -102,6 +102,12 @@ PREFILL_HOLDS_ONE = ("glm-infra:prefill: a prefill rank holds 1 request(s) of th
                      "fewer than capacity.warnBelow 2")  # a DP4 prefill rank at GLM-5.2's 1M positions
 
 
+def host_keys_unset(*hosts: str) -> str:
+    return (f"glm-infra:hosts[].hostKey is not set for {', '.join(hosts)}: whatever answers SSH on their addresses is "
+            "taken for them (and gets the steps' secret files); set each host's public key (its "
+            "/etc/ssh/ssh_host_ed25519_key.pub, read over a path you trust)")
+
+
 def test_warnings_name_the_key():
     loaded = load_file(stack_file("prod-b300"))
     assert loaded.warnings == (
@@ -112,10 +118,23 @@ def test_warnings_name_the_key():
         "glm-infra:router.allowedCidrs: 203.0.113.0/24 is a documentation network (RFC 5737, RFC 3849), a "
         "placeholder nobody connects from: replace it with the networks your clients (or their load balancer) "
         "connect from",
+        host_keys_unset("b300-1", "b300-2", "b300-3"),
         "glm-infra:router.apiKey is not set: the router's public port accepts any client",
         "glm-infra:model.revision: 'main' is not a commit SHA; pin a commit so every host serves the same bytes",
     )
-    assert load_file(stack_file("sim")).warnings == (PREFILL_HOLDS_ONE,)
+    assert load_file(stack_file("sim")).warnings == (PREFILL_HOLDS_ONE, host_keys_unset("sim-1", "sim-2", "sim-3"))
+
+
+def test_a_host_key_given_is_kept_as_one_line_and_silences_its_warning(write_stack):
+    from conftest import stack_config
+
+    cfg = stack_config("sim")
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl  root@sim "
+    for i in (0, 2):
+        cfg["glm-infra:hosts"][i]["hostKey"] = key
+    loaded = load_file(write_stack(cfg))
+    assert [h.host_key for h in loaded.config.hosts] == [key.strip(), None, key.strip()]
+    assert host_keys_unset("sim-2") in loaded.warnings
 
 
 def test_validate_warns_of_a_branch_and_refuses_it_under_strict(capsys):

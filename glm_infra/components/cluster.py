@@ -1,7 +1,6 @@
-"""The whole deployment (``Cluster``) and its provisioning part alone (``Hosts``), both built from the
-per-host plan: per host preflight → driver → health gate → RDMA → NIXL → facts (→ runtime), the
-weights (read once from the source, relayed host to host), then for a Cluster the vLLM instances (each pool one at a
-time) and the router.
+"""The whole deployment (``Cluster``) and its provisioning part alone (``Hosts``), both built from the per-host
+plan: per host preflight → driver → health gate → RDMA → NIXL → facts (→ runtime), the weights (read once from
+the source, relayed host to host), then for a Cluster the vLLM instances (each pool one at a time) and the router.
 
 The annotations are evaluated (no ``from __future__ import annotations``) and the class-level ones
 of Cluster and Hosts are their outputs only: the component package (provider/) infers its schema
@@ -157,6 +156,7 @@ class _Deployment(pulumi.ComponentResource):
                 private_key=self._private_key,
                 preflight=s["preflight"],
                 ssh_port=hc.ssh_port,
+                host_key=hc.host_key,
                 dial_attempts=self.stack.ssh.dial_attempts,
                 dial_timeout=self.stack.ssh.dial_timeout,
                 files=files,

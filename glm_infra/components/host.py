@@ -29,6 +29,9 @@ class HostArgs:
     """The preflight step (preflight.preflight_step): installs hostcheck.py and refuses a host that cannot serve."""
     ssh_port: int = 22
     """SSH port."""
+    host_key: str | None = None
+    """The host's SSH public key (`ssh-ed25519 AAAA…`): the connection refuses a host that does not hold it.
+    None: any key is taken."""
     dial_attempts: int = 10
     """Connection attempts before a step fails (a host that does not answer fails after about
     dial_attempts × (dial_timeout + 5) s: the provider backs off up to 5 s between attempts)."""
@@ -61,6 +64,7 @@ class Host(pulumi.ComponentResource):
             private_key=args.private_key,
             dial_error_limit=args.dial_attempts,
             per_dial_timeout=args.dial_timeout,
+            host_key=args.host_key,
         )
         self.preflight = run_step(f"{name}-preflight", args.preflight, self.connection, self,
                                   live=args.live.get("preflight"))

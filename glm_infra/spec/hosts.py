@@ -14,6 +14,9 @@ from pydantic import (
 from .base import HOST_NAME, Secret, StrictModel, is_dns_name
 
 
+SSH_PUBLIC_KEY = re.compile(r"(ssh-ed25519|ecdsa-sha2-nistp(256|384|521)|ssh-rsa) [A-Za-z0-9+/]{16,}={0,3}( [ -~]*)?")
+
+
 class HostConfig(StrictModel):
     """One bare-metal server."""
 
@@ -26,6 +29,11 @@ class HostConfig(StrictModel):
         description="RDMA devices carrying KV traffic (e.g. mlx5_0). Never the NVSwitch-management ConnectX.",
     )
     ssh_port: int = Field(22, ge=1, le=65535, description="SSH port.")
+    host_key: str | None = Field(
+        None, description="The host's SSH public key, one line as in its /etc/ssh/ssh_host_ed25519_key.pub "
+                          "(`ssh-ed25519 AAAA…`), read over a path you trust (its console, your provisioning): glm-infra "
+                          "and doctor then connect only to a host that proves it holds it. Unset: whatever answers on "
+                          "the address is taken for the host, with a warning.")
     nvlinks: int = Field(18, ge=1, le=72, description="NVLink links per GPU the health gate expects up (18 on HGX B300).")
 
     @field_validator("name")
@@ -47,6 +55,14 @@ class HostConfig(StrictModel):
         if ip.is_unspecified or ip.is_multicast:
             raise ValueError(f"{v!r} cannot address a host")
         return v
+
+    @field_validator("host_key")
+    @classmethod
+    def _host_key(cls, v: str | None) -> str | None:
+        if v is not None and not SSH_PUBLIC_KEY.fullmatch(v.strip()):
+            raise ValueError("not an SSH public key line (TYPE BASE64 [COMMENT], TYPE one of ssh-ed25519, "
+                             "ecdsa-sha2-nistp256/384/521, ssh-rsa)")
+        return v.strip() if v is not None else None
 
     @field_validator("compute_nics")
     @classmethod

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import tempfile
 from typing import Any
 
 from glm_infra.plan import topology
@@ -14,7 +15,7 @@ from glm_infra.roles import router
 from glm_infra.spec import paths
 from glm_infra.spec.config import StackConfig
 
-from .doctor import ssh_argv
+from .doctor import known_hosts, ssh_argv
 
 
 class CanaryUnreachable(Exception):
@@ -27,8 +28,9 @@ def canary_check(stack: StackConfig, identity: str | None, options: list[str]) -
     its exit status: the view then says so."""
     assert stack.router is not None
     script = paths.script(router.CANARY_SCRIPT)
-    proc = subprocess.run(ssh_argv(stack, stack.router.host, identity, options), input=f"{script} judge\n",
-                          capture_output=True, text=True, timeout=600)
+    with tempfile.TemporaryDirectory(prefix="glm-canaries-") as folder:
+        proc = subprocess.run(ssh_argv(stack, stack.router.host, identity, options, known_hosts(stack, folder)),
+                              input=f"{script} judge\n", capture_output=True, text=True, timeout=600)
     lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ": canary: " in ln]
     if proc.returncode == 255 and not lines:
         raise CanaryUnreachable(f"cannot reach {stack.router.host} over SSH for the canaries: "

@@ -15,6 +15,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass, field
 
@@ -104,11 +105,24 @@ def parse(host: str, output: str) -> HostResult:
     return result
 
 
-def ssh_argv(stack: StackConfig, host: str, identity: str | None, options: list[str]) -> list[str]:
+def known_hosts(stack: StackConfig, folder: str) -> str:
+    """A known_hosts file in ``folder`` with the host key of every host of the stack that gives one."""
+    path = os.path.join(folder, "known_hosts")
+    with open(path, "w") as f:
+        for h in stack.hosts:
+            if h.host_key is not None:  # (ssh looks a host on port 22 up by its name alone)
+                f.write(f"{h.address if h.ssh_port == 22 else f'[{h.address}]:{h.ssh_port}'} {h.host_key}\n")
+    return path
+
+
+def ssh_argv(stack: StackConfig, host: str, identity: str | None, options: list[str], keys: str | None = None) -> list[str]:
+    """ssh to ``host``, the program on its stdin. A host whose key the stack gives (hosts[].hostKey, in the
+    known_hosts file ``keys``) must prove it holds it; otherwise the first key seen is kept, as ssh does."""
     h = stack.host(host)
     key = identity or (os.path.expanduser(stack.ssh.private_key_path) if stack.ssh.private_key_path else None)
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "StrictHostKeyChecking=accept-new",
-            "-p", str(h.ssh_port)]
+    checked = ["-o", f"UserKnownHostsFile={keys}", "-o", "StrictHostKeyChecking=yes"] \
+        if h.host_key is not None and keys is not None else ["-o", "StrictHostKeyChecking=accept-new"]
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", *checked, "-p", str(h.ssh_port)]
     for o in options:
         argv += ["-o", o]
     if key:
@@ -118,7 +132,8 @@ def ssh_argv(stack: StackConfig, host: str, identity: str | None, options: list[
 
 def check_host(stack: StackConfig, host: str, steps: dict[str, Step], args: argparse.Namespace,
                report: threading.Lock) -> HostResult:
-    proc = subprocess.Popen(ssh_argv(stack, host, args.identity, args.ssh_option or []), stdin=subprocess.PIPE,
+    proc = subprocess.Popen(ssh_argv(stack, host, args.identity, args.ssh_option or [], args.known_hosts),
+                            stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdin is not None and proc.stdout is not None
     try:
@@ -158,7 +173,9 @@ def run(stack: StackConfig, stack_name: str, args: argparse.Namespace) -> int:
         return EXIT_UNREACHABLE
     print(f"==> checking {len(hosts)} host(s) of {stack_name} against the stack (changes nothing)", file=sys.stderr)
     lock = threading.Lock()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+    with tempfile.TemporaryDirectory(prefix="glm-doctor-") as folder, \
+            concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
+        args.known_hosts = known_hosts(stack, folder)
         results = list(pool.map(lambda h: check_host(stack, h, all_steps[h].steps, args, lock), hosts))
     status = EXIT_OK
     for r in results:

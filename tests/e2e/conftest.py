@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from e2e.harness import ROOT, SIM_STACK, Stack, sh
+from e2e.harness import ROOT, SIM_STACK, Stack, set_host_keys, sh
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +42,7 @@ def stack(toolchain, sim):
     shutil.rmtree(ROOT / ".pulumi-state/.pulumi/locks", ignore_errors=True)
     sh("pulumi stack rm -s sim --yes --force --preserve-config", check=False)
     sh("pulumi stack init sim --secrets-provider passphrase")
+    set_host_keys()  # every connection checks the host's key
     s = Stack()
     try:
         yield s

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import proctree
+import yaml
 
 from testbed import STANDINS
 
@@ -266,6 +267,26 @@ UPGRADE_UPDATES = ("-weights-sim-1-stage", "-weights-sim-2-stage", "-weights-sim
                    "-rdma-setup", "-turn-acquire", "-host-drain", "-host-return", "-turn-release", "-dcgm-exporter")
 
 
+def sim_host_key() -> str:
+    """The simulated hosts' SSH host key (every host boots the same image): `ssh-ed25519 AAAA…`."""
+    from testbed.cluster import rootfs
+
+    return " ".join((rootfs() / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2])
+
+
+def set_host_keys(key: str | None = None) -> None:
+    """hosts[].hostKey of every host of the sim stack: ``key``, the hosts' own (read from the image they boot:
+    a path the test trusts, as an operator reads it from the console) when None."""
+    for i, _ in enumerate(yaml.safe_load(SIM_STACK.read_text())["config"]["glm-infra:hosts"]):
+        sh(f"pulumi config set -s sim --path 'glm-infra:hosts[{i}].hostKey' {shlex.quote(key or sim_host_key())}")
+
+
+def remove_host_keys() -> None:
+    """No hosts[].hostKey in the sim stack (as a stack written before issue 38 has none)."""
+    for i, _ in enumerate(yaml.safe_load(SIM_STACK.read_text())["config"]["glm-infra:hosts"]):
+        sh(f"pulumi config rm -s sim --path 'glm-infra:hosts[{i}].hostKey'", check=False)
+
+
 def previous_main_tree(into: Path, mark: Path) -> Path:
     """PREVIOUS_MAIN's program (git archive: what a user's checkout of it holds) with this checkout's venv
     (the pins are the same) and its stack files, its glm_infra writing to ``mark`` where it was imported
@@ -277,6 +298,7 @@ def previous_main_tree(into: Path, mark: Path) -> Path:
     subprocess.run(f"git -C {ROOT} archive {PREVIOUS_MAIN} | tar -x -C {into}", shell=True, check=True)
     (into / "venv").symlink_to(ROOT / "venv")
     shutil.copy(SIM_STACK, into / "stacks" / SIM_STACK.name)  # the config the test set, its secrets included
+    assert "hostKey" not in SIM_STACK.read_text(), "PREVIOUS_MAIN's loader refuses hosts[].hostKey (issue 38)"
     init = into / "glm_infra" / "__init__.py"
     init.write_text(init.read_text() + "\nimport os as _os\nif _os.environ.get('GLM_UPGRADE_MARK'):\n"
                     "    open(_os.environ['GLM_UPGRADE_MARK'], 'w').write(__file__)\n")
@@ -297,6 +319,26 @@ def previous_standins(previous: Path) -> None:
     text = stack.read_text()
     assert ":8088/apt/" in text, "the sim stack's repositories are the machine's :8088/apt/"
     stack.write_text(text.replace(":8088/apt/", ":8088/apt-previous/"))
+
+
+# Stand-ins whose behaviour changed since PREVIOUS_MAIN at the same version (the real package's): a host that
+# PREVIOUS_MAIN deployed keeps the earlier one, which apt takes for this one. Each with the unit it runs.
+CHANGED_AT_THE_SAME_VERSION = {
+    # The earlier nv-hostengine did not listen on 5555, as DCGM's does; the exporter now uses it there
+    # (glm_infra/roles/monitoring dcgm_exporter_dropin) and exits without it.
+    "datacenter-gpu-manager-4-core": "nvidia-dcgm",
+}
+
+
+def with_this_checkouts_standins(hosts: tuple[str, ...]) -> None:
+    """Hosts PREVIOUS_MAIN deployed, with this checkout's stand-in of each package in CHANGED_AT_THE_SAME_VERSION
+    (reinstalled from the sim stack's repository, held again, its unit restarted if it runs): what the real
+    packages already did. The later modules of the lane deploy on them."""
+    for h in hosts:
+        for package, unit in CHANGED_AT_THE_SAME_VERSION.items():
+            on_host(h, f"apt-get update -q >/dev/null && apt-mark unhold {package} >/dev/null && "
+                       f"DEBIAN_FRONTEND=noninteractive apt-get install -y -q --reinstall {package} >/dev/null && "
+                       f"apt-mark hold {package} >/dev/null && systemctl try-restart {unit}")
 
 
 def as_the_previous_main_found_them(hosts: tuple[str, ...]) -> None:

@@ -33,6 +33,7 @@ from e2e.harness import (
     make_revision,
     on_host,
     router_chat,
+    set_host_keys,
     sh,
     sim_run,
     steady_load,
@@ -409,6 +410,27 @@ def test_a_new_ssh_key_is_used_and_restarts_nothing(stack, tmp_path):
     finally:
         key.unlink(missing_ok=True)
         key.with_suffix(".pub").unlink(missing_ok=True)
+
+
+def test_a_host_that_does_not_hold_its_key_is_not_taken_for_it(stack, tmp_path):
+    """hosts[].hostKey: the stack names a key sim-2 does not hold (as when another machine answers on its
+    address). Pulumi's steps and doctor refuse the connection before any command or secret file goes over
+    it; with the right key back, the up goes on and nothing restarted."""
+    other = tmp_path / "other-host-key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    before = all_starts(router=True)
+    stack.config_set("glm-infra:hosts[1].hostKey", " ".join(other.with_suffix(".pub").read_text().split()[:2]))
+    try:
+        out = stack.up(check=False)
+        assert out.returncode != 0 and "ssh: host key mismatch" in out.stdout + out.stderr, out.stdout[-3000:]
+        d = subprocess.run([str(ROOT / "venv/bin/glm-infra"), "doctor", "sim", "--host", "sim-2", "--quick"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert d.returncode == 2 and "sim-2: cannot reach sim-2 over SSH" in d.stdout, d.stdout + d.stderr
+        assert "Host key verification failed" in d.stdout, d.stdout
+    finally:
+        set_host_keys()
+    stack.up()
+    assert all_starts(router=True) == before, "a refused host restarts nothing"
 
 
 def test_a_new_api_key_is_served_and_the_old_one_refused(stack):
