@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -77,10 +78,18 @@ def repo(tmp_path_factory) -> Path:
     if os.geteuid() != 0:
         pytest.fail("these tests need root (unshare --mount), as CI runs them", pytrace=False)
     base = tmp_path_factory.mktemp("semantics-repo")
-    r = subprocess.run([str(STANDINS / "build-apt-repo"), str(base / "apt")], capture_output=True, text=True,
-                       timeout=300, env={**os.environ, "GLM_INFRA_CACHE": str(base / "cache")})
+    r = build_apt_repo(STANDINS / "build-apt-repo", base / "apt")
     assert r.returncode == 0, r.stderr
     return base / "apt"
+
+
+def build_apt_repo(script: Path, out: Path) -> subprocess.CompletedProcess:
+    """``script`` (a build-apt-repo) writing to ``out``, its signing key in a GNUPGHOME of its own under a short
+    path: gpg-agent's socket lives there and a Unix socket's path holds at most 107 bytes, which pytest's
+    folders exceed (gpg then fails with "can't connect to the agent")."""
+    with tempfile.TemporaryDirectory(prefix="glm-apt-", dir="/tmp") as cache:
+        return subprocess.run([str(script), str(out)], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "GLM_INFRA_CACHE": cache})
 
 
 @pytest.fixture
@@ -140,8 +149,7 @@ def test_a_host_with_the_earlier_stand_ins_upgrades_to_these_in_one_run(repo, tm
     old.mkdir()
     subprocess.run(f"git -C {ROOT} archive f176da7 testbed/standins glm_infra/spec | tar -x -C {old}", shell=True,
                    check=True)
-    r = subprocess.run([str(old / "testbed/standins/build-apt-repo"), str(old / "apt")], capture_output=True, text=True,
-                       timeout=300, env={**os.environ, "GLM_INFRA_CACHE": str(tmp_path / "cache")})
+    r = build_apt_repo(old / "testbed/standins/build-apt-repo", old / "apt")
     assert r.returncode == 0, r.stderr
     root, env = dpkg_root(tmp_path)
 

@@ -92,8 +92,14 @@ def test_host_chain_on_a_real_host(cluster):
     drivers = steps["drivers-install"]
     first = run_step(host, drivers)
     assert first.returncode == 0, first.stderr
-    assert (f"{host}: drivers: installing nvidia-driver-pinning-580=580-5 "
-            "nvidia-driver-pinning-580.159.04=580.159.04-1 ") in first.stdout
+    # NVIDIA's order: this version's pinning package alone, in an apt run of its own; then the tree, every
+    # package at exactly 580.159.04 although the repository has a newer 580.
+    pin_line = f"{host}: drivers: installing nvidia-driver-pinning-580.159.04=580.159.04-1 alone, first\n"
+    assert pin_line in first.stdout, first.stdout
+    tree = next((line for line in first.stdout.splitlines()
+                 if line.startswith(f"{host}: drivers: installing ") and " nvidia-driver-580-open=" in f" {line}"), "")
+    assert first.stdout.index(pin_line) < first.stdout.index(tree), first.stdout
+    assert "nvidia-driver-580-open=580.159.04-1ubuntu1" in tree and "580.172.08" not in tree, tree
     second = run_step(host, drivers)
     assert second.returncode == 0 and "packages already at 580.159.04" in second.stdout
     assert "wrote" not in second.stdout and "installing" not in second.stdout
