@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from .plan.model_checks import GPU_COMPUTE_CAPABILITY, capacity_warnings, unpinned_revision
 from .plan.ports import firewall_warnings
+from .plan.startup import single_host_warnings
 from .plan.validate import Problem, check
 from .spec import pins
 from .spec.config import NAMESPACE, SECRET_PATHS, STACK_KEYS, StackConfig
@@ -204,6 +205,7 @@ def _build(raw: dict[str, Any], source: str, problems: list[Problem], lines: dic
 
 def _warnings(stack: StackConfig, serve: bool = True, capacity: bool = True) -> list[str]:
     out = capacity_warnings(stack) if serve and capacity else []
+    out += single_host_warnings(stack) if serve else []
     out += firewall_warnings(stack, serve)
     unchecked = [h.name for h in stack.hosts if h.host_key is None]
     if unchecked:

@@ -45,10 +45,12 @@ DECODE_DP8 = {8200, 29650, 5700, 5701, 5702, 5703, 5704, 5705, 5706, 5707}
 EXPORTERS = {9100, 9400}
 RELAY = {8090}
 WARM_CACHE = {7090}  # the prefill pool's warm-cache relay, on its first host (its relay has children)
+DECODE_WARM_CACHE = {7091}  # the decode pool's (startup.relayPort + 1), where decode spans two hosts
 ROUTER_PRIVATE = {29000}
 MONITORING = {9090, 9093}
 
 PROD_HOSTS = {"10.0.0.11/32", "10.0.0.12/32", "10.0.0.13/32"}
+FOUR_HOSTS = PROD_HOSTS | {"10.0.0.14/32"}
 TWO_HOSTS = {"10.0.0.11/32", "10.0.0.12/32"}
 SIM_HOSTS = {"10.88.0.11/32", "10.88.0.12/32", "10.88.0.13/32"}
 MACHINE = {"10.88.0.1/32"}  # the sim's router.allowedCidrs, monitoring.allowedCidrs and firewall.adminCidrs
@@ -81,6 +83,15 @@ EXPECTED: dict[str, dict[str, dict[frozenset[str] | None, set[int]]]] = {
     "b300-1node-colocated": {
         "b300-dev": {frozenset({"10.0.0.21/32"}): {8000, 29550} | EXPORTERS | MONITORING,
                      frozenset({"10.0.0.21/32"} | ADMINS): {22}},
+    },
+    # The weights relay: the seed b300-1 serves b300-2 and b300-3, b300-2 serves b300-4 (a tree of two children).
+    "prod-b300-2decode": {
+        "b300-1": {frozenset(FOUR_HOSTS): PREFILL_2X_DP4 | EXPORTERS | RELAY | WARM_CACHE,
+                   frozenset(FOUR_HOSTS | ADMINS): {22}},
+        "b300-2": {frozenset(FOUR_HOSTS): PREFILL_2X_DP4 | EXPORTERS | RELAY, frozenset(FOUR_HOSTS | ADMINS): {22}},
+        "b300-3": {frozenset(FOUR_HOSTS): DECODE_DP8 | EXPORTERS | ROUTER_PRIVATE | MONITORING | DECODE_WARM_CACHE,
+                   frozenset(FOUR_HOSTS | CLIENTS): {8000}, frozenset(FOUR_HOSTS | ADMINS): {22}},
+        "b300-4": {frozenset(FOUR_HOSTS): DECODE_DP8 | EXPORTERS, frozenset(FOUR_HOSTS | ADMINS): {22}},
     },
     "b300-prefill-dp2": {
         "b300-1": {frozenset(PROD_HOSTS): PREFILL_4X_DP2 | EXPORTERS | RELAY | WARM_CACHE,

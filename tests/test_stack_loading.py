@@ -108,10 +108,18 @@ def host_keys_unset(*hosts: str) -> str:
             "/etc/ssh/ssh_host_ed25519_key.pub, read over a path you trust)")
 
 
+def decode_on_one_host(host: str, warm: str = "5.8 min", cold: str = "10.3 min") -> str:
+    return (f"glm-infra:decode.hosts: decode runs on one host, {host}: its reboot stops generation (every request needs "
+            f"a decode instance) for its boot and then about {warm} until its instances are ready ({cold} after a "
+            "change of vLLM, flags or revision; glm-infra plan shows the phases); a second decode host keeps it "
+            "serving meanwhile (stacks/Pulumi.prod-b300-2decode.yaml)")
+
+
 def test_warnings_name_the_key():
     loaded = load_file(stack_file("prod-b300"))
     assert loaded.warnings == (
         PREFILL_HOLDS_ONE,
+        decode_on_one_host("b300-3"),
         "glm-infra:firewall.adminCidrs: 192.0.2.0/24 is a documentation network (RFC 5737, RFC 3849), a placeholder "
         "nobody connects from: replace it with the networks you and the machine running pulumi connect from (a "
         "bastion, a VPN)",
@@ -122,7 +130,33 @@ def test_warnings_name_the_key():
         "glm-infra:router.apiKey is not set: the router's public port accepts any client",
         "glm-infra:model.revision: 'main' is not a commit SHA; pin a commit so every host serves the same bytes",
     )
-    assert load_file(stack_file("sim")).warnings == (PREFILL_HOLDS_ONE, host_keys_unset("sim-1", "sim-2", "sim-3"))
+    # The sim stack's startup.* keys are its stand-in's seconds (6 s cold warmup, 0.5 s warm, 1 s capture).
+    sim = load_file(stack_file("sim"))
+    assert sim.warnings[0] == PREFILL_HOLDS_ONE and sim.warnings[2] == host_keys_unset("sim-1", "sim-2", "sim-3")
+    assert sim.warnings[1].startswith("glm-infra:decode.hosts: decode runs on one host, sim-3: ") and len(sim.warnings) == 3
+
+
+def test_a_pool_on_one_host_is_warned_about_with_its_time_to_ready():
+    """Issue 40: a pool whose one host is all of it stops its part of every request while that host reboots,
+    for at least its time to ready; the times are the stack's startup.* keys."""
+    def one_host(name: str, **startup) -> list[str]:
+        raw = {k.removeprefix("glm-infra:"): v for k, v in stack_config(name).items()}
+        raw.setdefault("startup", {}).update(startup)
+        return [w for w in st.load_dict(raw, name).warnings if "runs on one host" in w]
+
+    assert one_host("prod-b300") == [decode_on_one_host("b300-3")]
+    assert one_host("prod-b300", weightLoadSeconds=60, kernelWarmupColdSeconds=600, kernelWarmupWarmSeconds=5,
+                    graphCaptureSeconds=4) == [decode_on_one_host("b300-3", warm="69 s", cold="11.1 min")]
+    assert one_host("prod-b300-2decode") == [], "two decode hosts: a reboot halves generation, no warning"
+    two = one_host("b300-2node")
+    assert [w.split(":")[1] for w in two] == ["prefill.hosts", "decode.hosts"]
+    assert two[0].startswith("glm-infra:prefill.hosts: prefill runs on one host, b300-1: its reboot stops every new "
+                             "request (nothing prefills it) for its boot") and "(stacks/" not in two[0]
+    (dev,) = one_host("b300-1node-colocated")
+    assert dev.startswith("glm-infra:colocated.hosts: colocated runs on one host, b300-dev: its reboot stops serving ")
+    hosts_only = {k.removeprefix("glm-infra:"): v for k, v in stack_config("prod-b300").items()
+                  if k.split(":")[1] not in ("prefill", "decode", "router")}
+    assert not [w for w in st.load_dict(hosts_only, "h", serve=False).warnings if "runs on one host" in w]
 
 
 def test_a_host_key_given_is_kept_as_one_line_and_silences_its_warning(write_stack):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from glm_infra.spec.config import StackConfig
+from glm_infra.spec.config import NAMESPACE, StackConfig
 
 from .topology import Relay, relay_tree
 
@@ -55,6 +55,29 @@ def _minutes(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
+# What stops while a pool's only host is down, by role.
+_STOPS = {"decode": "generation (every request needs a decode instance)",
+          "prefill": "every new request (nothing prefills it)",
+          "colocated": "serving"}
+TWO_DECODE_HOSTS = "stacks/Pulumi.prod-b300-2decode.yaml"
+
+
+def single_host_pools(stack: StackConfig) -> list[tuple[str, str]]:
+    """(role, host) of each serving pool that runs on one host: that host's reboot stops the service."""
+    return [(role, pool.hosts[0]) for role, pool in stack.pools() if len(pool.hosts) == 1]
+
+
+def single_host_warnings(stack: StackConfig) -> list[str]:
+    """validate's, preview's and up's word on each pool whose one host is the whole of it: what its reboot
+    (a driver upgrade, a crash, maintenance) stops, and for how long at least."""
+    t = time_to_ready(stack)
+    return [f"{NAMESPACE}:{role}.hosts: {role} runs on one host, {host}: its reboot stops {_STOPS[role]} for its "
+            f"boot and then about {_minutes(t.warm)} until its instances are ready ({_minutes(t.cold)} after a change "
+            f"of vLLM, flags or revision; glm-infra plan shows the phases); a second {role} host keeps it serving "
+            f"meanwhile{f' ({TWO_DECODE_HOSTS})' if role == 'decode' else ''}"
+            for role, host in single_host_pools(stack)]
+
+
 def format_time_to_ready(stack: StackConfig) -> str:
     """``plan``'s section: cold and warm, which hosts start warm after a change, and where the numbers come from."""
     t = time_to_ready(stack)
@@ -73,5 +96,8 @@ def format_time_to_ready(stack: StackConfig) -> str:
         else:
             why = "startup.warmCache is off" if not stack.startup.warm_cache else "one host"
             lines.append(f"  {role}: the first instance restarted on each host starts cold ({why})")
+        if len(pool.hosts) == 1:
+            lines.append(f"  {role}: its one host's reboot stops {_STOPS[role]} for the boot and then "
+                         f"{_minutes(t.warm)} ({_minutes(t.cold)} after a change)")
     lines.append("  A restart with nothing changed starts warm: the caches stay in the services' home.")
     return "\n".join(lines)
