@@ -896,6 +896,20 @@ def test_the_relay_cannot_serve_on_a_port_in_use_and_names_who_holds_it(tmp_path
                             f"({Path('/proc/self/comm').read_text().strip()}, user root))")
 
 
+def test_the_holder_of_an_ipv6_relay_port_is_named(tmp_path):
+    """The port is the bind's last field: an IPv6 address (as hostplan gives it) has colons of its own."""
+    import socket
+
+    with socket.socket(socket.AF_INET6) as s:
+        s.bind(("::1", 0))
+        s.listen()
+        bind = f"::1:{s.getsockname()[1]}"
+        with pytest.raises(w.StageError) as e:
+            w.start_relay(keyed(), str(tmp_path), bind, 1)
+    assert str(e.value) == (f"cannot serve the relay on {bind}: Address already in use (held by pid {os.getpid()} "
+                            f"({Path('/proc/self/comm').read_text().strip()}, user root))")
+
+
 def test_who_holds_a_port_is_read_from_proc(tmp_path):
     import socket
 
@@ -2636,6 +2650,24 @@ def test_other_kinds_are_named_three_at_most(tmp_path, capsys):
     assert cache_seed(home, tmp_path / "h" / "warm", "--kind", "*.json") == 0
     assert (f"{home}: 5 files of other kinds than *.json skipped ('.cache/vllm/0.so', '.cache/vllm/1.so', "
             "'.cache/vllm/2.so' ...)\n") in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("n", "more"), [(3, ""), (4, " ...")])
+def test_other_kinds_past_the_third_are_marked(tmp_path, capsys, n, more):
+    home = home_of(tmp_path / "home", {f".cache/vllm/{i}.so": b"x" for i in range(n)})
+    assert cache_seed(home, tmp_path / "h" / "warm", "--kind", "*.json") == 0
+    assert (f"{home}: {n} files of other kinds than *.json skipped ('.cache/vllm/0.so', '.cache/vllm/1.so', "
+            f"'.cache/vllm/2.so'{more})\n") in capsys.readouterr().out
+
+
+def test_a_file_of_exactly_the_bound_is_staged(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(w, "MAX_DIRECTORY_FILE", 5120)
+    home = home_of(tmp_path / "home")
+    path = tmp_path / "h" / "warm"
+    assert cache_seed(home, path) == 0
+    big = ".triton/cache/XYZ/_fwd_kernel.cubin"
+    assert (home / big).stat().st_size == 5120 and "skipped (5120 bytes" not in capsys.readouterr().out
+    assert big in {e["path"] for e in cache_manifest(path)["files"]}
 
 
 def test_a_file_larger_than_the_bound_is_not_staged(tmp_path, capsys, monkeypatch):
