@@ -13,6 +13,24 @@ from pathlib import Path
 BOOT = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
+# systemctl for the driver step's units, its state under $STATE: Ubuntu's nvidia-persistenced unit is static;
+# the fabric manager's precheck refuses without ib_umad (the driver step's tests in test_host_scripts.py and
+# test_package_semantics.py).
+DRIVER_SYSTEMCTL = r"""u=${!#}; u=${u%.service}
+mkdir -p "$STATE/enabled" "$STATE/active"
+case "$1" in
+  list-unit-files|daemon-reload|status) exit 0 ;;
+  is-enabled) if [ -e "$STATE/enabled/$u" ]; then echo enabled; elif [ "$u" = nvidia-persistenced ]; then echo static; else echo disabled; exit 1; fi ;;
+  is-active) [ -e "$STATE/active/$u" ] ;;
+  enable) touch "$STATE/enabled/$u" ;;
+  add-wants) mkdir -p /etc/systemd/system/multi-user.target.wants
+             ln -sf "/lib/systemd/system/$u.service" "/etc/systemd/system/multi-user.target.wants/$u.service" ;;
+  start) if [ "$u" = nvidia-fabricmanager ] && [ ! -e "$STATE/modules/ib_umad" ]; then
+           echo 'Kernel module "ib_umad" has not been loaded, fabric manager cannot be started' >&2; exit 1; fi
+         touch "$STATE/active/$u" ;;
+esac"""
+
+
 @dataclass
 class Result:
     returncode: int

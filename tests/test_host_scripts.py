@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import STACKS, stack_file
-from stubs import BOOT, StubPath, in_root, isolated, shellcheck
+from stubs import BOOT, DRIVER_SYSTEMCTL, StubPath, in_root, isolated, shellcheck
 
 from glm_infra import hostplan, render
 from glm_infra.plan.topology import plan
@@ -99,19 +99,6 @@ case "$*" in
   *persistence_mode*) for i in 0 1 2 3 4 5 6 7; do if [ -e "$STATE/persistence" ]; then echo Enabled; else echo Disabled; fi; done ;;
   *) cat "$STATE/loaded" 2>/dev/null || echo 580.159.04 ;;
 esac"""
-# Ubuntu's nvidia-persistenced unit is static; the fabric manager's precheck refuses without ib_umad.
-SYSTEMCTL = """u=${!#}; u=${u%.service}
-case "$1" in
-  list-unit-files|daemon-reload|status) exit 0 ;;
-  is-enabled) if [ -e "$STATE/enabled/$u" ]; then echo enabled; elif [ "$u" = nvidia-persistenced ]; then echo static; else echo disabled; exit 1; fi ;;
-  is-active) [ -e "$STATE/active/$u" ] ;;
-  enable) touch "$STATE/enabled/$u" ;;
-  add-wants) mkdir -p /etc/systemd/system/multi-user.target.wants
-             ln -sf "/lib/systemd/system/$u.service" "/etc/systemd/system/multi-user.target.wants/$u.service" ;;
-  start) if [ "$u" = nvidia-fabricmanager ] && [ ! -e "$STATE/modules/ib_umad" ]; then
-           echo 'Kernel module "ib_umad" has not been loaded, fabric manager cannot be started' >&2; exit 1; fi
-         touch "$STATE/active/$u" ;;
-esac"""
 # With modules-need-extra, a stock noble kernel: ib_umad and mlx5_ib only with linux-modules-extra installed.
 MODPROBE = """m=${!#}; m=${m//-/_}
 if [ -e "$STATE/modules-need-extra" ] && [ ! -e "$STATE/installed/linux-modules-extra-$(uname -r)" ]; then
@@ -131,7 +118,7 @@ def apt_stubs(tmp_path):
     (s.state / "depends" / "nvidia-driver-580-open").write_text(
         ", ".join(f"{f} (= 580.159.04-1ubuntu1)" for f in FAMILY) + ", glm-sim-hardware")
     for name, body in (("dpkg-query", DPKG_QUERY), ("apt-cache", APT_CACHE), ("apt-get", APT_GET),
-                       ("apt-mark", APT_MARK), ("nvidia-smi", NVIDIA_SMI), ("systemctl", SYSTEMCTL),
+                       ("apt-mark", APT_MARK), ("nvidia-smi", NVIDIA_SMI), ("systemctl", DRIVER_SYSTEMCTL),
                        ("modprobe", MODPROBE)):
         s.add(name, body)
     s.add("curl", 'while [ $# -gt 1 ]; do [ "$1" = -o ] && { echo "PUBLIC KEY" > "$2"; exit 0; }; shift; done')

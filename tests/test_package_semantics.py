@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from aptroot import AptRoot
 from conftest import ROOT, stack_file
-from stubs import in_root
+from stubs import DRIVER_SYSTEMCTL, in_root
 
 from glm_infra.roles import drivers as drivers_role
 from glm_infra.roles import rdma as rdma_role
@@ -48,19 +48,6 @@ case "$*" in
   "-pm 1") touch "$STATE/persistence"; echo "All done." ;;
   *persistence_mode*) for i in 0 1 2 3 4 5 6 7; do if [ -e "$STATE/persistence" ]; then echo Enabled; else echo Disabled; fi; done ;;
   *) echo "$loaded" ;;
-esac"""
-SYSTEMCTL = r"""u=${!#}; u=${u%.service}
-mkdir -p "$STATE/enabled" "$STATE/active"
-case "$1" in
-  list-unit-files|daemon-reload|status) exit 0 ;;
-  is-enabled) if [ -e "$STATE/enabled/$u" ]; then echo enabled; elif [ "$u" = nvidia-persistenced ]; then echo static; else echo disabled; exit 1; fi ;;
-  is-active) [ -e "$STATE/active/$u" ] ;;
-  enable) touch "$STATE/enabled/$u" ;;
-  add-wants) mkdir -p /etc/systemd/system/multi-user.target.wants
-             ln -sf "/lib/systemd/system/$u.service" "/etc/systemd/system/multi-user.target.wants/$u.service" ;;
-  start) if [ "$u" = nvidia-fabricmanager ] && [ ! -e "$STATE/modules/ib_umad" ]; then
-           echo 'Kernel module "ib_umad" has not been loaded, fabric manager cannot be started' >&2; exit 1; fi
-         touch "$STATE/active/$u" ;;
 esac"""
 # A stock noble kernel: ib_umad and mlx5_ib only with linux-modules-extra-<kernel> installed.
 MODPROBE = r"""m=${!#}; m=${m//-/_}
@@ -96,7 +83,7 @@ def build_apt_repo(script: Path, out: Path) -> subprocess.CompletedProcess:
 def host(tmp_path, repo) -> AptRoot:
     h = AptRoot(tmp_path, repo)
     h.stubs.add("nvidia-smi", NVIDIA_SMI)
-    h.stubs.add("systemctl", SYSTEMCTL)
+    h.stubs.add("systemctl", DRIVER_SYSTEMCTL)
     h.stubs.add("modprobe", MODPROBE)
     # The RDMA step's checks of the NICs, which the stand-ins' tools answer elsewhere (tests/standins).
     hostcheck = in_root(tmp_path, HOSTCHECK)

@@ -708,22 +708,23 @@ def test_an_unreachable_host_is_named(capsys, tmp_path, write_stack):
 def test_a_host_whose_ssh_quits_before_reading_the_checks_is_named(capsys, tmp_path, write_stack, monkeypatch):
     """ssh that exits before it reads the checks (seen: a refused port, on a busy machine) closes the pipe
     under doctor's write; a program larger than the pipe's buffer makes that certain."""
-    fake = tmp_path / "bin" / "ssh"
-    fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\nexec 0<&-\necho 'ssh: connect to host 10.9.9.9 port 22: Connection refused' >&2\nexit 255\n")
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    _fake_ssh(tmp_path, monkeypatch, "exec 0<&-\necho 'ssh: connect to host 10.9.9.9 port 22: Connection refused' >&2\nexit 255\n")
     monkeypatch.setattr(doctor, "host_program", lambda steps, quick: "#" * (1 << 20) + "\n")
-    path = write_stack({
+    path = _lone_host_stack(write_stack, tmp_path)
+    assert cli(["doctor", str(path)]) == doctor.EXIT_UNREACHABLE
+    out = capsys.readouterr().out
+    assert "lone: cannot reach lone over SSH: ssh: connect to host 10.9.9.9 port 22: Connection refused" in out, out
+
+
+def _lone_host_stack(write_stack, tmp_path) -> Path:
+    """A stack of one host (lone, 10.9.9.9) and no pools, its SSH key a file that is never used."""
+    (tmp_path / "id").write_text("unused\n")
+    return write_stack({
         "glm-infra:hosts": [{"name": "lone", "address": "10.9.9.9", "computeNics": ["mlx5_0"]}],
         "glm-infra:ssh": {"user": "root", "privateKeyPath": str(tmp_path / "id")},
         "glm-infra:model": {"repo": "nvidia/GLM-5.2-NVFP4", "revision": "0" * 40, "path": "/mnt/model/glm"},
         "glm-infra:firewall": {"adminCidrs": ["10.20.0.0/24"]},
     })
-    (tmp_path / "id").write_text("unused\n")
-    assert cli(["doctor", str(path)]) == doctor.EXIT_UNREACHABLE
-    out = capsys.readouterr().out
-    assert "lone: cannot reach lone over SSH: ssh: connect to host 10.9.9.9 port 22: Connection refused" in out, out
 
 
 def _fake_ssh(tmp_path, monkeypatch, body: str) -> Path:
@@ -759,13 +760,7 @@ def test_a_host_whose_checks_say_nothing_is_not_called_without_drift(capsys, tmp
     """ssh that exits 0 without running the program (a shell that reads nothing, a forced command) once
     counted as "no drift: 0 steps": every step must say how it stands."""
     _fake_ssh(tmp_path, monkeypatch, "cat >/dev/null; exit 0\n")
-    path = write_stack({
-        "glm-infra:hosts": [{"name": "lone", "address": "10.9.9.9", "computeNics": ["mlx5_0"]}],
-        "glm-infra:ssh": {"user": "root", "privateKeyPath": str(tmp_path / "id")},
-        "glm-infra:model": {"repo": "nvidia/GLM-5.2-NVFP4", "revision": "0" * 40, "path": "/mnt/model/glm"},
-        "glm-infra:firewall": {"adminCidrs": ["10.20.0.0/24"]},
-    })
-    (tmp_path / "id").write_text("unused\n")
+    path = _lone_host_stack(write_stack, tmp_path)
     assert cli(["doctor", str(path)]) == doctor.EXIT_UNREACHABLE
     out = capsys.readouterr().out
     assert re.search(r"^lone: the checks said nothing of \d+ of \d+ steps \(preflight, \S+, \S+ \.\.\.\): not checked "
