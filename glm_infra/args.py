@@ -386,6 +386,10 @@ class MonitoringInput(TypedDict, total=False):
     """Who may reach Prometheus and Alertmanager besides the stack's hosts (the firewall; the SLA gate asks Prometheus from where it runs)."""
     webhook_url: pulumi.Input[str]
     """Alertmanager webhook receiver URL, a Pulumi secret (it often carries a token). None: alerts stay in Alertmanager."""
+    dead_mans_switch_url: pulumi.Input[str]
+    """A dead man's switch (a service outside the stack that pages when a heartbeat stops arriving), a Pulumi secret: Alertmanager sends it the always-firing Watchdog alert every deadMansSwitchInterval, so the monitoring host, Prometheus or Alertmanager going down pages too. None: nothing pages when the monitoring itself is down (validate warns)."""
+    dead_mans_switch_interval: str
+    """How often the Watchdog alert is sent to the dead man's switch (its expected period, shorter than the switch's grace time). Default: '1m'."""
     group_wait: str
     """How long Alertmanager waits to group a new alert before sending it. Default: '30s'."""
     repeat_interval: str
@@ -395,7 +399,7 @@ class MonitoringInput(TypedDict, total=False):
     kv_transfer_p99_seconds: float
     """Alert when NIXL's p99 KV transfer time exceeds this. Default: 1.0."""
     memory_growth_window: str
-    """Window over which a vLLM process's resident memory growing without pause is a leak. Default: '6h'."""
+    """Window over which a vLLM instance's memory (its unit's cgroup) growing without pause is a leak. Default: '6h'."""
     memory_growth_bytes: float
     """Growth over that window that fires the leak alert. Default: 2000000000.0."""
 

@@ -16,7 +16,7 @@ Step keys per host, in the order the steps run:
     <pool>-warm-cache (a pool's warm-start caches, relayed from its first host), prune-weights,
     router-secrets, router-unit, router-service, router-front-conf, router-front-keys,
     router-front-tls-given (when the stack gives a certificate), router-front-tls, router-front,
-    node-exporter, dcgm-exporter, prometheus, alertmanager-webhook, alertmanager  (monitoring)
+    node-exporter, unit-memory, dcgm-exporter, prometheus, alertmanager-webhook, alertmanager  (monitoring)
 """
 
 from __future__ import annotations

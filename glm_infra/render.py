@@ -122,6 +122,10 @@ def canary_source() -> str:
     return (HOST_PROGRAMS / "canary.py").read_text()
 
 
+def unit_memory_source() -> str:
+    return (HOST_PROGRAMS / "unit_memory.py").read_text()
+
+
 # --- a service of a package, on glm-infra's files (the monitoring, the firewall) ---------------------
 
 PACKAGE_SERVICE_WAIT_S = 60

@@ -203,10 +203,28 @@ def _build(raw: dict[str, Any], source: str, problems: list[Problem], lines: dic
     return LoadedStack(config=config, source=source, warnings=tuple(_warnings(config, serve, capacity)))
 
 
+def monitoring_warnings(stack: StackConfig, serve: bool = True) -> list[str]:
+    """What leaves the stack's own failures unpaged: no dead man's switch (the monitoring host down pages
+    nobody), and Prometheus on the router's host (its reboot is an outage that no alert reports)."""
+    host = stack.monitoring_host
+    if host is None:
+        return []
+    out = []
+    if stack.monitoring.dead_mans_switch_url is None:
+        out.append(f"{NAMESPACE}:monitoring.deadMansSwitchUrl is not set: when {host} (Prometheus and Alertmanager), "
+                   "or either of them, is down, no alert fires and nothing pages; set a dead man's switch, a "
+                   "heartbeat service outside the stack that pages when the Watchdog alert stops arriving")
+    if serve and stack.router is not None and host == stack.router.host:
+        out.append(f"{NAMESPACE}:monitoring.host: {host} also runs the router, so its reboot stops serving and "
+                   "every alert at once; put Prometheus and Alertmanager on another host (monitoring.host)")
+    return out
+
+
 def _warnings(stack: StackConfig, serve: bool = True, capacity: bool = True) -> list[str]:
     out = capacity_warnings(stack) if serve and capacity else []
     out += single_host_warnings(stack) if serve else []
     out += firewall_warnings(stack, serve)
+    out += monitoring_warnings(stack, serve)
     unchecked = [h.name for h in stack.hosts if h.host_key is None]
     if unchecked:
         out.append(f"{NAMESPACE}:hosts[].hostKey is not set for {', '.join(unchecked)}: whatever answers SSH on their "

@@ -116,6 +116,54 @@ def test_a_webhook_is_read_from_the_credential_never_written_in_the_config(tools
     assert run(tools / "amtool", "check-config", "alertmanager.yml", cwd=tmp_path).returncode == 0
 
 
+@pytest.mark.parametrize("switch", [True, False], ids=["dead-mans-switch", "no-switch"])
+def test_the_watchdog_goes_only_to_the_dead_mans_switch_and_every_other_alert_to_the_webhook(tools, tmp_path, switch):
+    """Routing as Alertmanager's own amtool decides it, on the rendered configuration."""
+    raw = {k.removeprefix("glm-infra:"): v for k, v in stack_config("sim").items()}
+    raw["router"]["apiKey"] = "sk-router"
+    raw["monitoring"] = {"webhookUrl": "https://hooks.example/T0/secret-token",
+                         **({"deadMansSwitchUrl": "https://hc-ping.example/uuid-1", "deadMansSwitchInterval": "20s"}
+                            if switch else {})}
+    cfg = load_dict(raw, "test").config
+    secrets = {"webhook_url": "<webhook>", "router_api_key": "<key>", "dead_mans_switch_url": "<switch>"}
+    hs = hostplan.host_steps(cfg, plan(cfg), plan(cfg).host("sim-3"), secrets, stack_name="sim")
+    am = hs.steps["alertmanager"]
+    config = next(f.content for f in am.files if f.path == paths.ALERTMANAGER_CONFIG)
+    dropin = next(f.content for f in am.files if f.path == paths.dropin(monitoring.ALERTMANAGER_UNIT))
+    (tmp_path / "alertmanager.yml").write_text(config)
+    checked = run(tools / "amtool", "check-config", "alertmanager.yml", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+    def receiver(*labels: str) -> str:
+        p = run(tools / "amtool", "config", "routes", "test", "--config.file=alertmanager.yml", *labels, cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
+        return p.stdout.strip()
+
+    assert receiver("alertname=Watchdog", "stack=sim", "severity=none") == "dead-mans-switch"
+    assert receiver("alertname=GlmHostDown", "stack=sim", "host=sim-1") == "glm-infra"
+    assert receiver("alertname=GlmInstanceDown", "stack=sim", "pool=decode") == "glm-infra"
+    data = yaml.safe_load(config)
+    (switch_receiver,) = [r for r in data["receivers"] if r["name"] == "dead-mans-switch"]
+    (watchdog,) = data["route"]["routes"]
+    if switch:
+        assert switch_receiver["webhook_configs"] == [{
+            "url_file": f"/run/credentials/prometheus-alertmanager.service/{monitoring.DEAD_MANS_SWITCH_CREDENTIAL}",
+            "send_resolved": False}]
+        assert (watchdog["group_interval"], watchdog["repeat_interval"], watchdog["group_wait"]) == ("20s", "20s", "0s")
+        step = hs.steps["alertmanager-dead-mans-switch"]
+        assert step.secret and step.stdin == "<switch>" and step.files[0].mode == 0o600
+        assert f"LoadCredential={monitoring.DEAD_MANS_SWITCH_CREDENTIAL}:{paths.DEAD_MANS_SWITCH_SECRET}" in dropin
+        assert f"sha256sum < {paths.DEAD_MANS_SWITCH_SECRET}" in am.stdin  # a new URL restarts Alertmanager
+    else:  # nowhere: never every few minutes to the on-call webhook
+        assert switch_receiver == {"name": "dead-mans-switch"} and "alertmanager-dead-mans-switch" not in hs.steps
+        assert monitoring.DEAD_MANS_SWITCH_CREDENTIAL not in dropin
+    assert "<switch>" not in am.stdin and "<webhook>" not in am.stdin
+    # A host that is down: its one page, not one per instance and exporter on it.
+    assert data["inhibit_rules"] == [{"source_matchers": ['alertname="GlmHostDown"'],
+                                      "target_matchers": ['alertname=~"GlmInstanceDown|GlmExporterDown|GlmUnitMemoryUnmeasured"'],
+                                      "equal": ["stack", "host"]}]
+
+
 def test_scrape_targets_and_labels_follow_the_plan():
     cfg = load_file(stack_file("prod-b300")).config
     p = plan(cfg)

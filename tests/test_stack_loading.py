@@ -115,6 +115,14 @@ def decode_on_one_host(host: str, warm: str = "5.8 min", cold: str = "10.3 min")
             "serving meanwhile (stacks/Pulumi.prod-b300-2decode.yaml)")
 
 
+NO_DEAD_MANS_SWITCH = ("glm-infra:monitoring.deadMansSwitchUrl is not set: when b300-3 (Prometheus and Alertmanager), "
+                       "or either of them, is down, no alert fires and nothing pages; set a dead man's switch, a "
+                       "heartbeat service outside the stack that pages when the Watchdog alert stops arriving")
+MONITORING_BESIDE_THE_ROUTER = ("glm-infra:monitoring.host: b300-3 also runs the router, so its reboot stops serving "
+                                "and every alert at once; put Prometheus and Alertmanager on another host "
+                                "(monitoring.host)")
+
+
 def test_warnings_name_the_key():
     loaded = load_file(stack_file("prod-b300"))
     assert loaded.warnings == (
@@ -126,14 +134,17 @@ def test_warnings_name_the_key():
         "glm-infra:router.allowedCidrs: 203.0.113.0/24 is a documentation network (RFC 5737, RFC 3849), a "
         "placeholder nobody connects from: replace it with the networks your clients (or their load balancer) "
         "connect from",
+        NO_DEAD_MANS_SWITCH, MONITORING_BESIDE_THE_ROUTER,
         host_keys_unset("b300-1", "b300-2", "b300-3"),
         "glm-infra:router.apiKey is not set: the router's public port accepts any client",
         "glm-infra:model.revision: 'main' is not a commit SHA; pin a commit so every host serves the same bytes",
     )
     # The sim stack's startup.* keys are its stand-in's seconds (6 s cold warmup, 0.5 s warm, 1 s capture).
     sim = load_file(stack_file("sim"))
-    assert sim.warnings[0] == PREFILL_HOLDS_ONE and sim.warnings[2] == host_keys_unset("sim-1", "sim-2", "sim-3")
-    assert sim.warnings[1].startswith("glm-infra:decode.hosts: decode runs on one host, sim-3: ") and len(sim.warnings) == 3
+    assert sim.warnings[0] == PREFILL_HOLDS_ONE and sim.warnings[4] == host_keys_unset("sim-1", "sim-2", "sim-3")
+    assert sim.warnings[2:4] == (NO_DEAD_MANS_SWITCH.replace("b300-3", "sim-3"),
+                                 MONITORING_BESIDE_THE_ROUTER.replace("b300-3", "sim-3"))
+    assert sim.warnings[1].startswith("glm-infra:decode.hosts: decode runs on one host, sim-3: ") and len(sim.warnings) == 5
 
 
 def test_a_pool_on_one_host_is_warned_about_with_its_time_to_ready():
@@ -157,6 +168,23 @@ def test_a_pool_on_one_host_is_warned_about_with_its_time_to_ready():
     hosts_only = {k.removeprefix("glm-infra:"): v for k, v in stack_config("prod-b300").items()
                   if k.split(":")[1] not in ("prefill", "decode", "router")}
     assert not [w for w in st.load_dict(hosts_only, "h", serve=False).warnings if "runs on one host" in w]
+
+
+def test_monitoring_that_would_page_nobody_when_it_goes_down_is_warned_about():
+    """Issue 40: no dead man's switch, or Prometheus on the router's host, leaves that host's death unpaged."""
+    def warned(name: str, serve: bool = True, **monitoring) -> list[str]:
+        raw = {k.removeprefix("glm-infra:"): v for k, v in stack_config(name).items()}
+        if not serve:
+            raw = {k: v for k, v in raw.items() if k not in ("prefill", "decode", "colocated", "router")}
+        raw.setdefault("monitoring", {}).update(monitoring)
+        return [w for w in st.load_dict(raw, name, serve=serve).warnings if w.startswith("glm-infra:monitoring.")]
+
+    no_switch, beside_router = NO_DEAD_MANS_SWITCH, MONITORING_BESIDE_THE_ROUTER
+    assert warned("prod-b300") == [no_switch, beside_router]
+    assert warned("prod-b300", host="b300-1") == [no_switch.replace("b300-3", "b300-1")]
+    assert warned("prod-b300", host="b300-1", deadMansSwitchUrl="https://hc-ping.example/x") == []
+    assert warned("prod-b300", enabled=False) == []
+    assert warned("prod-b300", serve=False, deadMansSwitchUrl="https://hc-ping.example/x") == []  # no router yet
 
 
 def test_a_host_key_given_is_kept_as_one_line_and_silences_its_warning(write_stack):

@@ -239,11 +239,10 @@ class _Deployment(pulumi.ComponentResource):
         port = self.stack.monitoring.prometheus_port
         mon = self.stack.monitoring_host
         url = self._resolved.apply(lambda r: f"http://{paths.url_host(r.stack.host(mon).address)}:{port}")
-        return Monitoring(
-            f"{name}-monitoring",
-            MonitoringArgs(hosts, self._split.secrets.get("webhook_url"), url),
-            pulumi.ResourceOptions(parent=self),
-        )
+        secrets = self._split.secrets
+        return Monitoring(f"{name}-monitoring", MonitoringArgs(hosts, secrets.get("webhook_url"), url,
+                                                               secrets.get("dead_mans_switch_url")),
+                          pulumi.ResourceOptions(parent=self))
 
 
 def hostplan_subset(steps: Mapping[str, Step], prefix: str) -> dict[str, Step]:

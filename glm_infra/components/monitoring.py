@@ -1,5 +1,6 @@
 """The monitoring of a deployment: the node exporter on every host, NVIDIA's DCGM exporter where the
-driver step installed DCGM, Prometheus and Alertmanager on the monitoring host. The steps (and every
+driver step installed DCGM, the memory of glm-infra's units on every host with an instance or the router
+(unit-memory), Prometheus and Alertmanager on the monitoring host. The steps (and every
 file they write) come from the per-host plan (``glm_infra.roles.monitoring.host_steps``)."""
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from glm_infra.steps import Step, digest
 
 from .remote_step import inherited, run_step
 
-STEP_KEYS = ("node-exporter", "dcgm-exporter", "prometheus", "alertmanager-webhook", "alertmanager")
+STEP_KEYS = ("node-exporter", "unit-memory", "dcgm-exporter", "prometheus", "alertmanager-webhook",
+             "alertmanager-dead-mans-switch", "alertmanager")
+# The steps that write a receiver's URL (a secret, their stdin), by the MonitoringArgs field holding it.
+SECRET_STEPS = {"alertmanager-webhook": "webhook_url", "alertmanager-dead-mans-switch": "dead_mans_switch_url"}
 
 
 @dataclass
@@ -39,6 +43,8 @@ class MonitoringArgs:
     """The Alertmanager webhook URL (a secret) when the plan has an ``alertmanager-webhook`` step."""
     prometheus_url: pulumi.Input[str] = ""
     """Where Prometheus answers (an output, for the SLA gate and operators)."""
+    dead_mans_switch_url: pulumi.Input[str] | None = None
+    """The dead man's switch URL (a secret) when the plan has an ``alertmanager-dead-mans-switch`` step."""
 
 
 class Monitoring(pulumi.ComponentResource):
@@ -59,12 +65,14 @@ class Monitoring(pulumi.ComponentResource):
                     continue
                 # One after the other on a host: each installs packages.
                 stdin, triggers, after = None, [], [*deps, *h.after, *list(made.values())[-1:]]
-                if key == "alertmanager-webhook":
-                    assert args.webhook_url is not None, "a webhook step needs the webhook URL"
-                    stdin = pulumi.Output.secret(args.webhook_url)
-                elif key == "alertmanager" and "alertmanager-webhook" in made:
-                    # A new URL restarts Alertmanager (systemd hands it the credential at start).
-                    triggers = [pulumi.Output.secret(args.webhook_url).apply(digest)]  # secret: run_step keys it
+                if key in SECRET_STEPS:
+                    url = getattr(args, SECRET_STEPS[key])
+                    assert url is not None, f"the {key} step needs MonitoringArgs.{SECRET_STEPS[key]}"
+                    stdin = pulumi.Output.secret(url)
+                elif key == "alertmanager":
+                    # A new URL restarts Alertmanager (systemd hands it the credentials at start).
+                    triggers = [pulumi.Output.secret(getattr(args, SECRET_STEPS[k])).apply(digest)  # secret: run_step keys it
+                                for k in SECRET_STEPS if k in made]
                 made[key] = run_step(f"{name}-{h.name}-{key}", step, h.connection, self, live=h.live.get(key),
                                      stdin=stdin, triggers=triggers, depends_on=after)
             self.commands[h.name] = made

@@ -54,6 +54,7 @@ SECRETS = {
     "router_tls_certificate": ("router", "tlsCertificate"),
     "router_tls_key": ("router", "tlsKey"),
     "webhook_url": ("monitoring", "webhookUrl"),
+    "dead_mans_switch_url": ("monitoring", "deadMansSwitchUrl"),
 }
 SECRET_PATHS = tuple(SECRETS.values())
 # What a secret may hold, checked where its value is known (inside a Pulumi run, before any resource
@@ -65,6 +66,7 @@ SECRET_VALUE_RULES: dict[str, tuple[str, str]] = {
                        f"16 to {API_KEY_MAX} characters of a bearer token (letters, digits, - . _ ~ + /, then = padding)"),
     "hf_token": (r"[A-Za-z0-9_.-]{8,512}", "8 to 512 letters, digits, _ . or - (a Hugging Face token)"),
     "webhook_url": (r"https?://[^\s\"'\\]{1,2048}", "an http(s) URL without spaces, quotes or backslashes"),
+    "dead_mans_switch_url": (r"https?://[^\s\"'\\]{1,2048}", "an http(s) URL without spaces, quotes or backslashes"),
 }
 
 

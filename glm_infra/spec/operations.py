@@ -40,13 +40,21 @@ class MonitoringConfig(StrictModel):
                                           "(the firewall; the SLA gate asks Prometheus from where it runs).")
     webhook_url: Secret | None = Field(None, description="Alertmanager webhook receiver URL, a Pulumi secret "
                                                          "(it often carries a token). None: alerts stay in Alertmanager.")
+    dead_mans_switch_url: Secret | None = Field(
+        None, description="A dead man's switch (a service outside the stack that pages when a heartbeat stops "
+                          "arriving), a Pulumi secret: Alertmanager sends it the always-firing Watchdog alert every "
+                          "deadMansSwitchInterval, so the monitoring host, Prometheus or Alertmanager going down "
+                          "pages too. None: nothing pages when the monitoring itself is down (validate warns).")
+    dead_mans_switch_interval: Duration = Field("1m", description="How often the Watchdog alert is sent to the dead "
+                                                                  "man's switch (its expected period, shorter than the "
+                                                                  "switch's grace time).")
     group_wait: Duration = Field("30s", description="How long Alertmanager waits to group a new alert before "
                                                     "sending it.")
     repeat_interval: Duration = Field("4h", description="How often a firing alert is sent again.")
     mtp_acceptance_min: float = Field(0.5, gt=0, lt=1, description="Alert when MTP draft acceptance falls below this.")
     kv_transfer_p99_seconds: float = Field(1.0, gt=0, description="Alert when NIXL's p99 KV transfer time exceeds this.")
-    memory_growth_window: Duration = Field("6h", description="Window over which a vLLM process's resident memory "
-                                                             "growing without pause is a leak.")
+    memory_growth_window: Duration = Field("6h", description="Window over which a vLLM instance's memory (its "
+                                                             "unit's cgroup) growing without pause is a leak.")
     memory_growth_bytes: float = Field(2e9, gt=0, description="Growth over that window that fires the leak alert.")
 
 

@@ -59,8 +59,13 @@ ALERTMANAGER_DEFAULTS = "/etc/default/prometheus-alertmanager"
 NODE_EXPORTER_DEFAULTS = "/etc/default/prometheus-node-exporter"
 NODE_EXPORTER_TEXTFILES = "/var/lib/prometheus/node-exporter"  # the textfile collector's folder (Debian's)
 CANARY_METRICS = f"{NODE_EXPORTER_TEXTFILES}/glm-canary.prom"
+# Each glm-infra unit's memory from its cgroup (every host with an instance or the router), every few seconds.
+UNIT_MEMORY = f"{LIBEXEC}/unit_memory.py"
+UNIT_MEMORY_UNITS = f"{ETC}/unit-memory.json"
+UNIT_MEMORY_METRICS = f"{NODE_EXPORTER_TEXTFILES}/glm-unit-memory.prom"
 DCGM_EXPORTER_COUNTERS = "/etc/dcgm-exporter/glm-infra-counters.csv"
 WEBHOOK_SECRET = f"{SECRETS_DIR}/alertmanager-webhook-url"
+DEAD_MANS_SWITCH_SECRET = f"{SECRETS_DIR}/alertmanager-dead-mans-switch-url"
 
 
 def dropin(unit: str) -> str:

@@ -239,8 +239,9 @@ def up_in_background(keep_output: bool = False):
 # a change is meant to replace or delete something on upgrade, and say so in the change.
 PREVIOUS_MAIN = "f176da75a19788609c9ca64b7d8e34b0107db617"
 # The resources this checkout adds to a stack PREVIOUS_MAIN deployed (by name suffix), issue 38: the stack's
-# relay key and its file on every host that relays, and the canaries' transition marker on the router's host.
-UPGRADE_ADDS = ("-relay-key", "-etc-glm-infra-secrets-relay-env", "-canary-transition")
+# relay key and its file on every host that relays, and the canaries' transition marker on the router's host;
+# issue 40: the unit-memory timer on every host with an instance or the router.
+UPGRADE_ADDS = ("-relay-key", "-etc-glm-infra-secrets-relay-env", "-canary-transition", "-unit-memory")
 # Why an upgrade from PREVIOUS_MAIN restarts the instances (each through its rollout, one at a time per
 # pool), or None where it must restart none. Set it only for a change that must reach running instances.
 # Issue 39: drivers.sh and rdma.sh changed (NVIDIA's install order and relations), and a change to a driver or
@@ -264,7 +265,9 @@ UPGRADE_UPDATES = ("-weights-sim-1-stage", "-weights-sim-2-stage", "-weights-sim
                    "-router-canary", "-prometheus", "-router-front-conf", "-router-front", "-router-gates",
                    "-firewall-nftables", "-vllm-placement-placement", "-nic-affinity-pairs",
                    "-drivers-install", "-drivers-reboot", "-drivers-wait", "-drivers-back", "-health-gate", "-facts",
-                   "-rdma-setup", "-turn-acquire", "-host-drain", "-host-return", "-turn-release", "-dcgm-exporter")
+                   "-rdma-setup", "-turn-acquire", "-host-drain", "-host-return", "-turn-release", "-dcgm-exporter",
+                   # Issue 40: the Watchdog's route and the host-down inhibition (Alertmanager).
+                   "-alertmanager")
 
 
 def sim_host_key() -> str:

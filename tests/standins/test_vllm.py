@@ -436,7 +436,7 @@ def test_prefill_then_decode_behind_the_real_router(launch, tmp_path, api_key):
     assert f"request_id={request_id}" in decode_line
 
     # vLLM's families the simulator lacks: one KV pull of 30 ms on decode, MTP counters from the
-    # tokens decode generated at 50 % acceptance of 3-token drafts, the engine's resident memory.
+    # tokens decode generated at 50 % acceptance of 3-token drafts.
     text = request(decode.port, "GET", "/metrics")[1].decode()
     series = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
               if line and not line.startswith("#")}
@@ -452,7 +452,8 @@ def test_prefill_then_decode_behind_the_real_router(launch, tmp_path, api_key):
     accepted = series[f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}}"]
     assert accepted / drafted == pytest.approx(0.5, abs=0.01)
     assert series[f"vllm:spec_decode_num_drafts_total{{{labels}}}"] + accepted == pytest.approx(generated, abs=0.2)
-    assert series["process_resident_memory_bytes"] > 10 * 2**20
+    # Four DP ranks, so four API servers: vLLM 0.33.0 then serves no process_* family (real-engine README).
+    assert not [line for line in text.splitlines() if "process_" in line]
     prefill_text = request(prefill.port, "GET", "/metrics")[1].decode()
     assert "vllm:nixl_xfer_time_seconds" not in prefill_text and "spec_decode" not in prefill_text
     # TTFT from the request's arrival, as vLLM measures it (the simulator's counts only its sleep):
@@ -618,6 +619,27 @@ def test_greedy_requests_answer_the_same_until_the_engine_breaks(launch, tmp_pat
     assert status == 200 and answer["choices"][0]["text"] != first and answer["usage"]["completion_tokens"] == 8
     (faults / str(vllm.port)).unlink()
     assert greedy(vllm.port)[1]["choices"][0]["text"] == first
+
+
+@pytest.mark.parametrize(("flags", "gpus", "served"), [
+    ((), "0", True),
+    (("-dp", "2"), "0,1", False),  # -dp 2: two API servers, as vLLM 0.33.0 starts by default
+    (("-dp", "2", "--api-server-count", "1"), "0,1", True),
+    (("--api-server-count", "2"), "0", False),
+], ids=["one-api-server", "dp-2", "dp-2-one-api-server", "two-api-servers"])
+def test_process_metrics_are_served_only_by_one_api_server(launch, flags, gpus, served):
+    """vLLM 0.33.0 on a real GPU: with more than one API server its /metrics has no process_* family
+    at all; with one it serves process_resident_memory_bytes (shared/real-engine/README.md)."""
+    vllm = launch(*flags, gpus=gpus).wait_healthy()
+    status, body = request(vllm.port, "GET", "/metrics")
+    assert status == 200
+    text = body.decode()
+    assert "vllm:num_requests_running" in text  # the engine's own families either way
+    resident = [line for line in text.splitlines() if line.startswith("process_resident_memory_bytes ")]
+    if served:
+        assert len(resident) == 1 and float(resident[0].split()[1]) > 10 * 2**20
+    else:
+        assert "process_" not in text
 
 
 def test_the_dp_rank_header_picks_the_rank_and_an_unknown_one_is_refused(launch, tmp_path):

@@ -70,6 +70,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-ep", "--enable-expert-parallel", action="store_true")
     p.add_argument("-tp", "--tensor-parallel-size", type=positive_int, default=1)
     p.add_argument("-dp", "--data-parallel-size", type=positive_int, default=1)
+    # vLLM's default: one API server per DP rank (what -dp > 1 implies, seen with vLLM 0.33.0).
+    p.add_argument("-asc", "--api-server-count", type=positive_int, default=None)
     p.add_argument("--tool-call-parser")
     p.add_argument("--enable-auto-tool-choice", action="store_true")
     p.add_argument("--reasoning-parser")

@@ -428,8 +428,8 @@ FIRST_TOKEN = re.compile(rb'"(content|text)":"[^"]')
 class EngineMetrics:
     """vLLM 0.33's metric families that llm-d-inference-sim does not have, appended to its /metrics:
     MTP (spec decode) counters derived from the tokens it generated and the configured acceptance,
-    NIXL transfer time and failures per KV pull a decode instance made, and the engine process's
-    resident memory (what vLLM's process collector reports)."""
+    NIXL transfer time and failures per KV pull a decode instance made, and, with one API server only,
+    the process's resident memory (what vLLM's process collector reports; with several it reports none)."""
 
     def __init__(self, args: argparse.Namespace, role: str, simulation: Simulation) -> None:
         spec = args.speculative_config or {}
@@ -438,6 +438,7 @@ class EngineMetrics:
         self.kv_transfer_s = simulation.kv_transfer_ms / 1000
         self.model = (args.served_model_name or [args.model])[0]
         self.role = role
+        self.api_servers = args.api_server_count or args.data_parallel_size
         self.simulator_pid: int | None = None
         self._lock = threading.Lock()
         self.transfers = 0
@@ -487,6 +488,10 @@ class EngineMetrics:
             out.append("# HELP vllm:nixl_num_failed_transfers_total Number of failed NIXL KV Cache transfers.\n"
                        "# TYPE vllm:nixl_num_failed_transfers_total counter\n"
                        f"vllm:nixl_num_failed_transfers_total{{{labels}}} {failed}\n")
+        if self.api_servers > 1:
+            # vLLM 0.33.0 with more than one API server serves its metrics from Prometheus's multiprocess
+            # collector only: no process_* family at all (0 of 439 lines on a real GPU, real-engine/README.md).
+            return "".join(out)
         rss = 0
         for pid in (os.getpid(), self.simulator_pid):
             try:
