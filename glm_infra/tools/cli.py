@@ -149,6 +149,19 @@ def cmd_render(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_real_engine(args: argparse.Namespace) -> int:
+    from . import real_engine
+
+    loaded = _load(args.stack)
+    if args.gpu_share is not None and not 0 < args.gpu_share <= 1:
+        print(f"--gpu-share {args.gpu_share}: must be in (0, 1]", file=sys.stderr)
+        return EXIT_USAGE
+    lines = real_engine.lines(loaded.config, loaded.name, args.model, args.gpu_share)
+    for path in real_engine.write(Path(args.out), loaded.name, lines):
+        print(path)
+    return EXIT_OK
+
+
 def cmd_sla(args: argparse.Namespace) -> int:
     from . import sla
 
@@ -209,6 +222,14 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--out", required=True, metavar="DIR")
     r.add_argument("--force", action="store_true", help="replace DIR if it is not empty")
     r.set_defaults(func=cmd_render)
+    e = sub.add_parser("real-engine", help="write the real-engine check's vllm lines: the stack's rendered units "
+                                           "changed for one GPU, every change listed (DIR/CHANGES.md)")
+    e.add_argument("stack", metavar="STACK")
+    e.add_argument("--out", required=True, metavar="DIR")
+    e.add_argument("--model", default="${GLM_CHECK_MODEL}", metavar="DIR",
+                   help="the checkpoint the check serves (default: the runner's GLM_CHECK_MODEL)")
+    e.add_argument("--gpu-share", type=float, metavar="F", help="GPU memory share of each instance")
+    e.set_defaults(func=cmd_real_engine)
     from .review import add_parser as add_diff
 
     add_diff(sub)
