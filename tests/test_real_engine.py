@@ -58,8 +58,8 @@ def test_every_rendered_flag_and_variable_reaches_the_check_or_is_listed(stack):
     cfg = load_file(stack_file(stack)).config
     units = rendered(stack)
     lines = real_engine.lines(cfg, stack, MODEL)
-    assert [line.role for line in lines] == ["prefill", "decode"]
-    for line in lines:
+    assert [line.role for line in lines] == ["prefill", "decode", "router"]
+    for line in lines[:2]:
         argv, env = units[line.instance]
         changed = {c.what for c in line.changes}
         want, got = flags(argv), flags(line.argv)
@@ -79,7 +79,7 @@ def test_every_rendered_flag_and_variable_reaches_the_check_or_is_listed(stack):
 def test_one_gpu_and_loopback_only_and_the_deployed_mode_of_several_api_servers():
     cfg = load_file(stack_file("prod-b300")).config
     addresses = {h.address for h in cfg.hosts}
-    for line in real_engine.lines(cfg, "prod-b300", MODEL):
+    for line in real_engine.lines(cfg, "prod-b300", MODEL)[:2]:
         text = " ".join(line.argv) + " " + json.dumps(line.env)
         assert not [a for a in addresses if a in text], line.instance
         assert line.env["CUDA_VISIBLE_DEVICES"] == "0"
@@ -93,8 +93,15 @@ def test_one_gpu_and_loopback_only_and_the_deployed_mode_of_several_api_servers(
         assert {c.what for c in line.left_out} >= {"UCX_IB_GID_INDEX", f"EnvironmentFile={paths.NIC_AFFINITY_ENV}"}
         kv = json.loads(got["--kv-transfer-config"])
         assert kv["kv_connector"] == "NixlConnector" and kv["kv_role"] == {"prefill": "kv_producer", "decode": "kv_consumer"}[line.role]
-    prefill, decode = real_engine.lines(cfg, "prod-b300", MODEL)
-    assert prefill.port != decode.port
+    prefill, decode, router = real_engine.lines(cfg, "prod-b300", MODEL)
+    assert prefill.port != decode.port != router.port
+    # The router's rendered flags, its workers the check's two instances, straight, and its key the check's.
+    got = flags(["vllm-router", "", "", *router.argv[1:]])
+    assert (got["--prefill"], got["--decode"]) == (f"http://127.0.0.1:{prefill.port}", f"http://127.0.0.1:{decode.port}")
+    assert router.argv.count("--prefill") == 1 and "--vllm-pd-disaggregation" in router.argv
+    assert got["--policy"] == cfg.router.policy and got["--prometheus-host"] == "127.0.0.1"
+    assert router.env["OPENAI_API_KEY"] == "${GLM_CHECK_API_KEY}"
+    assert not [a for a in addresses if a in " ".join(router.argv)]
     assert prefill.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] != decode.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]
 
 
@@ -123,8 +130,10 @@ def test_the_command_writes_the_lines_a_person_can_run_and_every_change(tmp_path
     out = tmp_path / "check"
     assert main(["real-engine", "prod-b300", "--out", str(out), "--model", MODEL]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["CHANGES.md", "decode.argv.json", "decode.env.json",
-                                                    "prefill.argv.json", "prefill.env.json", "serve-decode.sh",
-                                                    "serve-prefill.sh"]
+                                                    "expected-metrics.json",
+                                                    "prefill.argv.json", "prefill.env.json", "router.argv.json",
+                                                    "router.env.json", "serve-decode.sh", "serve-prefill.sh",
+                                                    "serve-router.sh"]
     argv = json.loads((out / "decode.argv.json").read_text())
     script = (out / "serve-decode.sh").read_text()
     assert shellcheck(script, tmp_path).returncode == 0

@@ -156,8 +156,11 @@ def cmd_real_engine(args: argparse.Namespace) -> int:
     if args.gpu_share is not None and not 0 < args.gpu_share <= 1:
         print(f"--gpu-share {args.gpu_share}: must be in (0, 1]", file=sys.stderr)
         return EXIT_USAGE
+    from glm_infra.roles import monitoring
+
     lines = real_engine.lines(loaded.config, loaded.name, args.model, args.gpu_share)
-    for path in real_engine.write(Path(args.out), loaded.name, lines):
+    expected = monitoring.read_metrics(loaded.config, loaded.name)
+    for path in real_engine.write(Path(args.out), loaded.name, lines, expected):
         print(path)
     return EXIT_OK
 

@@ -8,8 +8,9 @@ is listed as left out. A flag added to the units reaches the check without editi
 
     glm-infra real-engine STACK --out DIR [--model DIR] [--gpu-share F]
 
-writes DIR/<role>.argv.json and DIR/<role>.env.json (what the runner starts), DIR/serve-<role>.sh (the same,
-for a person) and DIR/CHANGES.md (every change and why). Pure: nothing runs here.
+writes DIR/<role>.argv.json and DIR/<role>.env.json (what the runner, testbed/real_engine/check.py, starts),
+DIR/serve-<role>.sh (the same, for a person), DIR/CHANGES.md (every change and why) and
+DIR/expected-metrics.json (every metric the stack's rules and dashboard read). Pure: nothing runs here.
 """
 
 from __future__ import annotations
@@ -161,15 +162,52 @@ def instance_line(stack: StackConfig, stack_name: str, inst: Instance, model: st
     return line
 
 
+def router_line(files: dict[str, str], unit: str, instances: list[Line]) -> Line:
+    """The router's rendered unit with the check's instances as its only workers, its metrics on loopback."""
+    argv, env, env_files = unit_lines(files[paths.unit(unit)])
+    line = Line("router", "router", [], dict(env))
+    workers = {"--prefill": [], "--decode": [], "--worker-urls": []}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in workers and i + 1 < len(argv):
+            workers[argv[i]].append(argv[i + 1])
+            i += 2
+            continue
+        rest.append(argv[i])
+        i += 1
+    line.argv = ["vllm-router", *rest[1:]]
+    for x in instances:
+        flag = {"prefill": "--prefill", "decode": "--decode"}.get(x.role, "--worker-urls")
+        line.argv += [flag, f"http://{LOOPBACK}:{x.port}"]
+        line.changes.append(Change(flag, ", ".join(workers[flag]) or "(none)", f"http://{LOOPBACK}:{x.port}",
+                                   f"the check's {x.instance}, straight (the deployed router reaches each through "
+                                   "its gate)"))
+    _set_flag(line, "--prometheus-host", LOOPBACK, "one machine: loopback")
+    _set_flag(line, "--host", LOOPBACK, "one machine: loopback")
+    for path in env_files:
+        if path == paths.ROUTER_SECRETS:
+            line.env["OPENAI_API_KEY"] = f"${{{CHECK_API_KEY_VAR}}}"
+            line.changes.append(Change(f"EnvironmentFile={path}", "the stack's router API key (a secret)",
+                                       f"OPENAI_API_KEY=${CHECK_API_KEY_VAR}", "the key the check's instances take"))
+    if "HOME" in line.env:
+        _set_env(line, "HOME", "${GLM_CHECK_HOME}", "the check's own folder")
+    return line
+
+
 def lines(stack: StackConfig, stack_name: str, model: str, gpu_share: float | None = None) -> list[Line]:
-    """The first prefill and first decode instance (P/D), else the first colocated one."""
+    """The first prefill and first decode instance (P/D), else the first colocated one; then the router."""
     p = plan(stack)
     roles = ("prefill", "decode") if stack.disaggregated else ("colocated",)
     chosen = [next(i for i in p.instances if i.role == role) for role in roles]
     share = gpu_share or DEFAULT_GPU_SHARE[len(chosen)]
     steps = hostplan.plan_all(stack, p, stack_name=stack_name)
-    return [instance_line(stack, stack_name, inst, model, share,
-                          {path: f.content for path, f in steps[inst.host].files().items()}) for inst in chosen]
+    out = [instance_line(stack, stack_name, inst, model, share,
+                         {path: f.content for path, f in steps[inst.host].files().items()}) for inst in chosen]
+    if p.router is not None:
+        files = {path: f.content for path, f in steps[p.router.host].files().items()}
+        out.append(router_line(files, p.router.unit, out))
+    return out
 
 
 def changes_text(stack_name: str, out: list[Line]) -> str:
@@ -197,9 +235,13 @@ def serve_script(line: Line) -> str:
             f"set -euo pipefail\nexec env {env} \\\n  {' '.join(_sh_word(w) for w in line.argv)}\n")
 
 
-def write(out_dir: Path, stack_name: str, out: list[Line]) -> list[Path]:
+def write(out_dir: Path, stack_name: str, out: list[Line], expected_metrics: dict[str, list[str]] | None = None
+          ) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
+    if expected_metrics is not None:  # what the stack's alerts and panels read: the check says which are served
+        (out_dir / "expected-metrics.json").write_text(json.dumps(expected_metrics, indent=1, sort_keys=True) + "\n")
+        written.append(out_dir / "expected-metrics.json")
     for line in out:
         for name, text in ((f"{line.role}.argv.json", json.dumps(line.argv, indent=1) + "\n"),
                            (f"{line.role}.env.json", json.dumps(line.env, indent=1, sort_keys=True) + "\n"),
