@@ -2,7 +2,7 @@
 (issue 41). Standard library only, so it runs on a GPU machine with nothing but Python and the payload.
 
     python3 testbed/real_engine/check.py --lines DIR --model DIR --out DIR [--bin DIR] [--timeout S]
-                                         [--expect-metrics FILE] [--env NAME=VALUE ...]
+                                         [--expect-metrics FILE] [--wrong-model DIR] [--env NAME=VALUE ...]
 
 DIR (--lines) is `glm-infra real-engine`'s output: each instance's and the router's argv and environment.
 They start in order (prefill, then decode once prefill answers, then the router), each in its own session
@@ -17,6 +17,9 @@ Then, each printed and recorded in --out/results.json and the transcript --out/T
   from ``monitoring.read_metrics``; `glm-infra real-engine` writes it beside the lines) that a vLLM
   instance or the router should serve is served, or named
   missing; whether any ``process_*`` metric is served (vLLM serves none with several API servers);
+- glm-infra's canary (glm_infra/agent/canary.py) passes against the instances, which agree on its reference
+  (a checkpoint whose greedy answer is visible text is needed: a random one's detokenizes to nothing, and
+  the canary fails closed), and fails against a planted instance serving --wrong-model, naming it;
 - the startup phases each instance logged, with their seconds (weights, graph capture, init engine).
 
 Everything started is stopped at the end, also on failure. Exit 0 when every check passed, 1 otherwise.
@@ -48,6 +51,7 @@ PHASES = {
     "graph capture": re.compile(r"Graph capturing finished in ([0-9.]+) secs"),
     "init engine": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s"),
 }
+CANARY = Path(__file__).resolve().parents[2] / "glm_infra" / "agent" / "canary.py"
 NIXL_TRANSFERS = ("vllm:nixl_xfer_time_seconds_count", "vllm:nixl_bytes_transferred_count")
 NIXL_FAILED = "vllm:nixl_num_failed_transfers_total"
 
@@ -235,6 +239,69 @@ def metric_checks(run: Run, expositions: dict[str, str], expected: dict[str, lis
     print(f"NOTE process_* metrics served by the instances: {', '.join(process) or 'none'}", flush=True)
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def canary(run: Run, out: Path, key: str, model: str, targets: list[dict], record: bool) -> subprocess.CompletedProcess:
+    """glm-infra's own canary (glm_infra/agent/canary.py, as the router's host runs it) against ``targets``."""
+    keyfile = out / "canary-key.env"
+    keyfile.write_text(f"VLLM_API_KEY={key}\n")
+    keyfile.chmod(0o600)
+    spec = out / "canary-targets.json"
+    spec.write_text(json.dumps({"identity": "real-engine-check", "model": model, "api_key_file": str(keyfile),
+                                "targets": targets}))
+    return subprocess.run([sys.executable, str(CANARY), "run", "--targets", str(spec), "--state", str(out / "canary"),
+                           "--timeout", "120", *([] if record else ["--check"])], capture_output=True, text=True,
+                          timeout=900)
+
+
+def canary_checks(run: Run, services: list[Service], key: str, model: str, wrong_model: str | None,
+                  values: dict[str, str], timeout: float) -> None:
+    """The canary passes against the instances (their agreed answer recorded as its reference), and fails
+    against a planted instance serving another checkpoint, naming it."""
+    def target(s: Service, gate: bool) -> dict:
+        return {"name": s.name, "role": s.name, "url": f"http://127.0.0.1:{flag(s.argv, '--port')}", "requests": 1,
+                "per_rank": False, "gate": gate}
+
+    targets = [target(s, s.name != "router") for s in services]
+    p = canary(run, run.out, key, model, targets, record=True)
+    reference = next((line.split("canary: ", 1)[1] for line in p.stdout.splitlines() if "canary: reference of" in line),
+                     "")
+    run.facts["canary"] = (p.stdout + p.stderr).strip().splitlines()
+    if not run.record("canary against the instances", p.returncode == 0,
+                      reference or (p.stderr.strip().splitlines() or ["no output"])[-1]):
+        return
+    if wrong_model is None:
+        run.record("canary against a planted wrong instance", False, "not run: no --wrong-model given")
+        return
+    first = services[0]
+    argv = list(first.argv)
+    argv[2] = wrong_model
+    for name in ("--port", "--data-parallel-rpc-port"):
+        if name in argv:
+            argv[argv.index(name) + 1] = str(free_port())
+    env = dict(first.env)
+    if "VLLM_NIXL_SIDE_CHANNEL_PORT" in env:
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(free_port())
+    wrong = Service("wrong", argv, env, run.out / "wrong.log")
+    wrong.start()
+    try:
+        if not wait_healthy(run, wrong, f"http://127.0.0.1:{flag(argv, '--port')}/health", timeout):
+            return
+        p = canary(run, run.out, key, model, [*targets, target(wrong, True)], record=False)
+        named = [line for line in p.stderr.splitlines() if ": canary: wrong" in line]
+        run.facts["canary_wrong"] = (p.stdout + p.stderr).strip().splitlines()
+        run.record("canary against a planted wrong instance", p.returncode == 1 and bool(named),
+                   named[0].split("canary: ", 1)[1] if named else f"exit {p.returncode}, the wrong instance not named")
+    finally:
+        wrong.stop()
+
+
 def phases(log: str) -> dict[str, float]:
     out = {}
     for name, pattern in PHASES.items():
@@ -273,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bin", type=Path, default=Path(sys.executable).parent)
     parser.add_argument("--timeout", type=float, default=1800, help="seconds for each to answer /health")
     parser.add_argument("--expect-metrics", type=Path, help="default: LINES/expected-metrics.json")
+    parser.add_argument("--wrong-model", help="another checkpoint: a planted instance serving it must fail the canary")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="more environment for every service (the machine's own needs)")
     args = parser.parse_args(argv)
@@ -312,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
                 status, text = get(f"http://127.0.0.1:{port}/metrics", timeout=30)
                 expositions[s.name] = text if status == 200 else ""
             metric_checks(run, expositions, expected)
+            canary_checks(run, services, key, served, args.wrong_model, values, args.timeout)
     finally:
         for s in reversed(services):
             s.stop()

@@ -56,19 +56,22 @@ def bed(vllm_bin, tmp_path):  # noqa: F811
     lines = tmp_path / "lines"
     assert cli(["real-engine", "prod-b300", "--out", str(lines)]) == 0
     on_free_ports(lines)
-    model = tmp_path / "tiny-glm"
-    model.mkdir()
-    (model / "config.json").write_text('{"architectures": ["GlmMoeDsaForCausalLM"], "max_position_embeddings": 4096}')
+    model, wrong = tmp_path / "tiny-glm", tmp_path / "other-glm"
+    for folder, layers in ((model, 2), (wrong, 3)):  # another config: another model, other greedy answers
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"architectures": ["GlmMoeDsaForCausalLM"],
+                                                        "max_position_embeddings": 4096, "num_hidden_layers": layers}))
     binaries = tmp_path / "bin"
     binaries.mkdir()
     (binaries / "vllm").symlink_to(vllm_bin)
     (binaries / "vllm-router").symlink_to(ROUTER)
-    return lines, model, binaries
+    return lines, model, binaries, wrong
 
 
 def check(bed, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    lines, model, binaries = bed
+    lines, model, binaries, wrong = bed
     return subprocess.run([sys.executable, str(CHECK), "--lines", str(lines), "--model", str(model), "--out", str(out),
+                           "--wrong-model", str(wrong),
                            "--bin", str(binaries), "--timeout", "90", "--env", "GLM_SIM_STARTUP_SECONDS=0.2", *extra],
                           capture_output=True, text=True, timeout=600, env=clean_env())
 
@@ -80,13 +83,18 @@ def test_the_check_serves_the_rendered_lines_and_proves_each_thing_it_names(bed,
     results = json.loads((out / "results.json").read_text())
     names = [c["name"] for c in results["checks"]]
     assert names == ["prefill healthy", "decode healthy", "router healthy", "chat through the router (not streamed)",
-                     "chat through the router (streamed)", "KV over NIXL", "metrics the rules and panels read"]
+                     "chat through the router (streamed)", "KV over NIXL", "metrics the rules and panels read",
+                     "canary against the instances", "wrong healthy", "canary against a planted wrong instance"]
     assert all(c["ok"] for c in results["checks"])
     assert results["nixl"]["transfers"] >= 1 and results["nixl"]["failed"] == 0
     assert results["metrics_missing"] == {}
     # Several API servers, as deployed: no process_* metric (what the unit-memory timer is for).
     assert results["process_metrics"] == []
     assert set(results["phases"]["prefill"]) >= {"weights", "init engine"}
+    checks = {c["name"]: c["detail"] for c in results["checks"]}
+    assert checks["canary against the instances"].startswith("reference of 'real-engine-check'")
+    assert "agreed by decode, prefill (2 of 2 instances)" in checks["canary against the instances"]
+    assert checks["canary against a planted wrong instance"].startswith("wrong: answered ")
     transcript = (out / "TRANSCRIPT.md").read_text()
     assert "| KV over NIXL | pass |" in transcript and "Machine: " in transcript
     # Every service was stopped: nothing it started outlives it.
@@ -112,7 +120,7 @@ def test_a_failing_check_fails_the_run_and_names_it(bed, tmp_path):
 
 
 def test_an_instance_that_does_not_start_stops_the_check_with_its_log(bed, tmp_path):
-    lines, model, binaries = bed
+    lines, model, binaries, _ = bed
     (model / "config.json").unlink()  # the stand-in, like vLLM, refuses a checkpoint without its config
     out = tmp_path / "out"
     p = check(bed, out)
