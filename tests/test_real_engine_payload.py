@@ -75,8 +75,9 @@ def test_the_payload_is_the_pinned_wheels_in_checksummed_pieces_no_larger_than_a
 
 def test_the_pins_are_the_projects_and_the_list_is_the_checked_in_resolution():
     reqs = payload.pinned()
-    assert reqs[:3] == [f"vllm=={pins.VLLM}", f"nixl-cu13=={pins.NIXL}", f"vllm-router=={pins.VLLM_ROUTER}"]
-    rest = reqs[3:]
+    assert reqs[:4] == [f"vllm=={pins.VLLM}", f"nixl=={pins.NIXL}", f"nixl-cu13=={pins.NIXL}",
+                        f"vllm-router=={pins.VLLM_ROUTER}"]
+    rest = reqs[4:]
     assert len(rest) == 89 and all(r.count("==") == 1 for r in rest)
     assert not {r.split("==")[0] for r in rest} & {"torch", "flashinfer-python", "vllm"}
 

@@ -303,11 +303,12 @@ def canary_checks(run: Run, services: list[Service], key: str, model: str, wrong
 
 
 def phases(log: str) -> dict[str, float]:
+    """Each phase's seconds, summed over the times it is logged (with MTP the draft model loads and captures too)."""
     out = {}
     for name, pattern in PHASES.items():
         found = pattern.findall(log)
         if found:
-            out[name] = float(found[-1])
+            out[name] = round(sum(float(x) for x in found), 2)
     return out
 
 

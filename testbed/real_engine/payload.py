@@ -4,7 +4,7 @@ machine with no network, each checksummed (issue 41).
     python3 -m testbed.real_engine.payload build --out DIR [--piece-mib 60] [pip download options…]
     python3 testbed/real_engine/payload.py join --pieces DIR --out WHEELHOUSE      (stdlib only: the GPU side)
 
-build: ``pip download`` of vllm, nixl-cu13 and vllm-router at glm_infra/spec/pins.py's versions and of
+build: ``pip download`` of vllm, nixl (with its CUDA 13 build, nixl-cu13) and vllm-router at glm_infra/spec/pins.py's versions and of
 requirements.txt (their dependencies the GPU machine lacks), as wheels for CPython 3.12 on manylinux x86_64
 (``--no-deps``: the list is the resolution); one tar of them cut into ``payload.tar.NNN`` pieces of at most
 --piece-mib MiB; ``MANIFEST.json`` (the pins, every wheel with its sha256 and size, every piece) and
@@ -35,9 +35,12 @@ MANIFEST = "MANIFEST.json"
 SUMS = "SHA256SUMS"
 MIB = 1 << 20
 # What a wheel is built for on the GPU machine (Ubuntu 24.04, Python 3.12).
-TARGET = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp", "--abi", "cp312",
-          "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux2014_x86_64",
-          "--platform", "manylinux_2_17_x86_64", "--platform", "linux_x86_64"]
+# pip matches a manylinux tag exactly: every glibc the machine's (Ubuntu 24.04: 2.39) covers; abi3 and pure wheels too.
+TARGET = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+          "--abi", "cp312", "--abi", "abi3", "--abi", "none",
+          *[a for n in range(17, 40) for a in ("--platform", f"manylinux_2_{n}_x86_64")],
+          "--platform", "manylinux2014_x86_64", "--platform", "manylinux1_x86_64", "--platform", "linux_x86_64",
+          "--platform", "any"]
 
 
 class PayloadError(Exception):
@@ -53,11 +56,14 @@ def sha256_file(path: Path) -> str:
 
 
 def pinned() -> list[str]:
-    """vllm, nixl and vllm-router at the project's pins, then the listed dependencies."""
+    """vllm, nixl (the package and its CUDA 13 build) and vllm-router at the project's pins, then the listed
+    dependencies. Without the nixl package vLLM 0.33.0 says "NIXL is not available" and its NixlConnector
+    cannot start (seen on the GPU machine, 2026-12-06)."""
     sys.path.insert(0, str(HERE.parents[1]))
     from glm_infra.spec import pins
 
-    reqs = [f"vllm=={pins.VLLM}", f"nixl-cu13=={pins.NIXL}", f"vllm-router=={pins.VLLM_ROUTER}"]
+    # nixl is the package vLLM imports (nixl._api, which loads the CUDA build's nixl_cu13): both, or no KV transfer.
+    reqs = [f"vllm=={pins.VLLM}", f"nixl=={pins.NIXL}", f"nixl-cu13=={pins.NIXL}", f"vllm-router=={pins.VLLM_ROUTER}"]
     for line in REQUIREMENTS.read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line:

@@ -642,6 +642,19 @@ def test_process_metrics_are_served_only_by_one_api_server(launch, flags, gpus, 
         assert "process_" not in text
 
 
+def test_the_startup_phases_are_logged_as_the_real_engine_logs_them(launch, model_dir):
+    """What the real-engine check reads from vLLM 0.33.0's log on a GPU (tests/fixtures/real-engine/), the
+    stand-in logs too: weights, model loading, graph capture, init engine."""
+    from testbed.real_engine import check
+
+    (model_dir / "model-00001-of-00001.safetensors").write_bytes(b"\0" * 4096)
+    vllm = launch().wait_healthy()
+    logged = check.phases(vllm.log.read_text())
+    assert set(logged) == set(check.PHASES), vllm.log.read_text()[-2000:]
+    real = check.phases((ROOT / "tests/fixtures/real-engine/2026-12-06-h100/prefill.log").read_text())
+    assert set(real) == set(logged)
+
+
 def test_the_dp_rank_header_picks_the_rank_and_an_unknown_one_is_refused(launch, tmp_path):
     faults = tmp_path / "faults"
     faults.mkdir()

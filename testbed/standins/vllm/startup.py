@@ -133,6 +133,9 @@ def run(args: argparse.Namespace, weights_s: float, cold_s: float, warm_s: float
     while time.monotonic() - began < weights_s and not stopping():
         time.sleep(min(0.1, weights_s))
     log(f"Loading weights took {time.monotonic() - began:.2f} seconds")
+    # As vLLM 0.33.0 logs it next (seen on a GPU, tests/fixtures/real-engine/): the weights' size on the GPU.
+    size = sum(f.stat().st_size for f in Path(args.model).glob("*.safetensors"))
+    log(f"Model loading took {size / 2**30:.2f} GiB memory and {time.monotonic() - began:.6f} seconds")
     folder = autotune_dir(args)
     with concurrent.futures.ThreadPoolExecutor(max_workers=args.data_parallel_size) as pool:
         engines = [pool.submit(start_engine, args, d, folder, cold_s, warm_s, capture_s, log)
