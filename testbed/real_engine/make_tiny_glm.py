@@ -202,7 +202,10 @@ def main() -> None:
                          num_hidden_layers=args.layers, num_attention_heads=16, num_key_value_heads=8,
                          head_dim=args.hidden // 16, max_position_embeddings=16384, bos_token_id=c["bos_token_id"],
                          eos_token_id=c["eos_token_id"], pad_token_id=c["pad_token_id"], torch_dtype="bfloat16")
-        LlamaForCausalLM(lc).to(torch.bfloat16).save_pretrained(str(out))
+        model = LlamaForCausalLM(lc).to(torch.bfloat16)
+        if args.visible:
+            model.lm_head.weight.data = visible_head(model.lm_head.weight.data, out)
+        model.save_pretrained(str(out))
         print(f"wrote {out}: tiny LlamaForCausalLM, vocab_size {args.vocab}")
         return
     (out / "config.json").write_text(json.dumps(c, indent=2))
