@@ -133,8 +133,9 @@ def busy_steps(host: str) -> str:
     """glm-infra's host scripts and programs still running on ``host`` (a step's leftovers)."""
     # The weights relay server lives inside a staging step: nothing of it outlives the step either. The programs
     # the canary and unit-memory timers run every few seconds are no step (their steps' scripts are .sh files).
+    # Each pattern bracketed so that it matches neither this command nor the grep in it.
     return on_host(host, "pgrep -af '[/]usr/local/libexec/glm-infra/|[u]v pip|[a]pt-get' | "
-                         "grep -Ev '/usr/local/libexec/glm-infra/(canary|unit_memory)[.]py ' || true").strip()
+                         "grep -Ev '[/]usr/local/libexec/glm-infra/(canary|unit_memory)[.]py ' || true").strip()
 
 
 @contextmanager
