@@ -118,7 +118,7 @@ def _set_env(line: Line, name: str, value: str, why: str) -> None:
         line.changes.append(Change(name, old if old is not None else "(unset)", value, why))
 
 
-def instance_line(stack: StackConfig, stack_name: str, inst: Instance, model: str, share: float,
+def instance_line(inst: Instance, model: str, share: float,
                   files: dict[str, str]) -> Line:
     """``inst``'s rendered unit, changed for one GPU on one machine. ``files``: the host's rendered files by path."""
     argv, env, env_files = unit_lines(files[paths.unit(inst.unit)])
@@ -202,7 +202,7 @@ def lines(stack: StackConfig, stack_name: str, model: str, gpu_share: float | No
     chosen = [next(i for i in p.instances if i.role == role) for role in roles]
     share = gpu_share or DEFAULT_GPU_SHARE[len(chosen)]
     steps = hostplan.plan_all(stack, p, stack_name=stack_name)
-    out = [instance_line(stack, stack_name, inst, model, share,
+    out = [instance_line(inst, model, share,
                          {path: f.content for path, f in steps[inst.host].files().items()}) for inst in chosen]
     if p.router is not None:
         files = {path: f.content for path, f in steps[p.router.host].files().items()}

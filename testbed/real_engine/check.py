@@ -247,7 +247,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def canary(run: Run, out: Path, key: str, model: str, targets: list[dict], record: bool) -> subprocess.CompletedProcess:
+def canary(out: Path, key: str, model: str, targets: list[dict], record: bool) -> subprocess.CompletedProcess:
     """glm-infra's own canary (glm_infra/agent/canary.py, as the router's host runs it) against ``targets``."""
     keyfile = out / "canary-key.env"
     keyfile.write_text(f"VLLM_API_KEY={key}\n")
@@ -261,7 +261,7 @@ def canary(run: Run, out: Path, key: str, model: str, targets: list[dict], recor
 
 
 def canary_checks(run: Run, services: list[Service], key: str, model: str, wrong_model: str | None,
-                  values: dict[str, str], timeout: float) -> None:
+                  timeout: float) -> None:
     """The canary passes against the instances (their agreed answer recorded as its reference), and fails
     against a planted instance serving another checkpoint, naming it."""
     def target(s: Service, gate: bool) -> dict:
@@ -269,7 +269,7 @@ def canary_checks(run: Run, services: list[Service], key: str, model: str, wrong
                 "per_rank": False, "gate": gate}
 
     targets = [target(s, s.name != "router") for s in services]
-    p = canary(run, run.out, key, model, targets, record=True)
+    p = canary(run.out, key, model, targets, record=True)
     reference = next((line.split("canary: ", 1)[1] for line in p.stdout.splitlines() if "canary: reference of" in line),
                      "")
     run.facts["canary"] = (p.stdout + p.stderr).strip().splitlines()
@@ -293,7 +293,7 @@ def canary_checks(run: Run, services: list[Service], key: str, model: str, wrong
     try:
         if not wait_healthy(run, wrong, f"http://127.0.0.1:{flag(argv, '--port')}/health", timeout):
             return
-        p = canary(run, run.out, key, model, [*targets, target(wrong, True)], record=False)
+        p = canary(run.out, key, model, [*targets, target(wrong, True)], record=False)
         named = [line for line in p.stderr.splitlines() if ": canary: wrong" in line]
         run.facts["canary_wrong"] = (p.stdout + p.stderr).strip().splitlines()
         run.record("canary against a planted wrong instance", p.returncode == 1 and bool(named),
@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
                 status, text = get(f"http://127.0.0.1:{port}/metrics", timeout=30)
                 expositions[s.name] = text if status == 200 else ""
             metric_checks(run, expositions, expected)
-            canary_checks(run, services, key, served, args.wrong_model, values, args.timeout)
+            canary_checks(run, services, key, served, args.wrong_model, args.timeout)
     finally:
         for s in reversed(services):
             s.stop()
