@@ -231,7 +231,15 @@ class RouterInput(TypedDict, total=False):
     """vllm-router in P/D mode behind an nginx front on the public port: the front checks the API key and retries a request the router failed before answering (a prefill restarting)."""
 
     host: Required[str]
-    """Host the router (and its front) runs on. Required."""
+    """Host the router (and its front) runs on; with standbyHosts, the first of the routers (the others roll before it). Required."""
+    standby_hosts: Sequence[str]
+    """Further hosts that run the router and its front too, hot, behind virtualAddress: keepalived (VRRP) keeps the address on one router host whose front and router answer, and moves it within seconds when that host dies. Each front passes a request its own router cannot take to another router's front, so a change restarts the routers one at a time, each drained first, and loses no request."""
+    virtual_address: str
+    """The address clients use with standbyHosts (required with them): held by one router host at a time, on the interface that carries the host's own address, in the same network, and used by no host."""
+    vrrp_router_id: int
+    """keepalived's virtual_router_id: unique among the VRRP instances of the routers' network. Default: 51."""
+    peer_port: int
+    """Loopback port of the front through which it passes requests to the other routers' fronts (TLS, checked against the front's CA) while its own router is down or drained. Default: 8002."""
     port: int
     """Public port (the nginx front). Default: 8000."""
     internal_port: int

@@ -101,7 +101,7 @@ def host_steps(stack: StackConfig, plan: Plan, h: HostPlan, secrets: Mapping[str
     if h.instances or h.runs_router:
         steps.append(vllm.placement_step(h.name, h.instances))
     if h.runs_router:  # before any instance of the stack restarts (Cluster orders every rollout after it)
-        steps.append(router.canary_transition_step(stack, plan))
+        steps.append(router.canary_transition_step(stack, plan, h.name))
     for inst in h.instances:
         steps += vllm.instance_steps(stack, inst)
     if h.instances:
@@ -109,7 +109,7 @@ def host_steps(stack: StackConfig, plan: Plan, h: HostPlan, secrets: Mapping[str
     if h.instances and stack.model.source != "local":
         steps.append(weights.prune_step(stack))
     if h.runs_router:
-        steps += router.router_steps(stack, plan, secrets)
+        steps += router.router_steps(stack, plan, secrets, h.name)
     steps += monitoring.host_steps(stack, plan, h, stack_name, secrets)
     return HostSteps(h, {s.name: s for s in steps})
 

@@ -81,6 +81,7 @@ class Step:
     stdin: str | None = None
     triggers: tuple[str, ...] = ()
     secret: bool = False  # stdin holds a secret: keep it encrypted in state, never log it
+    secret_output: bool = False  # stdout holds a secret too (kept encrypted in state)
     update: str | None = None
     timeout: str | None = None  # how long create/update may run ("30m")
     retain: bool = False  # keep what it made on destroy (delete never runs)

@@ -324,12 +324,11 @@ class Cluster(_Deployment):
                 chain.ready = [self._host_step(f"{name}-{h}-vllm-placement", "placement", chain.host.connection, step,
                                                h, [], chain.ready)]
         # A change of identity (revision, vLLM) marked on the router's host before any instance restarts onto it.
-        transition: list[pulumi.Resource] = []
-        if plan.router is not None and self.mine(plan.router.host):
-            r = plan.router.host
-            transition = [run_step(f"{name}-canary-transition", self.steps[r].steps[router_role.CANARY_TRANSITION],
-                                   self.hosts[r].connection, self, live=self.live(r, router_role.CANARY_TRANSITION),
-                                   depends_on=list(self._chains[r].ready))]
+        transition: list[pulumi.Resource] = [  # on every router host (router.host's keeps its first name)
+            run_step(f"{name}-canary-transition{'' if r == plan.router.host else f'-{r}'}",
+                     self.steps[r].steps[router_role.CANARY_TRANSITION], self.hosts[r].connection, self,
+                     live=self.live(r, router_role.CANARY_TRANSITION), depends_on=list(self._chains[r].ready))
+            for r in (plan.router.host_names if plan.router is not None else ()) if self.mine(r)]
         for inst in plan.instances:
             if not self.mine(inst.host):
                 continue
@@ -363,27 +362,29 @@ class Cluster(_Deployment):
                          self.hosts[h.name].connection, self,
                          depends_on=[self.services[i.name].rollout for i in h.instances])
 
-        self.router: Router | None = None
-        if plan.router is not None and self.mine(plan.router.host):
-            r = plan.router
-            s = self.steps[r.host]
-            router_steps = s.only("router-")
-            self.router = Router(
-                f"{name}-router",
+        # Every router host, one at a time on a change (the standbys first); router.host's keeps its first name.
+        self.routers: dict[str, Router] = {}
+        for r in plan.router.roll_order() if plan.router is not None else ():
+            if not self.mine(r):
+                continue
+            router_steps, first = self.steps[r].only("router-"), self.routers.get(plan.router.host)
+            self.routers[r] = Router(
+                f"{name}-router" if r == plan.router.host else f"{name}-router-{r}",
                 RouterArgs(
-                    connection=self.hosts[r.host].connection,
+                    connection=self.hosts[r].connection,
                     steps=router_steps,
                     url=self._resolved.apply(lambda x: x.plan.router.url),
-                    secret_files={k: self.secret_file(st) for k, st in router_steps.items() if st.secret},
-                    # After every instance's health-gated start, before every stopper: the router
-                    # starts last and stops first.
+                    secret_files={k: self.secret_file(st) for k, st in router_steps.items() if st.secret_render},
+                    # After every instance's health-gated start, before every stopper: starts last, stops first.
                     after=[x for svc in self.services.values() for x in (svc.service, svc.stopper)],
                     rollouts=[svc.rollout for svc in self.services.values()],
-                    live=self.lives(r.host, router_steps),
+                    live=self.lives(r, router_steps),
+                    roll_after=[x.last for x in self.routers.values()],
+                    ca=first.ca_export.stdout if first is not None and first.ca_export is not None else None,
                 ),
-                pulumi.ResourceOptions(parent=self, depends_on=list(self._chains[r.host].ready)),
+                pulumi.ResourceOptions(parent=self, depends_on=list(self._chains[r].ready)),
             )
-
+        self.router: Router | None = self.routers.get(plan.router.host) if plan.router is not None else None
         self.monitoring = self._monitor(name)
         self.prometheus_url = self.monitoring.prometheus_url if self.monitoring else pulumi.Output.from_input("")
         self.router_url = self._resolved.apply(lambda x: x.plan.router.url if x.plan.router else "")

@@ -113,7 +113,7 @@ def run_step(
     opts = pulumi.ResourceOptions(
         parent=parent,
         depends_on=list(depends_on),
-        additional_secret_outputs=["stdin"] if step.secret else None,
+        additional_secret_outputs=(["stdin", "stdout"] if step.secret_output else ["stdin"]) if step.secret else None,
         custom_timeouts=pulumi.CustomTimeouts(create=step.timeout, update=step.timeout) if step.timeout else None,
         retain_on_delete=step.retain or None,
     )

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_command.remote as remote
 
-from glm_infra.steps import Step
+from glm_infra.roles.router.ha import CA_EXPORT, CA_GIVEN
+from glm_infra.steps import Step, digest
 
 from .remote_step import inherited, run_step
 
@@ -36,6 +37,11 @@ class RouterArgs:
     """Every instance's rollout: the canaries record a new reference only once each has rolled onto it."""
     live: Mapping[str, pulumi.Output[Step]] = field(default_factory=dict)
     """The steps as resolved at deploy time (they name the workers' addresses)."""
+    roll_after: Sequence[pulumi.Resource] = field(default_factory=list)
+    """What the router restarts only after: the router hosts before it in the roll (one at a time)."""
+    ca: pulumi.Input[str] | None = None
+    """router.host's generated CA (certificate and key, a secret) for the other router hosts to sign with
+    (their ``router-front-ca-given`` step)."""
 
 
 class Router(pulumi.ComponentResource):
@@ -58,8 +64,6 @@ class Router(pulumi.ComponentResource):
                             live=live.get(key), stdin=secret.get(key), **kw)
 
         def digest_of(key: str) -> list[pulumi.Input[str]]:
-            from glm_infra.steps import digest
-
             return [pulumi.Output.from_input(secret[key]).apply(digest)] if key in secret else []
 
         secrets = step("router-secrets", depends_on=deps)
@@ -68,7 +72,7 @@ class Router(pulumi.ComponentResource):
         self.gates = step("router-gates", depends_on=[gates_conf, *deps])
         unit_file = step("router-unit", depends_on=deps)
         self.service = step("router-service", triggers=digest_of("router-secrets"),
-                            depends_on=[unit_file, secrets, self.gates, *deps, *args.after])
+                            depends_on=[unit_file, secrets, self.gates, *deps, *args.after, *args.roll_after])
         # The canaries once the router serves and every instance has rolled (their run records the reference
         # the instances agree on, of what they all run now); a new API key re-runs them.
         self.canary = step("router-canary", triggers=digest_of("router-secrets"),
@@ -77,10 +81,22 @@ class Router(pulumi.ComponentResource):
         conf = step("router-front-conf", depends_on=[self.service])
         keys = step("router-front-keys", depends_on=[self.service])
         given = [step("router-front-tls-given", depends_on=deps)] if "router-front-tls-given" in s else []
+        ca_digest: list[pulumi.Input[str]] = []
+        if CA_GIVEN in s:  # another router host: router.host's CA, before the certificate it signs
+            assert args.ca is not None
+            ca_digest = [pulumi.Output.from_input(args.ca).apply(lambda v: digest(v or ""))]
+            given.append(run_step(f"{name}-front-ca-given", s[CA_GIVEN], args.connection, self, stdin=args.ca,
+                                  triggers=ca_digest, depends_on=deps))
         # The TLS step prints the CA of a generated certificate (and nothing else) on stdout.
-        self.tls = step("router-front-tls", triggers=digest_of("router-front-tls-given"), depends_on=[*given, *deps])
+        self.tls = step("router-front-tls", triggers=[*digest_of("router-front-tls-given"), *ca_digest],
+                        depends_on=[*given, *deps])
+        # router.host with other router hosts: its CA for them (a secret, never logged).
+        self.ca_export = step(CA_EXPORT, triggers=[self.tls.stdout.apply(lambda v: digest(v or ""))],
+                              depends_on=[self.tls]) if CA_EXPORT in s else None
         self.front = step("router-front", triggers=[*digest_of("router-front-keys"), *digest_of("router-front-tls-given")],
                           depends_on=[conf, keys, self.tls])
+        # keepalived last: its check asks this front.
+        self.last = step("router-vrrp", depends_on=[self.front]) if "router-vrrp" in s else self.front
         self.url = pulumi.Output.from_input(args.url)
         self.ca_certificate: pulumi.Output[str] = self.tls.stdout
         self.register_outputs({"url": self.url, "caCertificate": self.ca_certificate})

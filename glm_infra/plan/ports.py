@@ -61,11 +61,15 @@ def listeners(stack: StackConfig, serve: bool = True) -> list[Listener]:
                                         _key("startup", ".relayPort"), PEERS))
     r = stack.router
     if r is not None and serve:
-        out.append(Listener(r.host, r.port, "router http", _key("router", ".port"), ROUTER))
-        out.append(Listener(r.host, r.metrics_port, "router metrics", _key("router", ".metricsPort"), PEERS))
-        out.append(Listener(r.host, r.internal_port, "router internal", _key("router", ".internalPort"), LOOPBACK))
-        for g in gates(stack, allocate(stack)):
-            out.append(Listener(r.host, g.port, f"router gate of {g.instance}", _key("router", ".gatePort"), LOOPBACK))
+        for host in [r.host, *r.standby_hosts]:  # every router host runs the router and its front
+            out.append(Listener(host, r.port, "router http", _key("router", ".port"), ROUTER))
+            out.append(Listener(host, r.metrics_port, "router metrics", _key("router", ".metricsPort"), PEERS))
+            out.append(Listener(host, r.internal_port, "router internal", _key("router", ".internalPort"), LOOPBACK))
+            for g in gates(stack, allocate(stack)):
+                out.append(Listener(host, g.port, f"router gate of {g.instance}", _key("router", ".gatePort"), LOOPBACK))
+            if r.standby_hosts:
+                out.append(Listener(host, r.peer_port, "router front to the other fronts", _key("router", ".peerPort"),
+                                    LOOPBACK))
     m, d = stack.monitoring, stack.drivers
     provisioned = {i.host for i in allocate(stack)} if serve else {h.name for h in stack.hosts}
     # The driver step runs DCGM's host engine (nvidia-dcgm) for the health gate's dcgmi diag or the exporter.

@@ -6,11 +6,12 @@ produced (GPU budgets, port collisions); ``plan`` is what components consume onc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from glm_infra.spec.config import PoolConfig, StackConfig
 from glm_infra.spec.paths import url_host
+
+from .routing import Gate, RouterHost, RouterPlan, gates, router_plan
 
 ROLES = ("prefill", "decode", "colocated")
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
@@ -61,59 +62,6 @@ class Instance:
 
 
 @dataclass(frozen=True)
-class Gate:
-    """How the router reaches one instance: a loopback port of nginx on the router's host that passes
-    everything to the instance and answers ``/health`` 503 while the instance's canary fails (vllm-router
-    0.1.17 in P/D mode cannot take a worker out and back over HTTP; its health checks can)."""
-
-    instance: str  # the instance's name
-    role: str
-    port: int
-    upstream: str  # the instance's own URL
-    requests: int  # canaries per run: one per DP rank
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-
-@dataclass(frozen=True)
-class RouterPlan:
-    host: str
-    address: str
-    port: int
-    gates: tuple[Gate, ...]  # one per instance, in plan order
-
-    def _urls(self, role: str) -> tuple[str, ...]:
-        return tuple(g.url for g in self.gates if g.role == role)
-
-    @property
-    def prefill_urls(self) -> tuple[str, ...]:
-        return self._urls("prefill")
-
-    @property
-    def decode_urls(self) -> tuple[str, ...]:
-        return self._urls("decode")
-
-    @property
-    def worker_urls(self) -> tuple[str, ...]:  # colocated mode
-        return self._urls("colocated")
-
-    def worker_url(self, instance: str) -> str:
-        """The URL the router knows ``instance`` by (its series carry it as ``worker``)."""
-        return next(g.url for g in self.gates if g.instance == instance)
-
-    @property
-    def url(self) -> str:
-        """The public URL: the front always speaks TLS."""
-        return f"https://{url_host(self.address)}:{self.port}"
-
-    @property
-    def unit(self) -> str:
-        return "glm-vllm-router.service"
-
-
-@dataclass(frozen=True)
 class HostPlan:
     name: str
     address: str
@@ -154,13 +102,6 @@ class Plan:
     def serving_hosts(self) -> tuple[HostPlan, ...]:
         """Hosts that run at least one vLLM instance (they need the runtime and the weights)."""
         return tuple(h for h in self.hosts if h.instances)
-
-
-def gates(stack: StackConfig, instances: Sequence[Instance]) -> tuple[Gate, ...]:
-    """The router's gate of each instance: router.gatePort and on, in plan order."""
-    assert stack.router is not None
-    dp = {role: pool.dp for role, pool in stack.pools()}
-    return tuple(Gate(i.name, i.role, stack.router.gate_port + n, i.url, dp[i.role]) for n, i in enumerate(instances))
 
 
 def allocate(stack: StackConfig) -> list[Instance]:
@@ -271,22 +212,14 @@ def plan(stack: StackConfig, serve: bool = True, runtime: bool = False) -> Plan:
                       for h in stack.hosts)
         return Plan(hosts=hosts, instances=(), router=None)
     instances = tuple(allocate(stack))
-    router = None
-    if stack.router is not None:
-        r = stack.router
-        router = RouterPlan(
-            host=r.host,
-            address=stack.host(r.host).address,
-            port=r.port,
-            gates=gates(stack, instances),
-        )
+    router = router_plan(stack, instances)
     hosts = tuple(
         HostPlan(
             name=h.name,
             address=h.address,
             gpus=h.gpus,
             instances=tuple(i for i in instances if i.host == h.name),
-            runs_router=router is not None and router.host == h.name,
+            runs_router=router is not None and h.name in router.host_names,
         )
         for h in stack.hosts
     )

@@ -7,6 +7,7 @@ same messages. Rules run only on a stack whose individual keys already parsed.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import posixpath
 import re
 from collections import defaultdict
@@ -111,6 +112,8 @@ def _host_references(stack: StackConfig, serve: bool = True) -> list[Problem]:
                 out.append(Problem(key_path(role, f".hosts[{i}]"), f"unknown host {h!r} (hosts are: {known})"))
     if stack.router is not None and stack.router.host not in names:
         out.append(Problem(key_path("router", ".host"), f"unknown host {stack.router.host!r} (hosts are: {known})"))
+    if stack.router is not None:
+        out += _router_standbys(stack, names)
     mon = stack.monitoring.host
     if stack.monitoring.enabled and mon is not None and mon not in names:
         out.append(Problem(key_path("monitoring", ".host"), f"unknown host {mon!r} (hosts are: {known})"))
@@ -119,6 +122,46 @@ def _host_references(stack: StackConfig, serve: bool = True) -> list[Problem]:
     if seed is not None and seed not in serving:
         out.append(Problem(key_path("model", ".seedHost"), f"{seed!r} runs no vLLM instance (serving hosts: {', '.join(dict.fromkeys(serving))})"))
     return out
+
+
+def _router_standbys(stack: StackConfig, names: list[str]) -> list[Problem]:
+    """router.standbyHosts: known hosts, each once and not router.host, behind a virtual IPv4 address
+    no host uses, the router hosts' own addresses IPv4 too (VRRP here is IPv4, unicast between them)."""
+    r = stack.router
+    assert r is not None
+    out = []
+    for i, h in enumerate(r.standby_hosts):
+        if h not in names:
+            out.append(Problem(key_path("router", f".standbyHosts[{i}]"), f"unknown host {h!r} (hosts are: {', '.join(names)})"))
+        elif h == r.host or h in r.standby_hosts[:i]:
+            out.append(Problem(key_path("router", f".standbyHosts[{i}]"),
+                               f"{h!r} already runs a router (router.host and standbyHosts name each host once)"))
+    if r.standby_hosts and r.virtual_address is None:
+        out.append(Problem(key_path("router", ".virtualAddress"),
+                           f"router.standbyHosts ({', '.join(r.standby_hosts)}) needs the address clients use, held "
+                           "by one router host at a time: set router.virtualAddress (an unused address of the "
+                           "hosts' network)"))
+    if r.virtual_address is None or out:
+        return out
+    by_address = {h.address: h.name for h in stack.hosts}
+    if str(r.virtual_address) in by_address:
+        out.append(Problem(key_path("router", ".virtualAddress"),
+                           f"{r.virtual_address} is {by_address[str(r.virtual_address)]}'s own address: the virtual "
+                           "address moves between the router hosts and must be used by no host"))
+    for h in [r.host, *r.standby_hosts]:
+        if not _is_ipv4(stack.host(h).address):
+            out.append(Problem(key_path("router", ".virtualAddress"),
+                               f"router host {h}'s address is {stack.host(h).address!r}: the routers speak VRRP to "
+                               "each other's IPv4 address (unicast); give the router hosts IPv4 addresses"))
+    return out
+
+
+def _is_ipv4(address: str) -> bool:
+    try:
+        ipaddress.IPv4Address(address)
+    except ValueError:
+        return False
+    return True
 
 
 def _kv_nics(stack: StackConfig) -> list[Problem]:

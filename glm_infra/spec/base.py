@@ -139,6 +139,16 @@ def check_cidr(v: str) -> str:
 Cidr = Annotated[str, AfterValidator(check_cidr)]
 
 
+def check_ipv4(v: str) -> str:
+    try:
+        return str(ipaddress.IPv4Address(v))
+    except ValueError:
+        raise ValueError(f"{v!r} is not an IPv4 address (192.0.2.7)") from None
+
+
+IPv4 = Annotated[str, AfterValidator(check_ipv4)]
+
+
 def is_dns_name(v: str) -> bool:
     """A DNS name, and not something that only looks like a mistyped IPv4 address (10.0.0.300)."""
     return bool(_DNS_NAME.match(v)) and not re.fullmatch(r"[0-9.]+", v)

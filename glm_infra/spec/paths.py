@@ -28,6 +28,7 @@ FRONT_KEY = f"{TLS_DIR}/front.key"
 FRONT_CA = f"{TLS_DIR}/ca.crt"
 FRONT_CA_KEY = f"{TLS_DIR}/ca.key"
 FRONT_TLS_GIVEN = f"{SECRETS_DIR}/router-tls.pem"  # router.tlsCertificate + tlsKey, when the stack sets them
+FRONT_CA_GIVEN = f"{SECRETS_DIR}/router-ca.pem"  # router.host's generated CA, on the other router hosts
 # Canaries (the router's host): the program, what it asks, the answers it recorded, and the flags of the
 # instances whose canary fails (the gates answer /health 503 for them; gone at reboot, the next run
 # writes them again).
@@ -36,6 +37,13 @@ CANARY_TARGETS = f"{ETC}/canary-targets.json"
 CANARY_STATE = f"{STATE}/canary"
 CANARY_FLAGS = "/run/glm-canary"  # the canary unit's RuntimeDirectory (preserved between its runs)
 GATES_CONF = "/etc/nginx/conf.d/glm-infra-gates.conf"
+# While the router restarts, its front passes every request to another router's front: a file here makes it so
+# (tmpfs: a reboot never leaves a front drained).
+FRONT_DRAIN_DIR = f"{RUN}/router-drain"
+FRONT_DRAIN = f"{FRONT_DRAIN_DIR}/front.conf"
+KEEPALIVED_CONF = "/etc/keepalived/keepalived.conf"  # the package's own path (its unit's ConditionFileNotEmpty)
+VRRP_STATE = f"{RUN}/router-vrrp.state"  # MASTER, BACKUP or FAULT: what keepalived said last (its notify script)
+NONLOCAL_BIND_SYSCTL = "/etc/sysctl.d/60-glm-infra-router.conf"  # the front listens on the virtual address too
 HF_ENV = f"{OPT}/hf"
 BOOT_BEFORE_REBOOT = f"{STATE}/boot-before-reboot"
 ROLLOUT_DIR = f"{STATE}/rollout"  # per unit, the triggers digest it last (re)started with

@@ -11,7 +11,7 @@ from pydantic import (
 )
 
 from . import pins
-from .base import Cidr, Port, Secret, ServerName, StrictModel
+from .base import IPv4, Cidr, Port, Secret, ServerName, StrictModel
 
 CudagraphMode = Annotated[str, Field(pattern=r"^[A-Z_]+$", json_schema_extra=pins.schema_enum("cudagraphMode"))]
 
@@ -134,7 +134,25 @@ class RouterConfig(StrictModel):
     """vllm-router in P/D mode behind an nginx front on the public port: the front checks the API
     key and retries a request the router failed before answering (a prefill restarting)."""
 
-    host: str = Field(description="Host the router (and its front) runs on.")
+    host: str = Field(description="Host the router (and its front) runs on; with standbyHosts, the first of "
+                                  "the routers (the others roll before it).")
+    standby_hosts: list[str] = Field(
+        default_factory=list, max_length=3,
+        description="Further hosts that run the router and its front too, hot, behind virtualAddress: keepalived "
+                    "(VRRP) keeps the address on one router host whose front and router answer, and moves it "
+                    "within seconds when that host dies. Each front passes a request its own router cannot "
+                    "take to another router's front, so a change restarts the routers one at a time, each "
+                    "drained first, and loses no request.")
+    virtual_address: IPv4 | None = Field(
+        None, description="The address clients use with standbyHosts (required with them): held by one router "
+                          "host at a time, on the interface that carries the host's own address, in the same "
+                          "network, and used by no host.")
+    vrrp_router_id: int = Field(
+        51, ge=1, le=255, description="keepalived's virtual_router_id: unique among the VRRP instances of the "
+                                      "routers' network.")
+    peer_port: Port = Field(
+        8002, description="Loopback port of the front through which it passes requests to the other routers' "
+                          "fronts (TLS, checked against the front's CA) while its own router is down or drained.")
     port: Port = Field(8000, description="Public port (the nginx front).")
     internal_port: Port = Field(8001, description="vllm-router's own port, on loopback behind the front.")
     metrics_port: Port = Field(29000, description="Prometheus exporter of the router (--prometheus-port).")

@@ -111,11 +111,20 @@ def ruleset(stack: StackConfig, plan: Plan, host: str) -> str:
         "\t\tmeta l4proto { icmp, ipv6-icmp } accept",
         "\t\t# the host's address lease (DHCPv6 answers from a link-local address, which conntrack cannot pair)",  # pragma: no mutate
         "\t\tudp sport 67 udp dport 68 accept", "\t\tip6 saddr fe80::/10 udp sport 547 udp dport 546 accept",
-        *rules,
+        *rules, *_vrrp(plan, host),
         # A last rule rather than the chain's policy: the same for every packet, but a table flushed by hand
         # (rules gone, chain kept) leaves the host reachable over SSH, and the step's check sees the flush.
         "\t\t# anything else",  # pragma: no mutate
         "\t\tdrop", "\t}", "}", ""])
+
+
+def _vrrp(plan: Plan, host: str) -> list[str]:
+    """keepalived's adverts (IP protocol 112, unicast) from the other router hosts, when they share an address."""
+    r = plan.router
+    if r is None or not r.virtual or host not in r.host_names or not r.peers(host):
+        return []
+    return ["\t\t# vrrp: keepalived's adverts from the other router hosts (the virtual address)",  # pragma: no mutate
+            f"\t\tip protocol vrrp ip saddr {{ {', '.join(p.address for p in r.peers(host))} }} accept"]
 
 
 LOAD = f"/usr/sbin/nft -f {RULESET}"  # one nft transaction: the table deleted and made again (ruleset())

@@ -21,6 +21,7 @@ import yaml
 
 from glm_infra import render
 from glm_infra.plan.topology import HostPlan, Plan
+from glm_infra.roles.router.ha import VRRP_METRICS
 from glm_infra.render import render_template
 from glm_infra.spec import packages, paths
 from glm_infra.spec.config import StackConfig
@@ -103,8 +104,10 @@ def scrape_configs(stack: StackConfig, plan: Plan, stack_name: str) -> list[dict
                  "replacement": g.instance},
             )
         ]
-        job("vllm-router", [{"targets": [_target(r.address, stack.router.metrics_port)],
-                             "labels": {"stack": name, "pool": "router", "host": r.host, "instance": "router"}}],
+        hosts = [(h.name, h.address) for h in r.hosts] or [(r.host, r.address)]  # every router host, on its own address
+        job("vllm-router", [{"targets": [_target(address, stack.router.metrics_port)],
+                             "labels": {"stack": name, "pool": "router", "host": host, "instance": "router"}}
+                            for host, address in hosts],
             metric_relabel_configs=relabel)
     job("node", [
         {"targets": [_target(h.address, m.node_exporter_port)], "labels": {"stack": name, "host": h.name}}
@@ -147,7 +150,9 @@ def rules(stack: StackConfig) -> str:
                            canary={"interval": stack.router.canary_interval, "timeout": stack.router.canary_timeout}
                            if stack.router is not None else None,
                            mtp=any(p.speculative_tokens > 0 for _, p in stack.pools()),
-                           unit_memory_stale_s=UNIT_MEMORY_STALE_S)
+                           unit_memory_stale_s=UNIT_MEMORY_STALE_S,
+                           router_address=stack.router is not None and stack.router.virtual_address is not None,
+                           router_address_file=VRRP_METRICS.rsplit("/", 1)[1])
 
 
 def alertmanager_config(stack: StackConfig) -> str:

@@ -18,6 +18,8 @@ from glm_infra.spec.config import API_KEY_MAX, StackConfig
 from glm_infra.spec.paths import FRONT_CONF, FRONT_KEYS, ROUTER_SECRETS
 from glm_infra.steps import TRIGGERS_TOKEN, ScriptStep, Step, digest, file_step
 
+from . import ha
+
 CANARY_SCRIPT = "glm-canary"  # the canary step's script, under paths.LIBEXEC
 CANARY_SERVICE = "glm-canary.service"
 CANARY_TIMER = "glm-canary.timer"
@@ -80,9 +82,10 @@ def not_served_message() -> str:
     return f"not found: this path is not served here; the front serves {served}"
 
 
-def router_args(stack: StackConfig, plan: Plan) -> list[str]:
+def router_args(stack: StackConfig, plan: Plan, host: str | None = None) -> list[str]:
     assert plan.router is not None and stack.router is not None
     r = plan.router
+    address = r.on(host).address if host is not None and r.hosts else stack.host(r.host).address
     a = [f"{stack.runtime.venv}/bin/vllm-router"]
     if plan.disaggregated:
         a.append("--vllm-pd-disaggregation")
@@ -95,18 +98,20 @@ def router_args(stack: StackConfig, plan: Plan) -> list[str]:
     a += ["--policy", stack.router.policy]
     # Loopback only: the nginx front owns the public port.
     a += ["--host", "127.0.0.1", "--port", str(stack.router.internal_port)]
-    a += ["--prometheus-host", r.address, "--prometheus-port", str(stack.router.metrics_port)]
+    a += ["--prometheus-host", address, "--prometheus-port", str(stack.router.metrics_port)]
     a += ["--health-check-interval-secs", str(stack.router.health_check_interval)]
     return a
 
 
-def router_unit(stack: StackConfig, plan: Plan) -> str:
+def router_unit(stack: StackConfig, plan: Plan, host: str | None = None) -> str:
+    assert plan.router is not None
+    host = host or plan.router.host
     return render_template(
         "router.service.j2",
         stack=stack,
-        exec_start=systemd_quote(router_args(stack, plan)),
+        exec_start=systemd_quote(router_args(stack, plan, host)),
         environment_files=[ROUTER_SECRETS],
-        local_units=[i.unit for i in plan.instances if i.host == plan.router.host],
+        local_units=[i.unit for i in plan.instances if i.host == host],
     )
 
 
@@ -114,25 +119,33 @@ def router_secrets_env(secrets: Mapping[str, str]) -> str:
     return render_template("router-secrets.env.j2", secrets=secrets)
 
 
-def router_service_script(stack: StackConfig, plan: Plan) -> str:
+def router_service_script(stack: StackConfig, plan: Plan, host: str | None = None) -> str:
+    """Restart the router, gated on its health; with other router hosts, its front passes every request to
+    theirs first, and the restart waits until nothing is in flight here (ha.drain_block)."""
     assert plan.router is not None and stack.router is not None
     r = plan.router
+    host = host or r.host
     return render_template(
-        "service.sh.j2", host=r.host, unit=r.unit, health_url=f"http://127.0.0.1:{stack.router.internal_port}/health",
-        timeout_s=ROUTER_START_TIMEOUT_S, drain_s=0,
+        "service.sh.j2", host=host, unit=r.unit, health_url=f"http://127.0.0.1:{stack.router.internal_port}/health",
+        timeout_s=ROUTER_START_TIMEOUT_S, drain_s=0, drain_block=ha.drain_block(stack, plan, host),
     )
 
 
-def router_front_conf(stack: StackConfig, plan: Plan) -> str:
+def router_front_conf(stack: StackConfig, plan: Plan, host: str | None = None) -> str:
     assert plan.router is not None and stack.router is not None
-    address = plan.router.address
+    host = host or plan.router.host
+    own = plan.router.on(host).address if plan.router.hosts else plan.router.address
+    listen = list(dict.fromkeys([own, plan.router.address]))
     for route in PUBLIC_ROUTES:  # each goes into a location and a return text as it is
         assert _PLAIN_PATH.fullmatch(route.path) and "/." not in route.path, route.path
         assert route.methods and all(m.isalpha() and m.isupper() for m in route.methods), route.methods
     return render_template(
-        "router-front.conf.j2", host=plan.router.host, r=stack.router, keys_path=FRONT_KEYS,
+        "router-front.conf.j2", host=host, r=stack.router, keys_path=FRONT_KEYS,
         routes=PUBLIC_ROUTES, not_served=not_served_message(),
-        api_key=stack.router.api_key is not None, listen=paths.url_host(address), api_key_max=API_KEY_MAX,
+        api_key=stack.router.api_key is not None, listen=[paths.url_host(a) for a in listen], api_key_max=API_KEY_MAX,
+        peers=[f"{paths.url_host(p.address)}:{stack.router.port}" for p in plan.router.peers(host)],
+        peer_name=tls_names(stack, plan)[0], peer_ca=paths.FRONT_CA if tls_generated(stack) else "",
+        drain_dir=paths.FRONT_DRAIN_DIR,
         map_bucket=1 << (len("Bearer ") + API_KEY_MAX + 16).bit_length(),
         cert=paths.FRONT_CERT, key=paths.FRONT_KEY,
     )
@@ -153,9 +166,11 @@ def tls_generated(stack: StackConfig) -> bool:
 
 
 def tls_names(stack: StackConfig, plan: Plan) -> list[str]:
-    """The names a generated certificate carries: the router host's address first, then router.tlsNames."""
+    """The names a generated certificate carries: the address clients use first (router.virtualAddress, else
+    the router host's), every router host's own address (the fronts reach each other by it), then
+    router.tlsNames."""
     assert plan.router is not None and stack.router is not None
-    return list(dict.fromkeys([plan.router.address, *stack.router.tls_names]))
+    return list(dict.fromkeys([plan.router.address, *(h.address for h in plan.router.hosts), *stack.router.tls_names]))
 
 
 def subject_alt_names(names: list[str]) -> str:
@@ -169,36 +184,41 @@ def subject_alt_names(names: list[str]) -> str:
     return ",".join(out)
 
 
-def router_front_tls_script(stack: StackConfig, plan: Plan) -> str:
+def router_front_tls_script(stack: StackConfig, plan: Plan, host: str | None = None) -> str:
     assert plan.router is not None
     names = tls_names(stack, plan)
     return render_template(
-        "router-front-tls.sh.j2", host=plan.router.host, generated=tls_generated(stack), given=paths.FRONT_TLS_GIVEN,
+        "router-front-tls.sh.j2", host=host or plan.router.host,
+        ca_given=paths.FRONT_CA_GIVEN if tls_generated(stack) and (host or plan.router.host) != plan.router.host else "", generated=tls_generated(stack), given=paths.FRONT_TLS_GIVEN,
         san=subject_alt_names(names), common_name=names[0][:64], renew_days=TLS_RENEW_DAYS,
         valid_days=TLS_VALID_DAYS, ca_days=TLS_CA_DAYS,
     )
 
 
-def router_front_script(stack: StackConfig, plan: Plan) -> str:
-    assert plan.router is not None
+def router_front_script(stack: StackConfig, plan: Plan, host: str | None = None) -> str:
+    """The front on ``host``, checked on that host's own address (the virtual one may be elsewhere)."""
+    assert plan.router is not None and stack.router is not None
+    host = host or plan.router.host
+    own = plan.router.on(host).address if plan.router.hosts else plan.router.address
     return render_template(
-        "router-front.sh.j2", host=plan.router.host, public_url=plan.router.url, conf_path=FRONT_CONF,
-        keys_path=FRONT_KEYS, generated=tls_generated(stack), gates_conf=paths.GATES_CONF,
+        "router-front.sh.j2", host=host, public_url=f"https://{paths.url_host(own)}:{stack.router.port}",
+        conf_path=FRONT_CONF, keys_path=FRONT_KEYS, generated=tls_generated(stack), gates_conf=paths.GATES_CONF,
+        nonlocal_bind=paths.NONLOCAL_BIND_SYSCTL, virtual=plan.router.virtual,
     )
 
 
 # --- the gates: how the router reaches each instance, and how a failing canary takes it out ----------
 
 
-def router_gates_conf(stack: StackConfig, plan: Plan) -> str:
+def router_gates_conf(stack: StackConfig, plan: Plan, host: str | None = None) -> str:
     assert plan.router is not None
-    return render_template("router-gates.conf.j2", host=plan.router.host, gates=plan.router.gates,
+    return render_template("router-gates.conf.j2", host=host or plan.router.host, gates=plan.router.gates,
                            flags=paths.CANARY_FLAGS)
 
 
-def router_gates_script(stack: StackConfig, plan: Plan) -> str:
+def router_gates_script(stack: StackConfig, plan: Plan, host: str | None = None) -> str:
     assert plan.router is not None
-    return render_template("router-gates.sh.j2", host=plan.router.host, gates=plan.router.gates,
+    return render_template("router-gates.sh.j2", host=host or plan.router.host, gates=plan.router.gates,
                            conf_path=paths.GATES_CONF, front_conf=FRONT_CONF)
 
 
@@ -215,7 +235,7 @@ def canary_identity(stack: StackConfig) -> str:
 CANARY_TRANSITION = "canary-transition"  # the step on the router's host before any instance restarts
 
 
-def canary_transition_step(stack: StackConfig, plan: Plan) -> Step:
+def canary_transition_step(stack: StackConfig, plan: Plan, host: str | None = None) -> Step:
     """Before the instances restart onto another identity (a model revision, a vLLM): the canaries' state says
     a change to it is rolling out (canary.py's transition marker), so that an instance already restarted that
     answers otherwise than the old reference is reported but not taken out of rotation; the canary step, after
@@ -223,7 +243,7 @@ def canary_transition_step(stack: StackConfig, plan: Plan) -> Step:
     reference is already of this identity (a step run again)."""
     assert plan.router is not None
     identity = canary_identity(stack)
-    state, host = paths.CANARY_STATE, plan.router.host
+    state, host = paths.CANARY_STATE, host or plan.router.host
     marker = f"{state}/{canary_agent.TRANSITION}"
     is_current = ("python3 -c 'import json, sys; sys.exit(json.load(open(sys.argv[1])).get(\"identity\") != sys.argv[2])' "
                   f"{shlex.quote(f'{state}/{canary_agent.REFERENCE}')} {shlex.quote(identity)} 2>/dev/null")
@@ -259,7 +279,7 @@ def canary_args(stack: StackConfig) -> list[str]:
     return a
 
 
-def canary_script(stack: StackConfig, plan: Plan) -> str:
+def canary_script(stack: StackConfig, plan: Plan, host: str | None = None) -> str:
     assert plan.router is not None and stack.router is not None
     r = stack.router
     service = render_template("canary.service.j2", timer=CANARY_TIMER, interval=r.canary_interval,
@@ -268,7 +288,7 @@ def canary_script(stack: StackConfig, plan: Plan) -> str:
                               runtime_directory=paths.CANARY_FLAGS.removeprefix("/run/"), timeout=r.canary_timeout)
     timer = render_template("canary.timer.j2", interval=r.canary_interval)
     return render_template(
-        "canary.sh.j2", host=plan.router.host, interval=r.canary_interval, timeout=r.canary_timeout,
+        "canary.sh.j2", host=host or plan.router.host, interval=r.canary_interval, timeout=r.canary_timeout,
         service=CANARY_SERVICE, timer=CANARY_TIMER, program=paths.CANARY, targets_path=paths.CANARY_TARGETS,
         state=paths.CANARY_STATE, flags=paths.CANARY_FLAGS, metrics=paths.CANARY_METRICS if stack.monitoring.enabled
         else "", program_source=canary_source(), targets_json=canary_targets(stack, plan), service_unit=service,
@@ -276,25 +296,31 @@ def canary_script(stack: StackConfig, plan: Plan) -> str:
     )
 
 
-def router_steps(stack: StackConfig, plan: Plan, secrets: Mapping[str, str]) -> list[Step]:
+def router_steps(stack: StackConfig, plan: Plan, secrets: Mapping[str, str], host: str | None = None) -> list[Step]:
+    """The router's steps on ``host`` (router.host by default; each router host runs them all)."""
     assert plan.router is not None and stack.router is not None
     r, rt = plan.router, stack.runtime
-    unit = router_unit(stack, plan)
-    front_conf = router_front_conf(stack, plan)
+    host = host or r.host
+    unit = router_unit(stack, plan, host)
+    front_conf = router_front_conf(stack, plan, host)
     stem = r.unit.removesuffix(".service")
-    service = ScriptStep(stem, router_service_script(stack, plan), action=f"rollout {TRIGGERS_TOKEN}").step(
+    service = ScriptStep(stem, router_service_script(stack, plan, host), action=f"rollout {TRIGGERS_TOKEN}").step(
         "router-service")
     # vllm-router is its own wheel in the shared venv: a new vllm pin leaves its files alone.
     service = Step(**{**service.__dict__, "triggers": (digest(unit), digest(rt.router_version, rt.venv))})
-    tls = ScriptStep("router-front-tls", router_front_tls_script(stack, plan)).step("router-front-tls")
-    front = ScriptStep("router-front", router_front_script(stack, plan)).step("router-front")
+    tls = ScriptStep("router-front-tls", router_front_tls_script(stack, plan, host)).step("router-front-tls")
+    front = ScriptStep("router-front", router_front_script(stack, plan, host)).step("router-front")
     # nginx reads the certificate when it (re)loads: a new one (other names, the stack's own) reloads it.
     front = Step(**{**front.__dict__, "triggers": (digest(front_conf), digest(tls.stdin or ""))})
-    gates_conf = router_gates_conf(stack, plan)
-    gates = ScriptStep("router-gates", router_gates_script(stack, plan)).step("router-gates")
+    gates_conf = router_gates_conf(stack, plan, host)
+    gates = ScriptStep("router-gates", router_gates_script(stack, plan, host)).step("router-gates")
     gates = Step(**{**gates.__dict__, "triggers": (digest(gates_conf),)})  # nginx reloads a changed gate
     given = [file_step("router-front-tls-given", paths.FRONT_TLS_GIVEN, router_front_tls_given(secrets),
                        0o600, True, router_front_tls_given)] if not tls_generated(stack) else []
+    # Several router hosts with a generated certificate: router.host makes the CA, the others sign with it.
+    shared_ca = tls_generated(stack) and len(r.host_names) > 1
+    ca = [ha.ca_given_step()] if shared_ca and host != r.host else []
+    export = [ha.ca_export_step()] if shared_ca and host == r.host else []
     return [
         file_step("router-secrets", paths.ROUTER_SECRETS, router_secrets_env(secrets), 0o600, True,
                   router_secrets_env),
@@ -302,11 +328,14 @@ def router_steps(stack: StackConfig, plan: Plan, secrets: Mapping[str, str]) -> 
         gates,
         file_step("router-unit", paths.unit(r.unit), unit),
         service,
-        ScriptStep(CANARY_SCRIPT, canary_script(stack, plan)).step("router-canary", timeout="10m"),
+        ScriptStep(CANARY_SCRIPT, canary_script(stack, plan, host)).step("router-canary", timeout="10m"),
         file_step("router-front-conf", paths.FRONT_CONF, front_conf),
         file_step("router-front-keys", paths.FRONT_KEYS, router_front_keys(secrets), 0o600, True,
                   router_front_keys),
         *given,
+        *ca,
         tls,
+        *export,
         front,
+        *ha.vrrp_steps(stack, plan, host),
     ]
