@@ -214,9 +214,11 @@ def monitoring_warnings(stack: StackConfig, serve: bool = True) -> list[str]:
         out.append(f"{NAMESPACE}:monitoring.deadMansSwitchUrl is not set: when {host} (Prometheus and Alertmanager), "
                    "or either of them, is down, no alert fires and nothing pages; set a dead man's switch, a "
                    "heartbeat service outside the stack that pages when the Watchdog alert stops arriving")
-    if serve and stack.router is not None and host == stack.router.host:
-        out.append(f"{NAMESPACE}:monitoring.host: {host} also runs the router, so its reboot stops serving and "
-                   "every alert at once; put Prometheus and Alertmanager on another host (monitoring.host)")
+    if serve and stack.router is not None and host in (stack.router.host, *stack.router.standby_hosts):
+        stops = ("every alert while the other router host serves" if stack.router.standby_hosts
+                 else "serving and every alert at once")
+        out.append(f"{NAMESPACE}:monitoring.host: {host} also runs the router, so its reboot stops {stops}; put "
+                   "Prometheus and Alertmanager on another host (monitoring.host)")
     return out
 
 

@@ -112,6 +112,36 @@ def on_host(host: str, cmd: str, check: bool = True) -> str:
     return p.stdout
 
 
+def power_cut(host: str) -> None:
+    """``host`` goes down as a server losing power does: its link cut first (nothing it sends leaves, nothing
+    sent to it is answered: no reset, no FIN), then every process of its container killed at once (its
+    cgroup's), nothing shut down. ``scripts/sim up`` boots it again."""
+    # nspawn's end of the host's veth on the bridge (--network-bridge): vb- and the machine's name.
+    cut = subprocess.run(["ip", "link", "set", "dev", f"vb-{host}", "down"], capture_output=True, text=True, timeout=30)
+    assert cut.returncode == 0, f"{host}: cannot cut its link vb-{host}: {cut.stderr}"
+    roots = [Path("/sys/fs/cgroup/systemd"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup")]
+    cgroups = [r / "glm-sim" / f"{sim_run().name}-{host}" for r in roots if (r / "glm-sim").is_dir()]
+    deadline = time.monotonic() + 30
+    while pids := [int(p) for cg in cgroups if cg.is_dir() for f in cg.rglob("cgroup.procs") for p in f.read_text().split()]:
+        for pid in pids:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass  # gone meanwhile
+        assert time.monotonic() < deadline, f"{host}: processes left after 30 s of SIGKILL: {pids[:10]}"
+        time.sleep(0.1)
+
+
+def power_back(host: str) -> None:
+    """``host`` boots again after power_cut. The kernel tears the old network namespace down some time after its
+    last process, its veth with it: booting before then fails (nspawn cannot make vb-HOST again)."""
+    deadline = time.monotonic() + 60
+    while subprocess.run(["ip", "link", "show", "dev", f"vb-{host}"], capture_output=True, timeout=30).returncode == 0:
+        assert time.monotonic() < deadline, f"{host}: vb-{host} still there 60 s after its processes were killed"
+        time.sleep(0.2)
+    subprocess.run([str(ROOT / "scripts/sim"), "up"], check=True, timeout=600)
+
+
 @dataclass
 class Stack:
     name: str = "sim"
