@@ -53,7 +53,7 @@ class RouterPlan:
     address: str  # the address clients use: router.virtualAddress, else the router host's own
     port: int
     gates: tuple[Gate, ...]  # one per instance, in plan order
-    hosts: tuple[RouterHost, ...] = ()  # every router host, router.host first; () is router.host alone
+    hosts: tuple[RouterHost, ...]  # every router host, router.host first
     virtual: bool = False  # address is router.virtualAddress (keepalived runs on every router host)
 
     def _urls(self, role: str) -> tuple[str, ...]:
@@ -87,10 +87,14 @@ class RouterPlan:
     @property
     def host_names(self) -> tuple[str, ...]:
         """Every router host, router.host first."""
-        return tuple(h.name for h in self.hosts) or (self.host,)
+        return tuple(h.name for h in self.hosts)
 
     def on(self, host: str) -> RouterHost:
         return next(h for h in self.hosts if h.name == host)
+
+    def own_address(self, host: str) -> str:
+        """``host``'s own address (the router's metrics, its front besides the virtual address)."""
+        return self.on(host).address
 
     def peers(self, host: str) -> tuple[RouterHost, ...]:
         """The other router hosts, whose fronts take what ``host``'s router cannot."""

@@ -104,10 +104,9 @@ def scrape_configs(stack: StackConfig, plan: Plan, stack_name: str) -> list[dict
                  "replacement": g.instance},
             )
         ]
-        hosts = [(h.name, h.address) for h in r.hosts] or [(r.host, r.address)]  # every router host, on its own address
-        job("vllm-router", [{"targets": [_target(address, stack.router.metrics_port)],
-                             "labels": {"stack": name, "pool": "router", "host": host, "instance": "router"}}
-                            for host, address in hosts],
+        job("vllm-router", [{"targets": [_target(h.address, stack.router.metrics_port)],  # each on its own address
+                             "labels": {"stack": name, "pool": "router", "host": h.name, "instance": "router"}}
+                            for h in r.hosts],
             metric_relabel_configs=relabel)
     job("node", [
         {"targets": [_target(h.address, m.node_exporter_port)], "labels": {"stack": name, "host": h.name}}

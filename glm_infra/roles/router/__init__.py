@@ -85,7 +85,7 @@ def not_served_message() -> str:
 def router_args(stack: StackConfig, plan: Plan, host: str | None = None) -> list[str]:
     assert plan.router is not None and stack.router is not None
     r = plan.router
-    address = r.on(host).address if host is not None and r.hosts else stack.host(r.host).address
+    address = r.own_address(host or r.host)
     a = [f"{stack.runtime.venv}/bin/vllm-router"]
     if plan.disaggregated:
         a.append("--vllm-pd-disaggregation")
@@ -134,8 +134,7 @@ def router_service_script(stack: StackConfig, plan: Plan, host: str | None = Non
 def router_front_conf(stack: StackConfig, plan: Plan, host: str | None = None) -> str:
     assert plan.router is not None and stack.router is not None
     host = host or plan.router.host
-    own = plan.router.on(host).address if plan.router.hosts else plan.router.address
-    listen = list(dict.fromkeys([own, plan.router.address]))
+    listen = list(dict.fromkeys([plan.router.own_address(host), plan.router.address]))
     for route in PUBLIC_ROUTES:  # each goes into a location and a return text as it is
         assert _PLAIN_PATH.fullmatch(route.path) and "/." not in route.path, route.path
         assert route.methods and all(m.isalpha() and m.isupper() for m in route.methods), route.methods
@@ -187,9 +186,11 @@ def subject_alt_names(names: list[str]) -> str:
 def router_front_tls_script(stack: StackConfig, plan: Plan, host: str | None = None) -> str:
     assert plan.router is not None
     names = tls_names(stack, plan)
+    host = host or plan.router.host
+    takes_ca = tls_generated(stack) and host != plan.router.host  # router.host's CA (ha.ca_given_step)
     return render_template(
-        "router-front-tls.sh.j2", host=host or plan.router.host,
-        ca_given=paths.FRONT_CA_GIVEN if tls_generated(stack) and (host or plan.router.host) != plan.router.host else "", generated=tls_generated(stack), given=paths.FRONT_TLS_GIVEN,
+        "router-front-tls.sh.j2", host=host, ca_given=paths.FRONT_CA_GIVEN if takes_ca else "",
+        generated=tls_generated(stack), given=paths.FRONT_TLS_GIVEN,
         san=subject_alt_names(names), common_name=names[0][:64], renew_days=TLS_RENEW_DAYS,
         valid_days=TLS_VALID_DAYS, ca_days=TLS_CA_DAYS,
     )
@@ -199,9 +200,9 @@ def router_front_script(stack: StackConfig, plan: Plan, host: str | None = None)
     """The front on ``host``, checked on that host's own address (the virtual one may be elsewhere)."""
     assert plan.router is not None and stack.router is not None
     host = host or plan.router.host
-    own = plan.router.on(host).address if plan.router.hosts else plan.router.address
     return render_template(
-        "router-front.sh.j2", host=host, public_url=f"https://{paths.url_host(own)}:{stack.router.port}",
+        "router-front.sh.j2", host=host,
+        public_url=f"https://{paths.url_host(plan.router.own_address(host))}:{stack.router.port}",
         conf_path=FRONT_CONF, keys_path=FRONT_KEYS, generated=tls_generated(stack), gates_conf=paths.GATES_CONF,
         nonlocal_bind=paths.NONLOCAL_BIND_SYSCTL, virtual=plan.router.virtual,
     )
