@@ -28,6 +28,7 @@ from testbed import STANDINS
 ROOT = Path(__file__).resolve().parents[2]
 PASSPHRASE = "glm-infra-sim"  # the sim stack's secrets provider passphrase (committed salt)
 SIM_STACK = ROOT / "stacks" / "Pulumi.sim.yaml"
+COLD = "Running FlashInfer autotune with"  # vLLM 0.33.0's line when an engine's autotune cache missed
 # What testbed/cluster.py uses: the machine's cache (image, stand-ins, model mirror) and this
 # cluster's run folder (server logs), which a lane of the suite sets for its own cluster.
 SIM_CACHE = Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache" / "glm-infra")) / "sim"

@@ -7,6 +7,10 @@ instance, so nothing rolls there). A client sends ~2 requests/s through the rout
 the driver moves to the stand-in repository's other version; each host drains (its instances stopped,
 the router marking them down), reboots, comes back healthy in the router, and only then does the next
 host start. The failed requests are counted and printed (goal 0).
+
+Then (issue 40) a second router and a virtual address join the running stack, a router change rolls the two
+routers one at a time, the router host holding the address loses power, and two hosts join the stack (a prefill
+and a decode host) and one leaves, each under load.
 """
 
 from __future__ import annotations
@@ -14,14 +18,16 @@ from __future__ import annotations
 import json
 import re
 import ssl
+import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
 
-from e2e.harness import ROOT, on_host, power_back, power_cut, router_chat, sh, steady_load
+from e2e.harness import COLD, ROOT, on_host, power_back, power_cut, router_chat, set_host_keys, sh, steady_load
 
 ROUTER = "https://10.88.0.13:8000"
 ROLLING = ("sim-1", "sim-2")
@@ -301,3 +307,123 @@ def test_the_router_host_holding_the_address_dies_and_the_address_moves(stack):
         time.sleep(3)
     # (Pending for a moment is no page: Prometheus back from the cut has yet to scrape a fresh claim.)
     assert "firing" not in (alerts.get("GlmRouterAddressUnheld"), alerts.get("GlmRouterAddressHeldTwice")), alerts
+
+
+# --- hosts join and leave through the stack's own file (issue 40) ----------------------------------------
+
+JOINING = {"sim-4": "10.88.0.14", "sim-5": "10.88.0.15"}  # a prefill host and a decode host
+EXTRA: dict = {}  # the file naming the joining hosts, for `scripts/sim --stack FILE down`
+
+
+@pytest.fixture(scope="module", autouse=True)
+def joining_hosts_stopped(tmp_path_factory):
+    """The joining hosts stop after the module's stack is destroyed (this fixture is set up before `stack`, so it is
+    torn down after it): the lane's `scripts/sim down` reads the sim stack's file, which names only its own three."""
+    EXTRA["file"] = tmp_path_factory.mktemp("joining") / "Pulumi.joining.yaml"
+    EXTRA["file"].write_text(json.dumps({"config": {"glm-infra:hosts": [
+        {"name": n, "address": a} for n, a in JOINING.items()]}}))
+    yield
+    subprocess.run([str(ROOT / "scripts/sim"), "--stack", str(EXTRA["file"]), "down"], timeout=600)
+
+
+def on_joining(host: str, cmd: str) -> str:
+    """``cmd`` on a joining host, also once the sim stack's file names it no more."""
+    p = subprocess.run([str(ROOT / "scripts/sim"), "--stack", str(EXTRA["file"]), "ssh", host, cmd],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, f"{host}: `{cmd}` exited {p.returncode}: {p.stderr[-2000:]}"
+    return p.stdout
+
+
+def stack_instances(hosts: tuple[str, ...]) -> dict[str, dict]:
+    return {n: i for n, i in json.loads(sh("pulumi stack output -s sim instances --json").stdout).items()
+            if i["host"] in hosts}
+
+
+def requests_served(instance: dict) -> float:
+    """What one instance has answered (vllm:request_success_total, every finish reason), read on its host."""
+    text = on_joining(instance["host"], f"curl -fsS {instance['url']}/metrics || true")
+    return sum(float(v) for v in re.findall(r"^vllm:request_success_total\{[^}]*\} (\S+)$", text, re.M))
+
+
+def unit_stopped_at(host: str, unit: str) -> float:
+    out = on_joining(host, f"journalctl -u {unit} -o short-unix --no-pager | grep -E 'Stopp(ed|ing)' | head -1")
+    return float(out.split()[0])
+
+
+def test_two_hosts_join_under_load_and_take_traffic_then_one_leaves_drained(stack):
+    """sim-4 joins prefill and sim-5 decode by being listed in the stack's file, under load through the virtual
+    address: the firewall of every host lets them in, their instances start warm (the warm caches relayed), both
+    routers roll, no request fails, and the new instances take traffic. Then sim-4 leaves the file: the routers roll
+    without it first (Pulumi deletes last), its instance stops after that, and again no request fails."""
+    if not CLIENT or not vip_holders():
+        pytest.skip("needs the two-router stack of the tests above")
+    n = 3
+    for name, address in JOINING.items():
+        stack.config_set(f"glm-infra:hosts[{n}].name", name)
+        stack.config_set(f"glm-infra:hosts[{n}].address", address)
+        for i in range(8):
+            stack.config_set(f"glm-infra:hosts[{n}].computeNics[{i}]", f"mlx5_{i}")
+        n += 1
+    set_host_keys()
+    subprocess.run([str(ROOT / "scripts/sim"), "up"], check=True, timeout=600)  # boots the two the file now names
+    stack.config_set("glm-infra:prefill.hosts[2]", "sim-4")
+    stack.config_set("glm-infra:decode.hosts[2]", "sim-5")
+    routers = {h: router_started_at(h) for h in ("sim-3", STANDBY)}
+
+    firsts: dict[str, float] = {}
+    t_up = time.time()
+    with steady_load(vip_chat, per_second=4) as load:
+        done = threading.Event()
+
+        def watch() -> None:  # when each new instance answers its first request
+            while not done.wait(2):
+                for name, inst in stack_instances(("sim-4", "sim-5")).items():
+                    if name not in firsts and requests_served(inst) > 0:
+                        firsts[name] = time.time() - t_up
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        up = stack.up()
+        took = time.time() - t_up
+        time.sleep(6)
+        done.set()
+        watcher.join(timeout=60)
+    print(f"\nsim-4 (prefill) and sim-5 (decode) joined under load: up {took:.0f} s, {load.sent} requests, "
+          f"{len(load.failures)} failed; first request answered by a new instance at "
+          + ", ".join(f"{k} {v:.0f} s" for k, v in sorted(firsts.items())), file=sys.stderr)
+    assert load.sent >= 40 and not load.failures, load.failures
+    joined = stack_instances(("sim-4", "sim-5"))
+    assert {i["host"] for i in joined.values()} == {"sim-4", "sim-5"}, joined
+    for h in ("sim-1", "sim-2", "sim-3"):
+        table = on_host(h, "nft list table inet glm_infra")
+        assert all(a in table for a in JOINING.values()), f"{h}'s firewall lets the new hosts in"
+    for h in ("sim-3", STANDBY):
+        assert routers[h] < router_started_at(h), f"{h}'s router rolled with the new workers"
+    for name, inst in joined.items():
+        unit = f"glm-vllm-{name}"
+        journal = on_joining(inst["host"], f"journalctl -u {unit} --no-pager -o cat")
+        assert "Using FlashInfer autotune cache file" in journal and COLD not in journal, (name, journal[-2000:])
+    for i in range(30):  # three prefill instances, three decode ones: each new one answers some of 30
+        vip_chat(f"after the join {i}")
+    assert all(requests_served(inst) > 0 for inst in joined.values()), "the new instances take traffic"
+
+    # sim-4 leaves: out of the pool and out of the stack's hosts.
+    (prefill_4,) = [name for name, inst in joined.items() if inst["host"] == "sim-4"]
+    routers = {h: router_started_at(h) for h in ("sim-3", STANDBY)}
+    sh("pulumi config rm -s sim --path 'glm-infra:prefill.hosts[2]'")
+    sh("pulumi config rm -s sim --path 'glm-infra:hosts[3]'")
+    t_up = time.time()
+    with steady_load(vip_chat, per_second=4) as load:
+        stack.up()
+        took = time.time() - t_up
+        time.sleep(2)
+    stopped = unit_stopped_at("sim-4", f"glm-vllm-{prefill_4}")
+    print(f"sim-4 left under load: up {took:.0f} s, {load.sent} requests, {len(load.failures)} failed; its instance "
+          f"stopped {stopped - max(router_started_at(h) for h in routers):.1f} s after the last router rolled",
+          file=sys.stderr)
+    assert load.sent >= 20 and not load.failures, load.failures
+    for h in routers:
+        assert routers[h] < router_started_at(h) < stopped, f"{h}'s router rolled without sim-4 before it stopped"
+    assert set(stack.outputs()["hosts"]) == {"sim-1", "sim-2", "sim-3", "sim-5"}
+    assert "10.88.0.14" not in on_host("sim-1", "nft list table inet glm_infra"), "sim-4 is let in no more"
+    assert on_joining("sim-4", "systemctl list-units 'glm-*' --all --no-legend").strip() == "", \
+        "sim-4 as destroy leaves it"

@@ -26,6 +26,7 @@ import router_api
 import yaml
 
 from e2e.harness import (
+    COLD,
     ROOT,
     SIM_CACHE,
     SIM_STACK,
@@ -85,7 +86,6 @@ def this_start(host: str, unit: str) -> tuple[float, str]:
     return float(re.match(r"\[\s*([0-9.]+)\]", ready).group(1)) - began, journal
 
 
-COLD = "Running FlashInfer autotune with"  # vLLM 0.33.0's line when an engine's autotune cache missed
 
 
 def changed_resources(preview: dict) -> set[str]:
