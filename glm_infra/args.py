@@ -231,7 +231,7 @@ class RouterInput(TypedDict, total=False):
     """vllm-router in P/D mode behind an nginx front on the public port: the front checks the API key and retries a request the router failed before answering (a prefill restarting)."""
 
     host: Required[str]
-    """Host the router (and its front) runs on; with standbyHosts, the first of the routers (the others roll before it). Required."""
+    """Host the router (and its front) runs on; with standbyHosts, the first of the routers to roll (the others follow, one at a time). Required."""
     standby_hosts: Sequence[str]
     """Further hosts that run the router and its front too, hot, behind virtualAddress: keepalived (VRRP) keeps the address on one router host whose front and router answer, and moves it within seconds when that host dies. Each front passes a request its own router cannot take to another router's front, so a change restarts the routers one at a time, each drained first, and loses no request."""
     virtual_address: str

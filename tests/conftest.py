@@ -53,6 +53,27 @@ def prod_config() -> dict:
     return stack_config("prod-b300")
 
 
+def one_router(config: dict) -> dict:
+    """A committed stack's ``config:`` with its router alone on router.host (no standby, no virtual address) and
+    Prometheus where the router is: a single-router stack, as prod-b300 was before issue 40. Its keys with the
+    glm-infra: prefix (a stack file's) or without (load_dict's)."""
+    ns = "glm-infra:" if "glm-infra:router" in config else ""
+    config[f"{ns}router"].pop("standbyHosts", None)
+    config[f"{ns}router"].pop("virtualAddress", None)
+    config.get(f"{ns}monitoring", {}).pop("host", None)
+    return config
+
+
+@pytest.fixture
+def one_router_stack(tmp_path):
+    """prod-b300 with one router (one_router), loaded."""
+    from glm_infra.stack import load_file
+
+    path = tmp_path / "Pulumi.one-router.yaml"
+    path.write_text(yaml.safe_dump({"config": one_router(stack_config("prod-b300"))}, sort_keys=False))
+    return load_file(path).config
+
+
 @pytest.fixture
 def write_stack(tmp_path):
     """Write a ``config:`` mapping (or raw text) as a stack file and return its path."""

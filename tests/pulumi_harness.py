@@ -51,6 +51,7 @@ class _Mocks(pulumi.runtime.Mocks):
     trigger_key: str = "7f3c" * 16
     # What the relay key's command (remote_step.RELAY_KEY_COMMAND) prints: another stack secret, the same in every run.
     relay_key: str = "5e1a" * 16
+    router_ca: str = "-----BEGIN CERTIFICATE-----\nmock\n-----END CERTIFICATE-----\n"
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         if args.typ == "pulumi:pulumi:StackReference":
@@ -65,6 +66,8 @@ class _Mocks(pulumi.runtime.Mocks):
             outputs["stdout"] = self.trigger_key
         if args.typ == "command:local:Command" and create == RELAY_KEY_COMMAND:
             outputs["stdout"] = self.relay_key
+        if args.typ == "command:remote:Command" and args.name.endswith("-ca-export"):
+            outputs["stdout"] = self.router_ca  # router.host's CA, read on the host (roles/router/ha.py)
         return [f"{args.name}-id", outputs]
 
     def call(self, args: pulumi.runtime.MockCallArgs):

@@ -51,14 +51,17 @@ def test_a_decode_host_joins_through_the_stack_file_and_restarts_no_instance(bef
         # Every host's firewall lets the new host in (its NIXL side channels and instances): its table changed.
         assert "firewall" in keys and NEW[1] in after[host].steps["firewall"].stdin
         assert NEW[1] not in before[host].steps["firewall"].stdin
-    # The worker list: the router's unit, its gates and the canaries name the new instance; the router restarts.
+    # The worker list: each router host's unit, gates and canaries name the new instance; the routers restart (one at
+    # a time, tests/test_router_ha.py); Prometheus scrapes the new host.
+    for router_host in (cfg.router.host, *cfg.router.standby_hosts):
+        assert {"router-unit", "router-service", "router-gates-conf", "router-gates", "router-canary"} <= (
+            diff[router_host]), router_host
+        unit = after[router_host].steps["router-unit"].stdin
+        new_gate = next(g for g in plan(cfg).router.gates if g.instance == "decode-1")
+        assert new_gate.url in unit and new_gate.url not in before[router_host].steps["router-unit"].stdin
+        assert f"{NEW[1]}:" in after[router_host].steps["router-gates-conf"].stdin
+    assert "prometheus" in diff[cfg.monitoring_host]
     router_host = cfg.router.host
-    assert {"router-unit", "router-service", "router-gates-conf", "router-gates", "router-canary", "prometheus"} <= (
-        diff[router_host])
-    unit = after[router_host].steps["router-unit"].stdin
-    new_gate = next(g for g in plan(cfg).router.gates if g.instance == "decode-1")
-    assert new_gate.url in unit and new_gate.url not in before[router_host].steps["router-unit"].stdin
-    assert f"{NEW[1]}:" in after[router_host].steps["router-gates-conf"].stdin
     # The decode pool has two hosts now: its warm-start caches are relayed from the first, which gains the step.
     assert "decode-warm-cache" in after[router_host].steps and "decode-warm-cache" not in before[router_host].steps
 

@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import STACKS, stack_config, stack_file
+from conftest import STACKS, one_router, stack_config, stack_file
 from stubs import StubPath, shellcheck
 
 from glm_infra import hostplan
@@ -34,7 +34,8 @@ from glm_infra.stack import StackError, load_dict, load_file
 # public (nginx), 29000 metrics (8001, its own port, and its gates: loopback, opened to nobody); the weights relay 8090 on a host with relay children
 # (the seed, the first serving host, when other hosts copy from it); node exporter 9100 on every host,
 # DCGM exporter 9400 where the driver step installs (drivers.mode install, the default); Prometheus
-# 9090 and Alertmanager 9093 on the router host, else the last host.
+# 9090 and Alertmanager 9093 on monitoring.host (prod-b300: b300-1, which runs no router), else the router host,
+# else the last host. prod-b300's second router (router.standbyHosts) on b300-2: its public port and metrics too.
 
 # Two prefill instances TP1 DP4 on a host: HTTP 8100, 8101; DP RPC 29550, 29551; NIXL 5600-5603, 5604-5607.
 PREFILL_2X_DP4 = {8100, 8101, 29550, 29551, 5600, 5601, 5602, 5603, 5604, 5605, 5606, 5607}
@@ -61,10 +62,11 @@ ANYONE = None  # what what_gets_in says of a port open to every address, with no
 # stack → host → {who may connect (a set of networks, or ANYONE): the TCP ports they may reach}
 EXPECTED: dict[str, dict[str, dict[frozenset[str] | None, set[int]]]] = {
     "prod-b300": {
-        "b300-1": {frozenset(PROD_HOSTS): PREFILL_2X_DP4 | EXPORTERS | RELAY | WARM_CACHE,
+        "b300-1": {frozenset(PROD_HOSTS): PREFILL_2X_DP4 | EXPORTERS | RELAY | WARM_CACHE | MONITORING,
                    frozenset(PROD_HOSTS | ADMINS): {22}},
-        "b300-2": {frozenset(PROD_HOSTS): PREFILL_2X_DP4 | EXPORTERS, frozenset(PROD_HOSTS | ADMINS): {22}},
-        "b300-3": {frozenset(PROD_HOSTS): DECODE_DP8 | EXPORTERS | ROUTER_PRIVATE | MONITORING,
+        "b300-2": {frozenset(PROD_HOSTS): PREFILL_2X_DP4 | EXPORTERS | ROUTER_PRIVATE,
+                   frozenset(PROD_HOSTS | CLIENTS): {8000}, frozenset(PROD_HOSTS | ADMINS): {22}},
+        "b300-3": {frozenset(PROD_HOSTS): DECODE_DP8 | EXPORTERS | ROUTER_PRIVATE,
                    frozenset(PROD_HOSTS | CLIENTS): {8000}, frozenset(PROD_HOSTS | ADMINS): {22}},
     },
     "sim": {
@@ -86,10 +88,11 @@ EXPECTED: dict[str, dict[str, dict[frozenset[str] | None, set[int]]]] = {
     },
     # The weights relay: the seed b300-1 serves b300-2 and b300-3, b300-2 serves b300-4 (a tree of two children).
     "prod-b300-2decode": {
-        "b300-1": {frozenset(FOUR_HOSTS): PREFILL_2X_DP4 | EXPORTERS | RELAY | WARM_CACHE,
+        "b300-1": {frozenset(FOUR_HOSTS): PREFILL_2X_DP4 | EXPORTERS | RELAY | WARM_CACHE | MONITORING,
                    frozenset(FOUR_HOSTS | ADMINS): {22}},
-        "b300-2": {frozenset(FOUR_HOSTS): PREFILL_2X_DP4 | EXPORTERS | RELAY, frozenset(FOUR_HOSTS | ADMINS): {22}},
-        "b300-3": {frozenset(FOUR_HOSTS): DECODE_DP8 | EXPORTERS | ROUTER_PRIVATE | MONITORING | DECODE_WARM_CACHE,
+        "b300-2": {frozenset(FOUR_HOSTS): PREFILL_2X_DP4 | EXPORTERS | RELAY | ROUTER_PRIVATE,
+                   frozenset(FOUR_HOSTS | CLIENTS): {8000}, frozenset(FOUR_HOSTS | ADMINS): {22}},
+        "b300-3": {frozenset(FOUR_HOSTS): DECODE_DP8 | EXPORTERS | ROUTER_PRIVATE | DECODE_WARM_CACHE,
                    frozenset(FOUR_HOSTS | CLIENTS): {8000}, frozenset(FOUR_HOSTS | ADMINS): {22}},
         "b300-4": {frozenset(FOUR_HOSTS): DECODE_DP8 | EXPORTERS, frozenset(FOUR_HOSTS | ADMINS): {22}},
     },
@@ -101,9 +104,6 @@ EXPECTED: dict[str, dict[str, dict[frozenset[str] | None, set[int]]]] = {
                    frozenset(PROD_HOSTS | CLIENTS): {8000}, frozenset(PROD_HOSTS | ADMINS): {22}},
     },
 }
-# Besides the stack's hosts and the networks above, these ports answer "refused" to anyone else (a TCP
-# reset); every other port drops silently.
-REFUSED = {"b300-3": DECODE_DP8 | EXPORTERS | ROUTER_PRIVATE | {8000} | MONITORING}
 
 
 def config(name: str):
@@ -190,10 +190,10 @@ def test_each_host_lets_in_exactly_the_ports_listed_by_hand(stack):
 
 def test_hosts_without_pools_open_what_they_run():
     """Hosts (no vLLM, no router): the weights relay on the seed, the exporters, Prometheus and
-    Alertmanager where router.host puts them; none of the instances' ports."""
+    Alertmanager where monitoring.host puts them; none of the instances' ports."""
     cfg = config("prod-b300")
     p = plan(cfg, False)
-    want = {"b300-1": EXPORTERS | RELAY, "b300-2": EXPORTERS, "b300-3": EXPORTERS | MONITORING}
+    want = {"b300-1": EXPORTERS | RELAY | MONITORING, "b300-2": EXPORTERS, "b300-3": EXPORTERS}
     for host, port_set in want.items():
         got, _ = what_gets_in(listing(firewall.ruleset(cfg, p, host)))
         assert got == {frozenset(PROD_HOSTS): port_set, frozenset(PROD_HOSTS | ADMINS): {22}}, host
@@ -205,8 +205,9 @@ def test_the_file_says_what_listens_on_each_port():
     for comment in ("# ssh: sshd on 22",
                     "# peers: DCGM exporter, decode-0 dp-rpc, decode-0 http, decode-0 nixl, node exporter, "
                     "router metrics",
-                    "# router: router http", "# operators: alertmanager, prometheus"):
+                    "# router: router http"):
         assert f"\t\t{comment}" in lines, comment
+    assert "\t\t# operators: alertmanager, prometheus" in rules_of(config("prod-b300"), "b300-1").splitlines()
 
 
 def test_every_stack_loads_without_network_or_dns():
@@ -418,7 +419,7 @@ def test_ssh_opens_on_the_hosts_own_port():
 def test_a_cidr_around_the_hosts_still_loads():
     """A CIDR that holds the stack's hosts (and an IPv6 host): one interval set cannot hold both the
     network and an address inside it (nft: "conflicting intervals"), so the table keeps the network."""
-    r = raw("prod-b300")
+    r = one_router(raw("prod-b300"))  # (a router host speaks VRRP over IPv4 only)
     r["hosts"][2]["address"] = "2001:db8::13"
     r["router"]["allowedCidrs"] = ["10.0.0.0/24", "10.0.0.12/32", "2001:db8::/64"]
     r["monitoring"] = {"allowedCidrs": ["10.0.0.0/16"]}
@@ -443,7 +444,7 @@ def test_the_table_follows_the_plan_and_is_the_only_thing_it_owns():
     r["hosts"].append({"name": "b300-4", "address": "10.0.0.14", "computeNics": ["mlx5_0"]})
     more = load_dict(r, "test").config
     got, _ = what_gets_in(listing(rules_of(more, "b300-1")))
-    assert got[frozenset(PROD_HOSTS | {"10.0.0.14/32"})] == PREFILL_2X_DP4 | EXPORTERS | RELAY | WARM_CACHE
+    assert got[frozenset(PROD_HOSTS | {"10.0.0.14/32"})] == PREFILL_2X_DP4 | EXPORTERS | RELAY | WARM_CACHE | MONITORING
 
 
 def test_the_weights_relay_port_is_open_only_where_a_host_has_relay_children():
@@ -453,7 +454,7 @@ def test_the_weights_relay_port_is_open_only_where_a_host_has_relay_children():
     assert opened == {"b300-1"}
     local = cfg.model_copy(update={"model": cfg.model.model_copy(update={"source": "local"})})
     got, _ = what_gets_in(listing(rules_of(local, "b300-1")))
-    assert got[frozenset(PROD_HOSTS)] == PREFILL_2X_DP4 | EXPORTERS | WARM_CACHE
+    assert got[frozenset(PROD_HOSTS)] == PREFILL_2X_DP4 | EXPORTERS | WARM_CACHE | MONITORING
 
 
 # --- the step: the live table against the plan ------------------------------------------------------
@@ -807,7 +808,7 @@ def test_the_firewall_step_checks_its_table_and_can_be_turned_off():
 # --- DNS names: refused where nft would have to resolve them -------------------------------------
 
 def test_a_host_named_by_dns_is_refused_naming_its_key(write_stack):
-    c = stack_config("prod-b300")
+    c = one_router(stack_config("prod-b300"))  # (a router host named by DNS is refused for VRRP too)
     c["glm-infra:hosts"][2]["address"] = "b300-3.example.com"
     with pytest.raises(StackError) as e:
         load_file(write_stack(c))
@@ -822,7 +823,7 @@ def test_a_host_named_by_dns_is_refused_naming_its_key(write_stack):
 
 def test_a_dns_name_never_reaches_the_ruleset():
     """A name given later (a component's Output) is validated again, and the renderer refuses it too."""
-    r = raw("prod-b300")
+    r = one_router(raw("prod-b300"))
     r["firewall"] = {"enabled": False}
     r["hosts"][1]["address"] = "b300-2.example.com"
     cfg = load_dict(r, "test").config

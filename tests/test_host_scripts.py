@@ -794,6 +794,7 @@ def test_a_generated_certificate_keeps_its_ca_and_follows_the_names(write_stack,
     cert = in_root(tmp_path, "/etc/glm-infra/tls/front.crt")
     ca_pem, issued = one.stdout, cert.read_bytes()
     assert ca_pem.startswith("-----BEGIN CERTIFICATE-----") and "made a CA" in one.stderr
+    verify_like_a_client(ca_pem, cert, "10.0.0.10", tmp_path)  # the virtual address
     verify_like_a_client(ca_pem, cert, "10.0.0.13", tmp_path)
     assert oct(in_root(tmp_path, "/etc/glm-infra/tls/front.key").stat().st_mode)[-3:] == "600"
     assert oct(in_root(tmp_path, "/etc/glm-infra/tls/ca.key").stat().st_mode)[-3:] == "600"
@@ -804,7 +805,7 @@ def test_a_generated_certificate_keeps_its_ca_and_follows_the_names(write_stack,
     named = tls_script(write_stack, prod_config, tlsNames=["llm.example.com"])
     renamed = tls("apply", named)
     assert renamed.returncode == 0 and renamed.stdout == ca_pem and cert.read_bytes() != issued
-    assert "is not for IP:10.0.0.13,DNS:llm.example.com" in renamed.stderr
+    assert "is not for IP:10.0.0.10,IP:10.0.0.13,IP:10.0.0.12,DNS:llm.example.com" in renamed.stderr
     verify_like_a_client(ca_pem, cert, "llm.example.com", tmp_path)
     # The check sees a certificate that no longer matches its key; apply repairs it.
     in_root(tmp_path, "/etc/glm-infra/tls/front.key").write_text("")

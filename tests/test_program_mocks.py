@@ -34,9 +34,11 @@ def _expected_commands(stack: str) -> int:
     router_only = sum(1 for h in p.hosts if h.runs_router and not h.instances) * 3  # preflight, runtime, placement
     bare = sum(1 for h in p.hosts if not h.runs_router and not h.instances)  # preflight only
     per_instance = 4  # unit file, service (start), rollout (restart), stopper
-    # secrets file, gates conf, gates, unit file, service, canary, front conf, front keys, front TLS, front; the
-    # canaries' transition marker, before any instance restarts
-    router = 11 if p.router else 0
+    # On each router host: secrets file, gates conf, gates, unit file, service, canary, front conf, front keys,
+    # front TLS, front; the canaries' transition marker, before any instance restarts
+    router = 11 * len(p.router.host_names) if p.router else 0
+    if p.router and p.router.virtual:  # each router host's keepalived; the CA sent from router.host, taken by the others
+        router += len(p.router.host_names) + 1 + (len(p.router.host_names) - 1)
     # Weights (huggingface source in the committed stacks): the seed's token file and hf CLI; a staging
     # step (which also serves the host's relay children) and, after the services, a prune step per serving host.
     weights = 2 + 2 * len(p.serving_hosts)
@@ -66,7 +68,7 @@ def test_resource_tree(stack, key_file):
     assert types.count("glm-infra:index:Cluster") == 1
     assert types.count("glm-infra:index:Host") == len(p.hosts)
     assert types.count("glm-infra:index:VllmService") == len(p.instances)
-    assert types.count("glm-infra:index:Router") == (1 if p.router else 0)
+    assert types.count("glm-infra:index:Router") == (len(p.router.host_names) if p.router else 0)
     assert types.count(CMD) == _expected_commands(stack)
     # The wait for a reboot; the turn taken and given back in the host's pools; the stack's trigger key and
     # (hosts relaying: every committed stack) its relay key.
@@ -338,9 +340,9 @@ def test_every_secret_travels_only_as_a_secret(key_file, tmp_path):
     assert "glm-b300-1-etc-glm-infra-secrets-vllm-env" in holders["router API key"]
     assert holders["HF token"] == ["glm-b300-1-etc-glm-infra-secrets-hf-env"], "only the seed's token file"
     assert len(holders["SSH key"]) == len(run.by_type(CMD)), "every remote command's connection"
-    tls_file = "glm-router-front-tls-given"
-    assert holders["TLS certificate"] == [tls_file] and holders["TLS key"] == [tls_file], "the router's host only"
-    assert holders["webhook URL"] == ["glm-monitoring-b300-3-alertmanager-webhook"], holders["webhook URL"]
+    tls_files = ["glm-router-b300-2-front-tls-given", "glm-router-front-tls-given"]
+    assert holders["TLS certificate"] == tls_files and holders["TLS key"] == tls_files, "the router hosts only"
+    assert holders["webhook URL"] == ["glm-monitoring-b300-1-alertmanager-webhook"], holders["webhook URL"]
     for r in run.by_type(CMD):
         assert "connection" in r.secret_inputs, f"{r.name}: the connection (the SSH key) must be secret"
     # The stack's outputs hold the API key, as a secret only (and were searched above).
@@ -437,8 +439,8 @@ def test_a_rotated_secret_changes_only_what_reads_it(key_file, tmp_path):
     assert len(rollouts) == 5 and rollouts <= changed and "glm-router-service" in changed
     key_files = {n for n in changed if "-secrets-vllm-env" in n}
     assert len(key_files) == 3, key_files  # each serving host's vLLM env
-    assert changed - rollouts - key_files == {"glm-router-secrets", "glm-router-service", "glm-router-front",
-                                              "glm-router-front-keys", "glm-router-canary"}, changed
+    assert changed - rollouts - key_files == {f"glm-router{h}-{step}" for h in ("", "-b300-2") for step in (
+        "secrets", "service", "front", "front-keys", "canary")}, changed  # on both router hosts
 
 
 def test_the_program_installs_the_round_wait(key_file, monkeypatch):
@@ -597,7 +599,7 @@ def test_an_unkeyed_digest_of_a_secret_is_caught(key_file, tmp_path, monkeypatch
     assert "glm-router-front-tls: input.create: sha256 of a digest of b300-3:router-front-tls-given" in leaks_found
     found = unkeyed(path, key_file, monkeypatch)
     for name in ("glm-prefill-0-rollout", "glm-decode-0-rollout", "glm-router-service", "glm-router-front",
-                 "glm-monitoring-b300-3-alertmanager"):
+                 "glm-router-b300-2-service", "glm-monitoring-b300-1-alertmanager"):
         assert f"{name}: input.create" in found, (name, found)
 
 
@@ -611,7 +613,8 @@ def test_secret_triggers_are_keyed_and_the_others_are_as_they_were(key_file, tmp
     waits = {r.name for r in run.resources if key in r.dependencies}
     assert waits == {"glm-prefill-0-rollout", "glm-prefill-1-rollout", "glm-prefill-2-rollout",
                      "glm-prefill-3-rollout", "glm-decode-0-rollout", "glm-router-service", "glm-router-front",
-                     "glm-router-front-tls", "glm-router-canary", "glm-monitoring-b300-3-alertmanager"}, waits
+                     "glm-router-front-tls", "glm-router-canary", "glm-router-b300-2-service", "glm-router-b300-2-front",
+                     "glm-router-b300-2-front-tls", "glm-router-b300-2-canary", "glm-monitoring-b300-1-alertmanager"}, waits
 
     def plain(*parts: str) -> str:  # steps.digest as it has always been: sha256 of NUL-ended parts
         return hashlib.sha256(b"".join(p.encode() + b"\0" for p in parts)).hexdigest()[:16]

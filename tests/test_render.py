@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, STACKS, stack_file
+from conftest import ROOT, STACKS, one_router, stack_file
 
 from glm_infra import hostplan, render
 from glm_infra.plan.topology import plan
@@ -163,8 +163,9 @@ def test_the_router_starts_after_the_instances_of_its_host(prod):
     assert "\nAfter=network-online.target glm-vllm-decode-0.service\n" in router.router_unit(cfg, p)
 
 
-def test_router_unit(prod):
-    cfg, p = prod
+def test_router_unit(one_router_stack):
+    cfg = one_router_stack  # (two routers' fronts: tests/test_router_ha.py)
+    p = plan(cfg)
     words = exec_start(router.router_unit(cfg, p))
     assert words[0] == "/opt/glm-infra/venv/bin/vllm-router" and "--vllm-pd-disaggregation" in words
     prefills = [words[i + 1] for i, w in enumerate(words) if w == "--prefill"]
@@ -202,6 +203,7 @@ def test_plain_http_is_refused_or_redirected_as_the_stack_says(write_stack, prod
 
 
 def test_a_generated_certificate_names_the_router_address_then_tls_names(write_stack, prod_config):
+    one_router(prod_config)  # (with two routers: the virtual address first, tests/test_host_scripts.py)
     prod_config["glm-infra:router"]["tlsNames"] = ["LLM.example.com", "2001:db8::0:1", "10.0.0.13"]
     cfg, p = _loaded(write_stack, prod_config)
     assert router.tls_names(cfg, p) == ["10.0.0.13", "llm.example.com", "2001:db8::1"]

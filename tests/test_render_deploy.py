@@ -15,6 +15,7 @@ from pulumi_harness import _Mocks, run_program
 from glm_infra import hostplan, render
 from glm_infra.plan import validate
 from glm_infra.plan.topology import plan
+from glm_infra.roles.router import ha
 from glm_infra.stack import load_file
 from glm_infra.steps import DRAIN_STDIN, TRIGGERS_TOKEN
 from glm_infra.tools.cli import main as cli
@@ -75,6 +76,7 @@ def test_every_resource_sends_what_the_render_shows(stack, key_file, tmp_path, c
     # rules on secret values are off here).
     monkeypatch.setattr(validate, "SECRET_VALUE_RULES", {})
     monkeypatch.setattr(_Mocks, "relay_key", render.placeholders(cfg)["relay_key"])  # the stack makes its own
+    monkeypatch.setattr(_Mocks, "router_ca", ha.CA_REVIEWED)  # router.host makes it when up runs
     secrets = {key.removeprefix("glm-infra:"): value for key, value in
                ((k, render.placeholders(cfg)[n]) for n, k in render.configured_secrets(cfg).items())}
     run = run_program(stack_file(stack), key_file, stack=stack, secrets={f"glm-infra:{k}": v for k, v in secrets.items()})

@@ -90,9 +90,9 @@ def test_a_monitoring_change_restarts_prometheus_and_no_instance():
     old, new = stack_config("prod-b300"), stack_config("prod-b300")
     new.setdefault("glm-infra:monitoring", {})["scrapeInterval"] = "30s"
     c = review.compare("prod-b300", rendering(old), rendering(new))
-    assert restarts(c) == {("b300-3", "prometheus.service", None)}
-    assert c.pools == [] and c.instances == [] and c.hosts == ["b300-3"]
-    assert ("b300-3", "/etc/prometheus/prometheus.yml", "config", "changed") in {
+    assert restarts(c) == {("b300-1", "prometheus.service", None)}  # monitoring.host
+    assert c.pools == [] and c.instances == [] and c.hosts == ["b300-1"]
+    assert ("b300-1", "/etc/prometheus/prometheus.yml", "config", "changed") in {
         (f.host, f.path, f.kind, f.change) for f in c.files}
 
 

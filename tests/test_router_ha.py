@@ -9,7 +9,6 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import stack_file
 from pulumi_harness import run_program
 from test_monitoring import PROMTOOL_TESTS, run, tools  # noqa: F401  (tools: the promtool fixture)
 
@@ -60,14 +59,14 @@ def test_a_router_host_named_by_dns_cannot_speak_vrrp(prod_config, write_stack):
         load_file(write_stack(ha_config(prod_config)))
 
 
-def test_clients_use_the_virtual_address_and_every_router_host_runs_the_router(ha_stack):
+def test_clients_use_the_virtual_address_and_every_router_host_runs_the_router(ha_stack, one_router_stack):
     p = plan(ha_stack)
     assert p.router.url == f"https://{VIP}:8000" and p.router.virtual
     assert p.router.host_names == ("b300-3", "b300-2") and p.router.roll_order() == ("b300-3", "b300-2")
     assert [h.name for h in p.hosts if h.runs_router] == ["b300-2", "b300-3"]
     assert [h.address for h in p.router.peers("b300-2")] == ["10.0.0.13"]
     # One router host: nothing moves, the address is the host's own (no keepalived, no peer).
-    single = plan(load_file(stack_file("prod-b300")).config).router
+    single = plan(one_router_stack).router
     assert single.url == "https://10.0.0.13:8000" and not single.virtual and single.peers("b300-3") == ()
 
 
@@ -90,7 +89,7 @@ def test_each_router_host_gets_the_router_its_front_and_keepalived_and_the_ca_go
     assert f"san=IP:{VIP},IP:10.0.0.13,IP:10.0.0.12\n" in tls
 
 
-def test_a_front_passes_what_its_router_cannot_take_to_the_other_front_and_never_back(ha_stack):
+def test_a_front_passes_what_its_router_cannot_take_to_the_other_front_and_never_back(ha_stack, one_router_stack):
     p = plan(ha_stack)
     conf = router_role.router_front_conf(ha_stack, p, "b300-2")
     assert "listen 10.0.0.12:8000 ssl;" in conf and f"listen {VIP}:8000 ssl;" in conf
@@ -106,23 +105,23 @@ def test_a_front_passes_what_its_router_cannot_take_to_the_other_front_and_never
     assert re.search(r'"00" glm_infra_router;\s+"01" glm_infra_router_drained;\s+default glm_infra_router_local;', conf)
     assert f"include {paths.FRONT_DRAIN_DIR}/*.conf;" in conf
     # One router host: the front is as it was, with no peer, no drain.
-    single = load_file(stack_file("prod-b300")).config
+    single = one_router_stack
     plain = router_role.router_front_conf(single, plan(single))
     assert "backup" not in plain and "glm_infra_upstream" not in plain and "proxy_pass http://glm_infra_router;" in plain
 
 
-def test_a_router_restart_drains_to_another_front_only_with_one(ha_stack):
+def test_a_router_restart_drains_to_another_front_only_with_one(ha_stack, one_router_stack):
     p = plan(ha_stack)
     script = router_role.router_service_script(ha_stack, p, "b300-2")
     apply = script.split("\napply() {")[1].split("\n}\n")[0]
     assert apply.index("drain_begin") < apply.index("systemctl restart") < apply.index("wait_healthy") < apply.index(
         "drain_end")
     assert "https://10.0.0.13:8000/health" in script
-    single = load_file(stack_file("prod-b300")).config
+    single = one_router_stack
     assert "drain_begin" not in router_role.router_service_script(single, plan(single))
 
 
-def test_keepalived_speaks_to_the_other_router_hosts_only_and_the_firewall_lets_only_them_in(ha_stack):
+def test_keepalived_speaks_to_the_other_router_hosts_only_and_the_firewall_lets_only_them_in(ha_stack, one_router_stack):
     p = plan(ha_stack)
     vrrp = hostplan.plan_all(ha_stack, p, stack_name="prod-b300")["b300-2"].steps["router-vrrp"].stdin
     assert "unicast_src_ip 10.0.0.12" in vrrp and re.search(r"unicast_peer \{\s+10.0.0.13\s+\}", vrrp)
@@ -130,7 +129,7 @@ def test_keepalived_speaks_to_the_other_router_hosts_only_and_the_firewall_lets_
     assert "priority 140" in vrrp  # router.host 150, the first standby 140
     assert "ip protocol vrrp ip saddr { 10.0.0.13 } accept" in firewall.ruleset(ha_stack, p, "b300-2")
     assert "vrrp" not in firewall.ruleset(ha_stack, p, "b300-1"), "a host without a router takes no advert"
-    single = load_file(stack_file("prod-b300")).config
+    single = one_router_stack
     assert "vrrp" not in firewall.ruleset(single, plan(single), "b300-3")
 
 
@@ -175,11 +174,11 @@ def test_the_program_registers_a_router_per_host_and_keeps_the_ca_secret(prod_co
 
 
 
-def test_the_address_rules_pass_their_promtool_tests(ha_stack, tools, tmp_path):
+def test_the_address_rules_pass_their_promtool_tests(ha_stack, one_router_stack, tools, tmp_path):
     """Unheld (a stale claim is none), held twice, moved, a router host that cannot serve, a check that stopped."""
     (tmp_path / "rules.yml").write_text(monitoring.rules(ha_stack))
     shutil.copy(PROMTOOL_TESTS / "ha.test.yml", tmp_path)
     p = run(tools / "promtool", "test", "rules", "ha.test.yml", cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
-    single = load_file(stack_file("prod-b300")).config
+    single = one_router_stack
     assert "GlmRouterAddress" not in monitoring.rules(single)

@@ -134,7 +134,7 @@ def test_warnings_name_the_key():
         "glm-infra:router.allowedCidrs: 203.0.113.0/24 is a documentation network (RFC 5737, RFC 3849), a "
         "placeholder nobody connects from: replace it with the networks your clients (or their load balancer) "
         "connect from",
-        NO_DEAD_MANS_SWITCH, MONITORING_BESIDE_THE_ROUTER,
+        NO_DEAD_MANS_SWITCH.replace("b300-3", "b300-1"),  # (monitoring.host: b300-1, no router: no warning of it)
         host_keys_unset("b300-1", "b300-2", "b300-3"),
         "glm-infra:router.apiKey is not set: the router's public port accepts any client",
         "glm-infra:model.revision: 'main' is not a commit SHA; pin a commit so every host serves the same bytes",
@@ -180,9 +180,15 @@ def test_monitoring_that_would_page_nobody_when_it_goes_down_is_warned_about():
         return [w for w in st.load_dict(raw, name, serve=serve).warnings if w.startswith("glm-infra:monitoring.")]
 
     no_switch, beside_router = NO_DEAD_MANS_SWITCH, MONITORING_BESIDE_THE_ROUTER
-    assert warned("prod-b300") == [no_switch, beside_router]
-    assert warned("prod-b300", host="b300-1") == [no_switch.replace("b300-3", "b300-1")]
-    assert warned("prod-b300", host="b300-1", deadMansSwitchUrl="https://hc-ping.example/x") == []
+    assert warned("sim") == [no_switch.replace("b300-3", "sim-3"), beside_router.replace("b300-3", "sim-3")]
+    assert warned("prod-b300") == [no_switch.replace("b300-3", "b300-1")]  # prod-b300's monitoring.host
+    # On a router host of two: its reboot stops every alert while the other router host serves.
+    assert warned("prod-b300", host="b300-2")[1] == (
+        "glm-infra:monitoring.host: b300-2 also runs the router, so its reboot stops every alert while the other router "
+        "host serves; put Prometheus and Alertmanager on another host (monitoring.host)")
+    assert warned("prod-b300", host="b300-3") == [no_switch, beside_router.replace(
+        "serving and every alert at once", "every alert while the other router host serves")]
+    assert warned("prod-b300", deadMansSwitchUrl="https://hc-ping.example/x") == []
     assert warned("prod-b300", enabled=False) == []
     assert warned("prod-b300", serve=False, deadMansSwitchUrl="https://hc-ping.example/x") == []  # no router yet
 

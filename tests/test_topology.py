@@ -38,7 +38,7 @@ def test_prod_b300_layout():
         ("decode-0", "b300-3", "0,1,2,3,4,5,6,7", 8200, 29650, 5700, 8),
     ]
     assert {i.host: i.nixl_host for i in p.instances} == {"b300-1": "10.0.0.11", "b300-2": "10.0.0.12", "b300-3": "10.0.0.13"}
-    assert p.router.url == "https://10.0.0.13:8000"
+    assert p.router.url == "https://10.0.0.10:8000" and p.router.host_names == ("b300-3", "b300-2")  # two routers
     # The router reaches each instance through its gate on loopback (router.gatePort on, in plan order).
     assert [(g.instance, g.role, g.url, g.upstream, g.requests) for g in p.router.gates] == [
         ("prefill-0", "prefill", "http://127.0.0.1:8010", "http://10.0.0.11:8100", 4),
@@ -115,7 +115,7 @@ def test_plan_command_prints_the_table(capsys):
     assert any(l.split()[:3] == ["b300-1", "10.0.0.11", "prefill-0"] and "0,1,2,3" in l and "5600-5603" in l for l in lines)
     assert any("decode-0" in l and "0,1,2,3,4,5,6,7" in l and "8200" in l and "5700-5707" in l for l in lines)
     assert "GPU use: b300-1: 8/8 GPUs, b300-2: 8/8 GPUs, b300-3: 8/8 GPUs" in out
-    assert "router: https://10.0.0.13:8000 (P/D; 5 workers)" in out
+    assert "router: https://10.0.0.10:8000 (P/D; 5 workers)" in out
 
 
 @pytest.mark.parametrize("stack", STACKS)

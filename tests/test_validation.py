@@ -128,7 +128,7 @@ BAD = [
     ("prefill-without-decode", [("glm-infra:decode", _DELETE)], "glm-infra:decode", "P/D needs both pools: prefill is set but decode is missing"),
     ("colocated-with-prefill-only", [("glm-infra:decode", _DELETE), ("glm-infra:colocated", {"hosts": ["b300-3"]})], "glm-infra:colocated", "cannot be combined"),
     ("nixl-port-range-collision", [("glm-infra:hosts[2].gpus", 16), ("glm-infra:prefill.hosts", ["b300-1", "b300-2", "b300-3"]), ("glm-infra:decode.nixlSideChannelPort", 5604)], "glm-infra:decode.nixlSideChannelPort", "ports 5604-5607 on b300-3 used twice: prefill-5 nixl and decode-0 nixl"),
-    ("dns-name-with-the-firewall", [("glm-infra:hosts[1].address", "b300-2.example.com")], "glm-infra:hosts[1].address", "'b300-2.example.com' is a DNS name; with the firewall on"),
+    ("dns-name-with-the-firewall", [("glm-infra:hosts[0].address", "b300-1.example.com")], "glm-infra:hosts[0].address", "'b300-1.example.com' is a DNS name; with the firewall on"),
     ("colon-for-a-dot", [("glm-infra:prefill:tp", 2)], "glm-infra:prefill:tp", "unknown key"),
     ("extra-arg-value-with-equals", [("glm-infra:decode.extraArgs", ["--model=/mnt/model/glm=v2"])], "glm-infra:decode.extraArgs[0]", "--model is set by glm-infra from model.path"),
     ("nvfp4-on-nvidia-h200", [("glm-infra:hosts[1].gpuModel", "NVIDIA H200 SXM")], "glm-infra:hosts[1].gpuModel", "b300-2's NVIDIA H200 SXM (compute capability 9) cannot run"),
@@ -386,7 +386,7 @@ _OPEN_TO_ALL = {
                                      "connect from (a bastion, a VPN) unless that is what you mean",
     "glm-infra:router.allowedCidrs": "the router's public port (8000 on b300-3); list the networks your clients "
                                      "(or their load balancer) connect from unless that is what you mean",
-    "glm-infra:monitoring.allowedCidrs": "Prometheus and Alertmanager on b300-3 (they ask no credential); list the "
+    "glm-infra:monitoring.allowedCidrs": "Prometheus and Alertmanager on b300-1 (they ask no credential); list the "
                                          "networks the SLA gate and your dashboards connect from unless that is "
                                          "what you mean",
 }

@@ -182,8 +182,7 @@ def stack_document(base: dict[str, Any], config: StackConfig, c: Candidate, gpus
     doc = {**base, "config": dict(base["config"])}
     cfg = doc["config"]
     cfg[f"{NAMESPACE}:hosts"] = [h for h in cfg[f"{NAMESPACE}:hosts"] if h["name"] in used]
-    router = dict(cfg.get(f"{NAMESPACE}:router") or {})
-    router["host"] = decode_hosts[0]
+    router = _routers(dict(cfg.get(f"{NAMESPACE}:router") or {}), prefill_hosts, decode_hosts)
     # The base's own settings of each pool (memory, batching, ports, env) stay; the topology is the proposal's.
     base_pools = {key: dict(cfg.get(f"{NAMESPACE}:{key}") or {}) for key in ("prefill", "decode")}
     for key in ("prefill", "decode", "colocated"):
@@ -195,9 +194,27 @@ def stack_document(base: dict[str, Any], config: StackConfig, c: Candidate, gpus
     if max_model_len is not None:
         cfg[f"{NAMESPACE}:model"] = {**cfg[f"{NAMESPACE}:model"], "maxModelLen": max_model_len}
     monitoring = cfg.get(f"{NAMESPACE}:monitoring")
-    if monitoring and monitoring.get("host") not in (None, *used):
-        cfg[f"{NAMESPACE}:monitoring"] = {k: v for k, v in monitoring.items() if k != "host"}
+    if monitoring and monitoring.get("host") is not None:
+        # The base's choice of a host that runs no router, kept where the proposal allows it.
+        routers = {router["host"], *router.get("standbyHosts", [])}
+        mon = monitoring["host"] if monitoring["host"] in used and monitoring["host"] not in routers else next(
+            (h for h in prefill_hosts + decode_hosts if h not in routers), None)
+        cfg[f"{NAMESPACE}:monitoring"] = {**{k: v for k, v in monitoring.items() if k != "host"},
+                                          **({"host": mon} if mon else {})}
     return doc
+
+
+def _routers(router: dict[str, Any], prefill_hosts: list[str], decode_hosts: list[str]) -> dict[str, Any]:
+    """The router on the first decode host; as many standbys as the base had, on the other decode hosts, then the
+    prefill hosts (none fit: a single router, and no virtual address)."""
+    router["host"] = decode_hosts[0]
+    wanted = len(router.get("standbyHosts") or [])
+    standbys = [h for h in decode_hosts[1:] + prefill_hosts[::-1] if h != router["host"]][:wanted]
+    if standbys:
+        router["standbyHosts"] = standbys
+    else:
+        router = {k: v for k, v in router.items() if k not in ("standbyHosts", "virtualAddress")}
+    return router
 
 
 def experiment(model: str, system: str, backend: str, backend_version: str, database_mode: str, total_gpus: int,

@@ -149,7 +149,7 @@ def _router_standbys(stack: StackConfig, names: list[str]) -> list[Problem]:
                            f"{r.virtual_address} is {by_address[str(r.virtual_address)]}'s own address: the virtual "
                            "address moves between the router hosts and must be used by no host"))
     for h in [r.host, *r.standby_hosts]:
-        if not _is_ipv4(stack.host(h).address):
+        if h in names and not _is_ipv4(stack.host(h).address):  # (an unknown router.host is named above)
             out.append(Problem(key_path("router", ".virtualAddress"),
                                f"router host {h}'s address is {stack.host(h).address!r}: the routers speak VRRP to "
                                "each other's IPv4 address (unicast); give the router hosts IPv4 addresses"))

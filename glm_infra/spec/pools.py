@@ -135,7 +135,7 @@ class RouterConfig(StrictModel):
     key and retries a request the router failed before answering (a prefill restarting)."""
 
     host: str = Field(description="Host the router (and its front) runs on; with standbyHosts, the first of "
-                                  "the routers (the others roll before it).")
+                                  "the routers to roll (the others follow, one at a time).")
     standby_hosts: list[str] = Field(
         default_factory=list, max_length=3,
         description="Further hosts that run the router and its front too, hot, behind virtualAddress: keepalived "

@@ -39,6 +39,8 @@ CREDENTIAL = {
     "router internal": "none: vllm-router itself, its admin API included (`/remove_worker`, …): loopback only, "
                        "reached by the front and the gates",
     "router gate": "none: nginx in front of one instance, for the router (loopback only)",
+    "the other fronts": "none: the front's way to another router host's front (loopback only); what it passes on "
+                        "keeps the client's API key and goes over TLS, checked against glm-infra's CA",
     "node exporter": "none (host metrics, the canaries' textfile)",
     "DCGM exporter": "none (GPU metrics)",
     "DCGM host engine": "none: nvidia-dcgm's nv-hostengine, for dcgmi and the DCGM exporter (loopback only)",

@@ -88,7 +88,8 @@ def sim(command: str, stack_file: Path) -> None:
 
 def b300_fleet(n_hosts: int, address=lambda i: f"10.0.{i // 200}.{i % 200 + 10}") -> dict:
     """prod-b300's settings on n hosts b300-000…: the first two thirds prefill (2 × TP1 DP4 EP each),
-    the rest decode (TP1 DP8 EP), the router on the first decode host; ``address(i)`` of host i.
+    the rest decode (TP1 DP8 EP), the router on the first decode host, its standby on the last (behind
+    ``address(n)``, when there are two decode hosts), Prometheus on the first host; ``address(i)`` of host i.
     96 hosts: 64 prefill, 32 decode (the fleet-sized preview's stack)."""
     cfg = copy.deepcopy(yaml.safe_load((ROOT / "stacks/Pulumi.prod-b300.yaml").read_text())["config"])
     nics = cfg["glm-infra:hosts"][0]["computeNics"]
@@ -98,4 +99,10 @@ def b300_fleet(n_hosts: int, address=lambda i: f"10.0.{i // 200}.{i % 200 + 10}"
     cfg["glm-infra:prefill"]["hosts"] = names[:n_prefill]
     cfg["glm-infra:decode"]["hosts"] = names[n_prefill:]
     cfg["glm-infra:router"]["host"] = names[n_prefill]
+    if n_hosts - n_prefill > 1:
+        cfg["glm-infra:router"].update(standbyHosts=[names[-1]], virtualAddress=address(n_hosts))
+    else:
+        cfg["glm-infra:router"] = {k: v for k, v in cfg["glm-infra:router"].items()
+                                   if k not in ("standbyHosts", "virtualAddress")}
+    cfg["glm-infra:monitoring"] = {**cfg.get("glm-infra:monitoring", {}), "host": names[0]}
     return cfg

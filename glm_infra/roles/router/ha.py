@@ -36,6 +36,8 @@ VRRP_NOTIFY = paths.script("router-vrrp-notify")
 VRRP_METRICS = f"{paths.NODE_EXPORTER_TEXTFILES}/glm-router-vrrp.prom"
 CA_EXPORT = "router-ca-export"  # on router.host: the generated CA, a secret the other router hosts take
 CA_GIVEN = "router-front-ca-given"  # on the others: that CA, written before their TLS step
+# What the review tree shows as CA_GIVEN's stdin: the CA exists only once router.host's TLS step has made it.
+CA_REVIEWED = "# router.host's CA (certificate and key), read by its router-ca-export step when pulumi up runs\n"
 
 
 def _tls_curl(stack: StackConfig) -> str:
@@ -95,4 +97,4 @@ def ca_given_step() -> Step:
     d = shlex.quote(paths.FRONT_CA_GIVEN.rsplit("/", 1)[0])
     create = (f"set -e; umask 077; mkdir -p {d}; tmp=$(mktemp {q}.XXXXXX); cat > \"$tmp\"; "
               f"if cmp -s \"$tmp\" {q}; then rm -f \"$tmp\"; echo unchanged {q}; else mv -f \"$tmp\" {q}; echo wrote {q}; fi")
-    return Step(CA_GIVEN, create, f"rm -f {q}", stdin="", secret=True)
+    return Step(CA_GIVEN, create, f"rm -f {q}", stdin=CA_REVIEWED, secret=True)
