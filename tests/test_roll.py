@@ -588,3 +588,51 @@ def test_a_release_leaves_a_slot_taken_back_meanwhile(leases):
     out, err = release.communicate(timeout=30)
     assert release.returncode == 0, err
     assert slot.read_text().split()[0] == "b300-2"
+
+
+def test_with_two_routers_the_roll_waits_for_both_and_refuses_blind_on_either(router, tmp_path, monkeypatch):
+    """prod-b300 runs two routers, each checking the workers itself: a host is drained once both mark its workers
+    down and back once both mark them healthy; one router that cannot be read stops the roll, naming it."""
+    monkeypatch.delenv("GLM_INFRA_ROLL_FORCE", raising=False)
+    stack = load_file(stack_file("prod-b300")).config
+    p = plan(stack)
+    urls = hostplan.host_steps(stack, p, p.host("b300-2"), stack_name="t").steps["host-drain"].stdin
+    assert "metrics_url='http://10.0.0.13:29000/metrics http://10.0.0.12:29000/metrics'" in urls, "both router hosts'"
+
+    class Standby(_Metrics):
+        page = ""
+
+    standby = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Standby)
+    threading.Thread(target=standby.serve_forever, daemon=True).start()
+    try:
+        host = RollHost(tmp_path, " ".join(f"http://127.0.0.1:{s.server_address[1]}/metrics" for s in (router, standby)))
+        workers = p.router.prefill_urls + p.router.decode_urls
+        mine = [p.router.worker_url(i.name) for i in p.instances if i.host == "b300-2"]
+        others = [u for u in p.router.prefill_urls if u not in mine]
+        _Metrics.page = health_page({u: 1 for u in workers})
+        Standby.page = health_page({**{u: 1 for u in workers}, **{u: 0 for u in others}})  # b300-1 down there
+        r = host.run("host-drain")
+        assert r.returncode == 1 and "not draining: prefill on b300-1 is not healthy in the router" in r.stderr, r.stderr
+        assert not r.called("systemctl disable")
+        # Both see b300-1 serving; only the first sees b300-2 go: the drain waits for the second, then warns.
+        Standby.page = health_page({u: 1 for u in workers})
+        r = host.run("host-drain")
+        assert r.returncode == 0 and "warning: the router still reports" in r.stderr, r.stderr
+        # Back: the first router marks them healthy, the second does not yet: not done.
+        _Metrics.page = health_page({u: 1 for u in workers})
+        Standby.page = health_page({**{u: 1 for u in workers}, **{u: 0 for u in mine}})
+        r = host.run("host-return")
+        assert r.returncode == 1 and "does not report" in r.stderr and "healthy" in r.stderr, r.stderr
+        assert not host.file("/var/lib/glm-infra/roll-done").exists()
+        Standby.page = health_page({u: 1 for u in workers})
+        r = host.run("host-return")
+        assert r.returncode == 0 and "the router marks" in r.stdout, r.stderr
+    finally:
+        standby.shutdown()
+        standby.server_close()
+    # The second router unreadable (its host down): the roll stops, naming it.
+    dead = closed_port_url()
+    host = RollHost(tmp_path / "blind", f"http://127.0.0.1:{router.server_address[1]}/metrics {dead}")
+    r = host.run("host-drain")
+    assert r.returncode == 1 and f"{dead}: curl: (7)" in r.stderr and "not going on blind" in r.stderr, r.stderr
+    assert not r.called("systemctl")

@@ -4,12 +4,15 @@ around a router restart, the shared CA, the firewall's VRRP rule, the scrape tar
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import time
 
 import pytest
 from pulumi_harness import run_program
+from stubs import StubPath, in_root, isolated
 from test_monitoring import PROMTOOL_TESTS, run, tools  # noqa: F401  (tools: the promtool fixture)
 
 from glm_infra import hostplan
@@ -155,6 +158,62 @@ def test_the_rendered_scripts_are_shellcheck_clean(ha_stack, tmp_path):
             script.write_text(body)
             p = subprocess.run(["venv/bin/shellcheck", str(script)], capture_output=True, text=True)
             assert p.returncode == 0, p.stdout
+
+
+def check_script(ha_stack, host: str = "b300-2") -> str:
+    vrrp = hostplan.plan_all(ha_stack, plan(ha_stack), stack_name="prod-b300")[host].steps["router-vrrp"].stdin
+    return vrrp.split("check_source() {\n  cat <<'GLM_INFRA_FILE_END'\n")[1].split("GLM_INFRA_FILE_END\n}")[0]
+
+
+def test_keepalived_s_check_fails_closed_on_what_it_cannot_see_and_says_so_for_prometheus(ha_stack, tmp_path):
+    """The check keepalived runs every second, on a host of its own (stubs for curl and ip): the front's own 404
+    for the probe path and the router's liveness, nothing else, count as serving; a front that answers anything
+    else, a router down without a fresh drain, a drain older than its bound do not. Each run says so in the node
+    exporter's textfile, readable by the exporter, rewritten on a change and once 30 s old."""
+    stubs = StubPath(tmp_path / "stubs")
+    # curl as keepalived's check calls it (-w '%{http_code}'): the code in $STATE/front for the front's probe path,
+    # in $STATE/router for the router's liveness; 000 and exit 7 for one that does not answer, as curl does.
+    stubs.add("curl", f'for a; do url=$a; done; case $url in *{ha.FRONT_PROBE}) f=front ;; *) f=router ;; esac\n'
+                      'code=$(cat "$STATE/$f"); printf %s "$code"; [ "$code" != 000 ] || exit 7')
+    stubs.add("ip", '[ -e "$STATE/held" ] && echo "2: eth0    inet 10.0.0.10/32 scope global eth0"; exit 0')
+    script = check_script(ha_stack)
+    dirs = [paths.FRONT_DRAIN_DIR, paths.NODE_EXPORTER_TEXTFILES]
+    metrics, drain = in_root(tmp_path, ha.VRRP_METRICS), in_root(tmp_path, paths.FRONT_DRAIN)
+
+    def check(front: str, router: str) -> int:
+        (stubs.state / "front").write_text(front)
+        (stubs.state / "router").write_text(router)
+        return isolated(stubs, script, [], dirs, tmp_path).returncode
+
+    def said() -> tuple[str, str]:
+        text = metrics.read_text()
+        return (re.search(r'^glm_router_address_held\{address="10.0.0.10"\} (\d)$', text, re.M)[1],
+                re.search(r'^glm_router_serves\{address="10.0.0.10"\} (\d)$', text, re.M)[1])
+
+    assert check("404", "200") == 0 and said() == ("0", "1")
+    assert oct(metrics.stat().st_mode)[-3:] == "644", "the node exporter runs as a user of its own"
+    calls = stubs.log.read_text()
+    assert f"--cacert {paths.FRONT_CA} https://10.0.0.12:8000{ha.FRONT_PROBE}" in calls, "TLS, on its own address"
+    assert "--max-time 1.5" in calls and "http://127.0.0.1:8001/liveness" in calls
+    (stubs.state / "held").touch()
+    assert check("404", "200") == 0 and said() == ("1", "1")
+    for front in ("200", "502", "000"):  # anything but the front's own 404: not this host's front, or none
+        assert check(front, "200") == 1 and said() == ("1", "0"), front
+    assert check("404", "000") == 1, "the router down and the front not drained"
+    assert check("404", "500") == 1
+    drain.write_text("")
+    assert check("404", "000") == 0 and said() == ("1", "1"), "a restart in its drain window"
+    old = time.time() - ha.DRAIN_MAX_S - 5
+    os.utime(drain, (old, old))
+    assert check("404", "000") == 1 and said() == ("1", "0"), "a drain older than any restart takes"
+    # Unchanged and fresh: left alone; unchanged and 30 s old: written again (an old file means the check stopped).
+    os.utime(metrics, (time.time() - 10,) * 2)
+    before = metrics.stat().st_mtime
+    check("404", "000")
+    assert metrics.stat().st_mtime == before
+    os.utime(metrics, (time.time() - 31,) * 2)
+    check("404", "000")
+    assert metrics.stat().st_mtime > time.time() - 5
 
 
 def test_the_program_registers_a_router_per_host_and_keeps_the_ca_secret(prod_config, write_stack, tmp_path):
