@@ -103,8 +103,11 @@ def test_prefill_restarts_one_at_a_time_and_router_comes_last(key_file):
     for a, b in [("prefill-0", "prefill-1"), ("prefill-1", "prefill-2"), ("prefill-2", "prefill-3")]:
         # A change restarts b only after a has restarted and answered /health ...
         assert run.urn(f"glm-{a}-rollout") in run.get(f"glm-{b}-rollout").dependencies, f"{b} waits for {a}"
-        # ... while a first deploy starts them together.
-        assert not any("prefill" in d for d in run.get(f"glm-{b}-service").dependencies if "-unit" not in d)
+        # ... while a first deploy starts them without waiting for each other: the first host's at once, another
+        # host's once that host has the pool's warm-start caches (a host joining starts warm, not racing the copy).
+        deps = run.get(f"glm-{b}-service").dependencies
+        assert not any(re.search(r"glm-prefill-\d+-(service|rollout)$", d) for d in deps), deps
+        assert (run.urn("glm-b300-2-prefill-warm-cache") in deps) == (b in ("prefill-2", "prefill-3")), deps
     assert run.urn("glm-prefill-0-service") not in run.get("glm-decode-0").dependencies  # pools roll independently
     assert not any("prefill" in d for d in run.get("glm-decode-0-rollout").dependencies)
     rollout = run.get("glm-prefill-1-rollout")

@@ -334,6 +334,7 @@ class Cluster(_Deployment):
                 continue
             s = self.steps[inst.host].steps
             keys = [f"{inst.name}-{k}" for k in ("unit", "service", "rollout", "stop")]
+            warm = warm_caches.before_rollout(inst.role, inst.host, self.services)  # its start and restart wait for it
             svc = VllmService(
                 f"{name}-{inst.name}",
                 VllmServiceArgs(
@@ -343,11 +344,10 @@ class Cluster(_Deployment):
                     health_url=self._resolved.apply(lambda r, n=inst.name: f"{_instance(r.plan, n).url}/health"),
                     restart_triggers=[vllm_secrets],
                     stop_after=prefill_stoppers if inst.role == "decode" else [],
-                    rollout_after=[*([last_of_pool[inst.role].rollout] if inst.role in last_of_pool else []),
-                                   *warm_caches.before_rollout(inst.role, inst.host, self.services), *transition],
+                    rollout_after=[*([last_of_pool[inst.role].rollout] if inst.role in last_of_pool else []), *transition],
                     live=self.lives(inst.host, keys),
                 ),
-                pulumi.ResourceOptions(parent=self, depends_on=list(self._chains[inst.host].ready)),
+                pulumi.ResourceOptions(parent=self, depends_on=[*self._chains[inst.host].ready, *warm]),
             )
             if inst.role == "prefill":
                 prefill_stoppers.append(svc.stopper)

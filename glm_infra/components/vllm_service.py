@@ -64,7 +64,8 @@ class WarmCacheRelays:
     """Each pool's ``<pool>-warm-cache`` steps (roles/vllm.warm_cache_steps), wired around the pool's
     restarts: the pool's first host's step once its instances there serve (their rollout: a change restarts
     them first, cold); every other host's after it (a failed first host fails them, not a wait), and that
-    host's instances of the pool restart only after it."""
+    host's instances of the pool start (a host joining, a first deploy) and restart only after it, so they
+    start warm instead of racing the copy."""
 
     def __init__(self, deployment, name: str, ready: Mapping[str, Sequence[pulumi.Resource]]) -> None:
         """``ready``: by host, what its steps wait for first (its provisioning chain)."""

@@ -245,6 +245,19 @@ def test_a_stack_deployed_by_the_previous_main_upgrades_without_replacing_or_del
     assert {h: on_host(h, "cat /proc/sys/kernel/random/boot_id").strip() for h in HOSTS} == boots
     sh("pulumi preview -s sim --expect-no-changes --non-interactive")
     with_this_checkouts_standins(HOSTS)
+    # The upgraded single-router stack moving to two routers (prod-b300's layout, issue 40): nothing replaced or
+    # deleted, no instance or unit touched; tests/e2e/test_rolling.py runs that up under load (the router not restarted).
+    stack.config_set("glm-infra:router.standbyHosts[0]", "sim-1")
+    stack.config_set("glm-infra:router.virtualAddress", "10.88.0.10")
+    try:
+        ops = {s["urn"].rsplit("::", 1)[-1]: s["op"] for s in stack.preview_json()["steps"]}
+    finally:
+        sh("pulumi config rm -s sim --path 'glm-infra:router.standbyHosts'")
+        sh("pulumi config rm -s sim --path 'glm-infra:router.virtualAddress'")
+    assert not {n: op for n, op in ops.items() if op in DESTRUCTIVE - {"create"}}, ops
+    assert not {n for n, op in ops.items() if op != "same" and n.endswith(("-rollout", "-unit"))
+                and not n.startswith("glm-router-sim-1-")}, ops
+    assert {"glm-router-sim-1-service", "glm-router-vrrp"} <= {n for n, op in ops.items() if op == "create"}, ops
 
 
 def test_up_monitors_every_instance_with_its_pool(stack, webhook, switch, tmp_path_factory):
