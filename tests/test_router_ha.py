@@ -151,18 +151,18 @@ def test_the_rendered_scripts_are_shellcheck_clean(ha_stack, tmp_path):
             p = subprocess.run(["venv/bin/shellcheck", "-s", "bash", str(script)], capture_output=True, text=True)
             assert p.returncode == 0, p.stdout
         # The scripts keepalived runs, as written on the host.
-        vrrp = steps[host].steps["router-vrrp"].stdin
         for fn in ("check_source", "notify_source"):
-            body = vrrp.split(f"{fn}() {{\n  cat <<'GLM_INFRA_FILE_END'\n")[1].split("GLM_INFRA_FILE_END\n}")[0]
+            body = vrrp_file(ha_stack, host, fn)
             script = tmp_path / f"{host}-{fn}.sh"
             script.write_text(body)
             p = subprocess.run(["venv/bin/shellcheck", str(script)], capture_output=True, text=True)
             assert p.returncode == 0, p.stdout
 
 
-def check_script(ha_stack, host: str = "b300-2") -> str:
+def vrrp_file(ha_stack, host: str, fn: str) -> str:
+    """A file the router-vrrp step writes on ``host``, as written there (the heredoc of its function ``fn``)."""
     vrrp = hostplan.plan_all(ha_stack, plan(ha_stack), stack_name="prod-b300")[host].steps["router-vrrp"].stdin
-    return vrrp.split("check_source() {\n  cat <<'GLM_INFRA_FILE_END'\n")[1].split("GLM_INFRA_FILE_END\n}")[0]
+    return vrrp.split(f"{fn}() {{\n  cat <<'GLM_INFRA_FILE_END'\n")[1].split("GLM_INFRA_FILE_END\n}")[0]
 
 
 def test_keepalived_s_check_fails_closed_on_what_it_cannot_see_and_says_so_for_prometheus(ha_stack, tmp_path):
@@ -176,7 +176,7 @@ def test_keepalived_s_check_fails_closed_on_what_it_cannot_see_and_says_so_for_p
     stubs.add("curl", f'for a; do url=$a; done; case $url in *{ha.FRONT_PROBE}) f=front ;; *) f=router ;; esac\n'
                       'code=$(cat "$STATE/$f"); printf %s "$code"; [ "$code" != 000 ] || exit 7')
     stubs.add("ip", '[ -e "$STATE/held" ] && echo "2: eth0    inet 10.0.0.10/32 scope global eth0"; exit 0')
-    script = check_script(ha_stack)
+    script = vrrp_file(ha_stack, "b300-2", "check_source")
     dirs = [paths.FRONT_DRAIN_DIR, paths.NODE_EXPORTER_TEXTFILES]
     metrics, drain = in_root(tmp_path, ha.VRRP_METRICS), in_root(tmp_path, paths.FRONT_DRAIN)
 

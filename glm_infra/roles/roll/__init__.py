@@ -26,7 +26,7 @@ def roll_script(stack: StackConfig, plan: Plan, host: str, pools: list[tuple[str
     others = [(i.role, i.host, known_as(i)) for i in plan.instances if i.host != host and i.role in roles]
     metrics = ""
     if plan.router is not None and stack.router is not None:  # every router host's (each checks the workers itself)
-        metrics = " ".join(f"http://{paths.url_host(stack.host(h).address)}:{stack.router.metrics_port}/metrics"
+        metrics = " ".join(f"http://{paths.url_host(plan.router.own_address(h))}:{stack.router.metrics_port}/metrics"
                            for h in plan.router.host_names)
     return render_template("roll.sh.j2", host=host, instances=mine, workers=[known_as(i) for i in mine],
                            metrics_url=metrics, pools=pools, others=others, **bounds)
