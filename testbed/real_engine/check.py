@@ -2,7 +2,8 @@
 (issue 41). Standard library only, so it runs on a GPU machine with nothing but Python and the payload.
 
     python3 testbed/real_engine/check.py --lines DIR --model DIR --out DIR [--bin DIR] [--timeout S]
-                                         [--expect-metrics FILE] [--wrong-model DIR] [--env NAME=VALUE ...]
+                                         [--expect-metrics FILE] [--metrics-wait S] [--wrong-model DIR]
+                                         [--env NAME=VALUE ...]
 
 DIR (--lines) is `glm-infra real-engine`'s output: each instance's and the router's argv and environment.
 They start in order (prefill, then decode once prefill answers, then the router), each in its own session
@@ -15,8 +16,8 @@ Then, each printed and recorded in --out/results.json and the transcript --out/T
 - decode pulled KV over NIXL (transfers > 0) and none failed;
 - every metric --expect-metrics lists (JSON {metric: [who reads it]}: glm-infra's rules and dashboard,
   from ``monitoring.read_metrics``; `glm-infra real-engine` writes it beside the lines) that a vLLM
-  instance or the router should serve is served, or named
-  missing; whether any ``process_*`` metric is served (vLLM serves none with several API servers);
+  instance or the router should serve is served (read again each second for --metrics-wait seconds: the
+  engines' stats reach /metrics at their next logging step), or named missing; whether any ``process_*`` metric is served (vLLM serves none with several API servers);
 - glm-infra's canary (glm_infra/agent/canary.py) passes against the instances, which agree on its reference
   (a checkpoint whose greedy answer is visible text is needed: a random one's detokenizes to nothing, and
   the canary fails closed), and fails against a planted instance serving --wrong-model, naming it;
@@ -216,6 +217,24 @@ def families(exposition: str) -> set[str]:
     return names
 
 
+def scrape(services: list, expected: dict[str, list[str]], timeout: float) -> dict[str, str]:
+    """Every service's /metrics, read again until it serves every expected family and a NIXL transfer, or
+    until timeout: the engines' stats reach /metrics at their next logging step, later on a loaded machine."""
+    deadline = time.monotonic() + timeout
+    wanted = {m for m in expected if m.startswith(("vllm:", "vllm_router_"))}
+    while True:
+        expositions = {}
+        for s in services:
+            port = flag(s.argv, "--prometheus-port") if s.name == "router" else flag(s.argv, "--port")
+            status, text = get(f"http://127.0.0.1:{port}/metrics", timeout=30)
+            expositions[s.name] = text if status == 200 else ""
+        served = set().union(*(families(t) for t in expositions.values()))
+        decode = samples(expositions.get("decode", ""))
+        if (wanted <= served and any(decode.get(n) for n in NIXL_TRANSFERS)) or time.monotonic() > deadline:
+            return expositions
+        time.sleep(1)
+
+
 def metric_checks(run: Run, expositions: dict[str, str], expected: dict[str, list[str]]) -> None:
     decode = samples(expositions.get("decode", ""))
     transfers = next((decode[n] for n in NIXL_TRANSFERS if n in decode), None)
@@ -341,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bin", type=Path, default=Path(sys.executable).parent)
     parser.add_argument("--timeout", type=float, default=1800, help="seconds for each to answer /health")
     parser.add_argument("--expect-metrics", type=Path, help="default: LINES/expected-metrics.json")
+    parser.add_argument("--metrics-wait", type=float, default=60,
+                        help="seconds after the chats for the expected metrics and a NIXL transfer to be served")
     parser.add_argument("--wrong-model", help="another checkpoint: a planted instance serving it must fail the canary")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="more environment for every service (the machine's own needs)")
@@ -374,13 +395,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"http://127.0.0.1:{flag(services[0].argv, '--port')}")
             chat(run, target, key, served, stream=False)
             chat(run, target, key, served, stream=True)
-            time.sleep(2)  # the engines' stats reach /metrics at their next logging step
-            expositions = {}
-            for s in services:
-                port = flag(s.argv, "--prometheus-port") if s.name == "router" else flag(s.argv, "--port")
-                status, text = get(f"http://127.0.0.1:{port}/metrics", timeout=30)
-                expositions[s.name] = text if status == 200 else ""
-            metric_checks(run, expositions, expected)
+            metric_checks(run, scrape(services, expected, args.metrics_wait), expected)
             canary_checks(run, services, key, served, args.wrong_model, args.timeout)
     finally:
         for s in reversed(services):

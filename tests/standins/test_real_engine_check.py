@@ -111,7 +111,7 @@ def test_a_failing_check_fails_the_run_and_names_it(bed, tmp_path):
     expected["vllm:a_metric_nothing_serves"] = ["GlmSomethingNew"]
     (lines / "expected-metrics.json").write_text(json.dumps(expected))
     out = tmp_path / "out"
-    p = check(bed, out)
+    p = check(bed, out, "--metrics-wait", "3")
     assert p.returncode == 1
     assert "FAIL metrics the rules and panels read" in p.stdout
     assert "missing: vllm:a_metric_nothing_serves (read by GlmSomethingNew)" in p.stdout
