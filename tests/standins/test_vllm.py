@@ -642,6 +642,29 @@ def test_process_metrics_are_served_only_by_one_api_server(launch, flags, gpus, 
         assert "process_" not in text
 
 
+def test_the_latency_histograms_are_served_at_zero_before_any_request_and_then_counted(launch):
+    """vLLM binds each engine's histograms at start (vllm/v1/metrics/loggers.py, make_per_engine), so the rules'
+    inter-token latency has a series before the first request, and keeps exactly one family after; the
+    simulator alone serves it only once a request of two tokens or more was observed (CI met one without)."""
+    vllm = launch().wait_healthy()
+    family = "vllm:inter_token_latency_seconds"
+
+    def counts() -> list[str]:
+        text = request(vllm.port, "GET", "/metrics")[1].decode()
+        assert text.count(f"# TYPE {family} histogram") == 1, text
+        return [line for line in text.splitlines() if line.startswith(f"{family}_count")]
+
+    assert [line.rsplit(" ", 1)[1] for line in counts()] == ["0"]
+    for _ in range(3):
+        status, answer = greedy(vllm.port, ignore_eos=True)  # every one of its 8 tokens generated
+        assert status == 200 and answer["usage"]["completion_tokens"] == 8
+    deadline = time.monotonic() + 10
+    while float(counts()[0].rsplit(" ", 1)[1]) == 0:  # the simulator counts on a goroutine of its own
+        assert time.monotonic() < deadline, "the simulator observed the inter-token latency"
+        time.sleep(0.2)
+    assert len(counts()) == 1
+
+
 def test_the_startup_phases_are_logged_as_the_real_engine_logs_them(launch, model_dir):
     """What the real-engine check reads from vLLM 0.33.0's log on a GPU (tests/fixtures/real-engine/), the
     stand-in logs too: weights, model loading, graph capture, init engine."""

@@ -422,6 +422,14 @@ NIXL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                 40.0, 80.0, 160.0, 640.0, 2560.0)
 TTFT = "vllm:time_to_first_token_seconds"
+# vLLM binds every engine's histograms at start (vllm/v1/metrics/loggers.py, make_per_engine: metric.labels(...)),
+# so they are served at zero before any request; llm-d-inference-sim serves its histogram vectors only once
+# observed, and observes inter-token latency only for a request of two tokens or more (its random lengths
+# make that a coin toss). These the stand-in serves at zero until the simulator has them (the simulator's
+# buckets, common.TPOTBucketsBoundaries).
+ZERO_AT_START = {"vllm:inter_token_latency_seconds": (
+    "Histogram of inter-token latency in seconds.",
+    (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0))}
 FIRST_TOKEN = re.compile(rb'"(content|text)":"[^"]')
 
 
@@ -464,6 +472,11 @@ class EngineMetrics:
         out += [f'{TTFT}_bucket{{{labels},le="{le}"}} {sum(1 for t in ttft if t <= le)}\n' for le in TTFT_BUCKETS]
         out.append(f'{TTFT}_bucket{{{labels},le="+Inf"}} {len(ttft)}\n{TTFT}_sum{{{labels}}} {sum(ttft)}\n'
                    f"{TTFT}_count{{{labels}}} {len(ttft)}\n")
+        for family, (text, buckets) in ZERO_AT_START.items():
+            if f"{family}_count" not in simulator_metrics:
+                out.append(f"# HELP {family} {text}\n# TYPE {family} histogram\n")
+                out += [f'{family}_bucket{{{labels},le="{le}"}} 0\n' for le in (*buckets, "+Inf")]
+                out.append(f"{family}_sum{{{labels}}} 0.0\n{family}_count{{{labels}}} 0\n")
         if self.draft_len:
             generated = sum(float(line.rsplit(" ", 1)[1]) for line in simulator_metrics.splitlines()
                             if line.startswith("vllm:generation_tokens_total"))
