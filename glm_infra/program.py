@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import pulumi
 
+from . import state_backend
 from .args import ClusterArgs
 from .plan import capacity
-from .spec.config import SECRET_PATHS, StackConfig, snake
+from .spec.config import PROGRAM_KEYS, SECRET_PATHS, StackConfig, snake
 from .stack import StackError, load_pulumi_config
 
 if TYPE_CHECKING:
@@ -27,13 +28,18 @@ def load() -> ClusterArgs:
         raise pulumi.RunError(str(e)) from None
     for w in loaded.warnings:
         pulumi.log.warn(w)
+    found = state_backend.verdict(pulumi.get_stack(), loaded.config.state_in_checkout, pulumi.runtime.is_dry_run())
+    if found and found[0] == "error":
+        raise pulumi.RunError(found[1])
+    if found:
+        pulumi.log.warn(found[1])
     return cluster_args(loaded.config)
 
 
 def cluster_args(stack: StackConfig) -> ClusterArgs:
     """A validated stack as Cluster args: snake_case keys, each secret a secret Output (a secret read
     offline, without its plaintext, is left out: give it yourself)."""
-    out: dict[str, Any] = stack.model_dump(exclude_none=True)
+    out: dict[str, Any] = stack.model_dump(exclude_none=True, exclude=set(PROGRAM_KEYS))
     for top, sub in SECRET_PATHS:
         block = getattr(stack, top)
         field = snake(sub)

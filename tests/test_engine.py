@@ -83,3 +83,20 @@ def test_a_decode_without_kv_room_for_one_max_request_is_refused_before_any_reso
     assert ("glm-infra:decode: a decode rank (tp1 dp2) cannot hold one request of the maximum context, 1,048,576 "
             "tokens (max_position_embeddings, real: config.json#max_position_embeddings): its KV room of 2.9 GB holds "
             "52,806 tokens") in out
+
+
+def test_up_with_the_state_inside_the_checkout_is_refused_before_any_resource(engine, project):
+    """prod-b300 as it is, its state in a file backend inside the project (here: no git, so the project folder
+    is the checkout): `up` stops at the program's start, naming the folder and what to set; preview only warns."""
+    cfg = yaml.safe_load(stack_file("prod-b300").read_text())
+    (project / "stacks/Pulumi.prod-b300.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert pulumi(project, "stack init prod-b300 --secrets-provider passphrase").returncode == 0
+    preview = pulumi(project, "preview -s prod-b300 --non-interactive")
+    assert f"its state would live in {project / 'state'}" in preview.stdout + preview.stderr
+    assert "`pulumi up` refuses it" in preview.stdout + preview.stderr
+    up = pulumi(project, "up -s prod-b300 --yes --skip-preview --non-interactive")
+    assert up.returncode != 0 and "Traceback" not in up.stdout + up.stderr
+    assert f"inside the checkout {project}" in up.stdout and "Refused: choose a backend" in up.stdout
+    state = yaml.safe_load(pulumi(project, "stack export -s prod-b300").stdout)
+    assert [r["type"] for r in state["deployment"].get("resources") or []
+            if r["type"] != "pulumi:pulumi:Stack"] == [], "nothing was created"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pulumi
 import pytest
 import yaml
-from conftest import PROD_STACKS, stack_file
+from conftest import PROD_STACKS, ROOT, stack_file
 from pulumi_harness import _Mocks, leaks, run_program, secret_fields
 
 from glm_infra.plan.topology import plan
@@ -677,3 +677,14 @@ def test_a_host_key_given_is_what_every_connection_to_that_host_checks(key_file,
             by_host.setdefault(r.inputs["connection"]["host"], set()).add(r.inputs["connection"].get("hostKey"))
     assert by_host["10.88.0.11"] == {key}
     assert by_host["10.88.0.12"] == by_host["10.88.0.13"] == {None}
+
+
+def test_the_program_refuses_an_up_with_its_state_in_the_checkout(key_file, monkeypatch):
+    """The fallback of scripts/lib/pulumi-env.sh (the checkout's .pulumi-state) for a stack that does not say
+    its hosts are disposable: stopped before any resource; the sim stack says so and deploys."""
+    monkeypatch.setenv("PULUMI_BACKEND_URL", f"file://{ROOT}/.pulumi-state")
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(pulumi.RunError, match=rf"stack test: its state would live in {ROOT}/\.pulumi-state, inside "
+                                              rf"the checkout {ROOT} \(backend file://"):
+        run_program(stack_file("prod-b300"), key_file)
+    assert run_program(stack_file("sim"), key_file).by_type(CMD)

@@ -41,9 +41,12 @@ STACK_KEYS = (
     "prediction",
     "capacity",
     "startup",
+    "stateInCheckout",
 )
 # The keys of what serves (the pools and the router): Hosts, which provisions without serving, leaves them out.
 SERVING_KEYS = ("prefill", "decode", "colocated", "router")
+# Keys only the program reads (glm_infra/program.py), not the components: no field of their Args.
+PROGRAM_KEYS = ("state_in_checkout",)
 
 # The values that must be Pulumi secrets, in one place: the name templates and components know each
 # by → (top key, nested key) in the stack file.

@@ -18,6 +18,7 @@ from pydantic import (
 from .base import (  # noqa: F401  (the stack model in one import: what its callers take from here)
     API_KEY_MAX,
     NAMESPACE,
+    PROGRAM_KEYS,
     SECRET_PATHS,
     SECRET_VALUE_RULES,
     SECRETS,
@@ -81,12 +82,17 @@ class StackConfig(StrictModel):
                                                                                  "checkpoint's facts and the reserve.")
     startup: StartupConfig = Field(default_factory=StartupConfig, description="An instance's start: warm-start caches "
                                                                               "staged between hosts, the expected time to ready.")
+    state_in_checkout: bool = Field(False, description="The stack's hosts are disposable (the simulated cluster): its "
+                                    "Pulumi state may live in a file backend inside the repository checkout, where "
+                                    "scripts/lib/pulumi-env.sh puts it unless PULUMI_BACKEND_URL is set. Otherwise "
+                                    "`up` refuses such a backend (a re-clone or `git clean -xfd` would delete the "
+                                    "state) and a preview warns.")
 
     @model_validator(mode="before")
     @classmethod
     def _brief_layout(cls, data: Any) -> Any:
-        """No pool given: the BRIEF layout. Prefill on every host but the last, decode and the router
-        on the last; one host: a colocated instance."""
+        """No pool given: the recipe's layout (docs/RECIPE.md). Prefill on every host but the last, decode
+        and the router on the last; one host: a colocated instance."""
         if not isinstance(data, dict) or any(data.get(k) is not None for k in ("prefill", "decode", "colocated")):
             return data
         hosts = data.get("hosts")

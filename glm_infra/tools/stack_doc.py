@@ -169,6 +169,10 @@ def generated() -> str:
     lines = [MARKER, ""]
     if missing:
         lines += [f"Fields without a description in the models: {', '.join(missing)}.", ""]
+    top = rows(config.StackConfig, "")
+    if top:
+        lines += ["## Keys of their own", "", "Top-level keys that are one value, not a block.", "",
+                  "| key | type | default | description |", "| --- | --- | --- | --- |", *top, ""]
     return "\n".join(lines + sections()).rstrip("\n") + "\n"
 
 
