@@ -78,7 +78,7 @@ def test_apply_on_a_running_unit_restarts_it(stubs):
 def test_unhealthy_unit_fails_with_host_and_journal(stubs):
     r = stubs.run(script(timeout_s=1), "apply", env={"GLM_TEST": "1"})
     assert r.returncode == 1
-    assert "b300-1: glm-vllm-prefill-0.service did not answer http://10.0.0.11:8100/health within 1s" in r.stderr
+    assert "b300-1: glm-vllm-prefill-0.service is not healthy within 1s: it does not answer http://10.0.0.11:8100/health" in r.stderr
     assert "CUDA error: out of memory" in r.stderr  # the unit's last journal lines
 
 
@@ -134,3 +134,17 @@ def test_check_fails_for_an_active_unit_that_does_not_answer(stubs):
     (stubs.state / "active").touch()
     r = stubs.run(script(), "check")
     assert r.returncode == 1 and "glm-vllm-prefill-0.service does not answer http://10.0.0.11:8100/health" in r.stderr
+
+
+def test_check_of_a_unit_that_answers_unhealthy_says_what_it_answered(stubs):
+    """vllm-router answers /health with 503 and the workers it finds unhealthy: the check says so, not that
+    the router does not answer (an operator would look for a dead router)."""
+    (stubs.state / "active").touch()
+    stubs.add("curl", """out=""; w=""
+while [ $# -gt 0 ]; do case "$1" in -o) out=$2; shift ;; -w) w=$2; shift ;; esac; shift; done
+[ -n "$w" ] || exit 22
+printf 'unhealthy workers: http://127.0.0.1:9100 (prefill-0)\\n' > "$out"; printf 503""")
+    r = stubs.run(script(), "check")
+    assert r.returncode == 1
+    assert ("glm-vllm-prefill-0.service answers http://10.0.0.11:8100/health with HTTP 503: unhealthy workers: "
+            "http://127.0.0.1:9100 (prefill-0)") in r.stderr, r.stderr

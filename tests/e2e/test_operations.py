@@ -483,7 +483,10 @@ def test_doctor_finds_each_planted_drift_and_changes_nothing(stack):
                          out, re.M), out
         assert re.search(r"^sim-2 +drivers-install +sim-2: drivers: nvidia-fabricmanager is not held", out, re.M), out
         # What the stopped instance does to the router: its /health, and the front's, answer 503.
-        assert re.search(r"^sim-3 +router-service +sim-3: glm-vllm-router.service does not answer", out, re.M), out
+        # The router answers, naming the worker it finds unhealthy: not "does not answer" (issue 42).
+        router_line = re.search(r"^sim-3 +router-service +sim-3: glm-vllm-router.service answers "
+                                r"http://127\.0\.0\.1:8001/health with HTTP 503: (.*)$", out, re.M)
+        assert router_line and stopped in router_line.group(1), out
         assert re.search(r"^sim-3 +router-front +curl: \(22\) The requested URL returned error: 503", out, re.M), out
         # ... and to its canary, which names it (a stopped instance: down, left to the router's checks).
         assert re.search(r"^sim-3 +router-canary +sim-3: canary: prefill-1: 4 of 4 canaries failed: "
