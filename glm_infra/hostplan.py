@@ -27,7 +27,7 @@ from pathlib import Path
 
 from . import render
 from .plan.topology import HostPlan, Plan, seed_host
-from .roles import drivers, fabric, firewall, monitoring, nixl, preflight, rdma, roll, router, runtime, vllm, weights
+from .roles import drivers, firewall, health_gate, monitoring, nixl, preflight, rdma, roll, router, runtime, vllm, weights
 from .spec import paths
 from .spec.config import StackConfig
 from .steps import RenderedFile, Step, file_step
@@ -84,7 +84,7 @@ def host_steps(stack: StackConfig, plan: Plan, h: HostPlan, secrets: Mapping[str
     if h.provisioned:
         around = drivers.driver_steps(stack, h)
         around += [wall] if wall else []  # after the driver step: it adds the repository nftables may come from
-        around.append(fabric.health_gate_step(stack, h))
+        around.append(health_gate.health_gate_step(stack, h))
         around.append(rdma.rdma_step(stack, h))
         affinity = nixl.nic_affinity_step(stack, h)
         around += [affinity] if affinity else []

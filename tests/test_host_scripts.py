@@ -18,7 +18,7 @@ from stubs import BOOT, DRIVER_SYSTEMCTL, StubPath, in_root, isolated, shellchec
 from glm_infra import hostplan, render
 from glm_infra.plan.topology import plan
 from glm_infra.roles import drivers as drivers_role
-from glm_infra.roles import fabric, rdma, runtime
+from glm_infra.roles import health_gate, rdma, runtime
 from glm_infra.roles import router as router_role
 from glm_infra.roles import vllm as vllm_role
 from glm_infra.stack import load_file
@@ -734,7 +734,7 @@ if [ -e "$STATE/missing-gpu" ]; then printf '%s\n' "b300-1: gpus: 7 GPUs visible
 if [ "$n" -lt 2 ]; then echo "b300-1: driver: nvidia-smi failed (exit 9): NVIDIA-SMI has failed" >&2; exit 1; fi
 echo "b300-1: healthy (8 × B300, fabric Completed, NVLink up)"''')
     s.add("sleep", "exit 0")
-    script = fabric.health_script(PROD, HOST)
+    script = health_gate.health_script(PROD, HOST)
     r = s.run(script, "apply")
     assert r.returncode == 0 and "healthy" in r.stdout
     assert sum(c.startswith("python3") for c in r.calls) == 3
@@ -751,7 +751,7 @@ def test_the_gate_before_each_vllm_start_skips_dcgm_diag(write_stack, prod_confi
     s = StubPath(tmp_path / "stubs")
     s.add("python3", 'echo "b300-1: healthy (8 × B300)"')
     s.add("dcgmi", "exit 0")
-    script = fabric.health_script(cfg, HOST)
+    script = health_gate.health_script(cfg, HOST)
     assert s.run(script, "apply").called("dcgmi diag -r 2"), "the gate step runs the diagnostic"
     # Before a start the host's other instances hold GPUs: the diagnostic would compete with them.
     r = s.run(script, "before-start")

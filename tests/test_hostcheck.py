@@ -1,6 +1,6 @@
 """hostcheck.py's parsers and checks on real captures (2 × H200) and on B300-shaped output of the
 stand-in tools with faults (fabric In Progress or failed, a GPU missing, a pending row remap, a link
-down); the health gate (fabric.sh.j2) around it, with tools that hang."""
+down); the health gate (health-gate.sh.j2) around it, with tools that hang."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import pytest
 from stubs import Result, StubPath
 
 from glm_infra.agent import hostcheck as hc
-from glm_infra.roles import fabric as fabric_role
+from glm_infra.roles import health_gate as fabric_role
 from glm_infra.roles import rdma as rdma_role
 from testbed.hardware import HW_LIB, TOOLS, Sim
 
@@ -1060,7 +1060,7 @@ def test_a_look_of_the_gate_outlasts_hostcheck_with_every_tool_at_its_limit(monk
     assert set(killed) == {signal.SIGKILL}
 
 
-# --- the gate script (fabric.sh.j2) ----------------------------------------------------------------
+# --- the gate script (health-gate.sh.j2) ----------------------------------------------------------------
 
 
 def prod_b300(dcgm_level: int = 0, fabric: bool = True):
@@ -1195,7 +1195,7 @@ touch "$STATE/looked"; echo "b300-1: fabric: GPU 0 (00000000:1A:00.0) fabric sta
 
 
 def test_the_gate_with_the_stand_in_nvidia_smi_and_the_real_hostcheck(tmp_path, sim):
-    """fabric.sh check with hostcheck.py itself and the stand-in nvidia-smi: healthy, then the simulated
+    """health-gate.sh check with hostcheck.py itself and the stand-in nvidia-smi: healthy, then the simulated
     failed registration named on each GPU."""
     s = StubPath(tmp_path / "stubs")
     s.add("nvidia-smi", f'GLM_SIM_ROOT={shlex.quote(str(sim.root))} PYTHONPATH={shlex.quote(str(HW_LIB))} '

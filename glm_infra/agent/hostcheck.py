@@ -4,11 +4,12 @@
 glm-infra installs this file on every host and runs it from the preflight and health-gate steps:
 
     hostcheck.py facts [--model-path P]          JSON facts: OS, kernel, GPUs, driver, disk, RDMA, memlock
-    hostcheck.py preflight --host NAME --allowed-os 'ubuntu 24.04' [--min-kernel 5.12] [--gpus N --gpu-model M]
+    hostcheck.py preflight --host NAME --allowed-os 'ubuntu 24.04' --min-kernel 5.12 --gpus N --gpu-model M
                         [--require-driver] [--model-path P [--min-free-gb G]]
                                                  facts on stdout; exit 1 with what rules the host out
     hostcheck.py health --host NAME --gpus N --gpu-model M [--driver V] [--fabric [--nvlinks 18]]
-                        [--nics mlx5_0,...] [--link-layer Ethernet] [--mtu 4096] [--gid-index 3]
+                        [--nics mlx5_0,... --link-layer Ethernet --mtu 4096 --gid-index 3]
+    hostcheck.py health --host NAME --rdma-only --nics mlx5_0,... --link-layer Ethernet --mtu 4096 --gid-index 3
                                                  exit 1 with one "NAME: check: problem" line per failure;
                                                  a tool that fails, prints nothing or does not answer
                                                  within its limit (TOOL_TIMEOUT_S) is a failure
@@ -47,7 +48,7 @@ TOOL_TIMEOUT_S: dict[str, float] = {"nvidia-smi": 60, "ibv_devinfo": 30, "show_g
                                     "systemd-detect-virt": 10}
 TIMED_OUT = 124  # the exit status of a tool stopped at its limit, as coreutils' timeout reports it
 REAP_S = 5  # how long a killed tool may take to go (one stuck in the driver goes only when it leaves it)
-# The health gate's own limits (fabric.sh.j2 runs this file and dcgmi under coreutils' timeout).
+# The health gate's own limits (health-gate.sh.j2 runs this file and dcgmi under coreutils' timeout).
 # `dcgmi diag -r LEVEL`, by DCGM's documentation: level 1 lasts seconds, level 2 about two minutes,
 # level 3 about 15 minutes; the limits leave room for eight GPUs on a busy host.
 DCGM_DIAG_TIMEOUT_S = {0: 0, 1: 300, 2: 900, 3: 2700}
@@ -503,14 +504,14 @@ def health_budget_s(fabric: bool) -> int:
 
 
 def gate_limits(fabric: bool, dcgm_level: int) -> dict[str, int]:
-    """What fabric.sh.j2 gives each thing it runs (seconds): a look (this file's ``health``), dcgmi
+    """What health-gate.sh.j2 gives each thing it runs (seconds): a look (this file's ``health``), dcgmi
     diag, timeout's grace before KILL, the pause between looks."""
     return {"hostcheck_s": health_budget_s(fabric), "dcgm_s": DCGM_DIAG_TIMEOUT_S[dcgm_level],
             "kill_after_s": KILL_AFTER_S, "poll_s": GATE_POLL_S}
 
 
 def gate_timeout_s(fabric_timeout: int, fabric: bool, dcgm_level: int) -> int:
-    """The longest the health gate (fabric.sh.j2 apply) runs: its last look at the fabric starts within
+    """The longest the health gate (health-gate.sh.j2 apply) runs: its last look at the fabric starts within
     a pause of ``fabric_timeout`` and ends within its limit, then dcgmi diag within its own."""
     g = gate_limits(fabric, dcgm_level)
     dcgm = g["dcgm_s"] + g["kill_after_s"] if dcgm_level else 0

@@ -1,5 +1,5 @@
 """The health gate: NVLink fabric, GPUs and DCGM's diagnostics checked after the driver step and at every
-boot (fabric.sh, through hostcheck.py), before any vLLM instance may start."""
+boot (health-gate.sh, through hostcheck.py), before any vLLM instance may start."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from glm_infra.steps import ScriptStep, Step
 def health_script(stack: StackConfig, host: str) -> str:
     h = stack.host(host)
     return render_template(
-        "fabric.sh.j2",
+        "health-gate.sh.j2",
         host=host,
         hostcheck=HOSTCHECK,
         gpus=h.gpus,

@@ -1,4 +1,4 @@
-"""The vLLM instances: the `vllm serve` command line of each (the BRIEF recipe), its unit, environment and
+"""The vLLM instances: the `vllm serve` command line of each (the recipe (docs/RECIPE.md)), its unit, environment and
 secrets, and the steps that start it, roll it out when it changes and stop it on destroy."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _fmt_float(v: float) -> str:
 
 
 def vllm_args(stack: StackConfig, inst: Instance) -> list[str]:
-    """The complete ``vllm serve`` command of one instance, in the BRIEF recipe's order."""
+    """The complete ``vllm serve`` command of one instance, in the recipe's (docs/RECIPE.md) order."""
     m = stack.model
     pool = pool_of(stack, inst.role)
     a = [f"{stack.runtime.venv}/bin/vllm", "serve", m.path]
