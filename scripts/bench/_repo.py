@@ -1,4 +1,4 @@
-"""The repository on sys.path for a benchmark run as ``venv/bin/python scripts/bench/NAME.py``: the
+"""The repository on sys.path for a benchmark run as ``venv/bin/python scripts/bench/<name>.py``: the
 benchmarks import the test bed (testbed.bench, testbed.cluster) and glm_infra from the checkout."""
 
 import sys

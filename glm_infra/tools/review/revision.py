@@ -34,7 +34,7 @@ try:
     from glm_infra import hostplan
     try:
         from glm_infra.plan import topology
-    except ImportError:  # a revision from before the layer packages (glm_infra/topology.py)
+    except ImportError:  # a revision from before the layer packages (topology was a module of glm_infra itself)
         from glm_infra import topology
     from glm_infra.stack import StackError, load_file
     hostplan.write_tree, hostplan.plan_all
