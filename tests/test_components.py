@@ -4,6 +4,9 @@ and Hosts provisions without serving."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pulumi
 import pulumi_command.local as local
 import pytest
@@ -368,3 +371,18 @@ def test_a_secret_trigger_is_keyed_with_the_stack_key_or_kept_secret():
     assert public.inputs["create"] == f": glm-infra-triggers={plain}; echo a"
     assert key.type == "command:local:Command" and "stdout" in key.additional_secret_outputs
     assert key.inputs["logging"] == "none" and "/dev/urandom" in key.inputs["create"]
+
+
+def test_the_components_page_snippet_runs_as_written():
+    """docs/COMPONENTS.md's program, exactly as the page shows it, under the mocks: it defines what it uses,
+    registers the recipe's instances and exports the router's URL and CA, the SSH key kept secret."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "COMPONENTS.md").read_text()
+    code = re.search(r"```python\n(.*?)```", page, re.S).group(1)
+    namespace: dict = {"__name__": "__main__"}
+    run, _ = run_callable(lambda: exec(compile(code, "docs/COMPONENTS.md", "exec"), namespace),
+                          config={"glm-infra:sshPrivateKey": KEY}, secret_keys=["glm-infra:sshPrivateKey"])
+    cmds = commands(run)
+    assert {n for n in cmds if n.endswith("-unit") and "router" not in n} == {
+        "glm-decode-0-unit", *(f"glm-prefill-{i}-unit" for i in range(4))}
+    assert all("connection" in r.secret_inputs for r in run.resources if r.type == "command:remote:Command")
+    assert isinstance(namespace["cluster"], Cluster)

@@ -188,3 +188,52 @@ def test_a_block_without_its_test_is_caught(tmp_path):
     assert bare == []
     with pytest.raises(AssertionError, match="teach tests/test_guide.py"):
         required("rm -rf /")
+
+
+def test_the_deploying_alert_table_is_every_alert_with_its_severity():
+    """docs/DEPLOYING.md's alert table mirrors the rules: each alert once, with the severity its rule pages with
+    (a row may name several, `…Decode` standing for the alert before it with Decode in place of its last word)."""
+    rules = (ROOT / "glm_infra/roles/monitoring/templates/prometheus-rules.yml.j2").read_text()
+    want = {}
+    for name, severity in re.findall(r"alert: (.+)\n(?:.*\n)*?\s+labels: \{severity: (\w+)\}", rules):
+        for pool in ("prefill", "decode", "colocated") if "{{ pool" in name else ("",):
+            want[re.sub(r"\{\{ pool \| capitalize \}\}", pool.capitalize(), name)] = severity
+    text = (ROOT / "docs" / "DEPLOYING.md").read_text()
+    table = text.split("| alert | fires when | severity |", 1)[1].split("\n\n", 1)[0]
+    shown = {}
+    for row in table.strip().splitlines()[1:]:
+        names_cell, _, severity_cell = (c.strip() for c in row.strip("|").split("|"))
+        names, last = [], ""
+        for name in re.findall(r"`([^`]+)`", names_cell):
+            name = re.sub(r"[A-Z][a-z]+$", name[1:], last) if name.startswith("…") else name
+            names.append(name)
+            last = name
+        severities = [s.strip() for s in severity_cell.split(",")]
+        severities = severities * len(names) if len(severities) == 1 else severities
+        assert len(severities) == len(names), row
+        for name, severity in zip(names, severities):
+            assert name not in shown, f"{name} twice"
+            shown[name] = severity
+    assert shown == want
+
+
+def test_the_commands_table_is_every_glm_infra_command():
+    """OPERATIONS.md section 7 mirrors the command line: every subcommand of `glm-infra` is there with a command
+    that runs it, and every command there is one the parser knows, with options it knows."""
+    import argparse
+
+    from glm_infra.tools.cli import parser
+
+    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    text = GUIDE.read_text()
+    table = text.split("## 7. The glm-infra commands", 1)[1].split("\n## ", 1)[0]
+    shown: dict[str, set[str]] = {}
+    for cell in re.findall(r"`(?:[A-Z_]+=\S+ )*venv/bin/glm-infra ([^`]+)`", table):
+        words = cell.split()
+        shown.setdefault(words[0], set()).update(w.split("=")[0] for w in words[1:] if w.startswith("--"))
+    assert set(shown) == set(sub), "the table's commands against the parser's"
+    for name, options in shown.items():
+        known = {o for a in sub[name]._actions for o in a.option_strings}
+        for child in (a for a in sub[name]._actions if isinstance(a, argparse._SubParsersAction)):
+            known |= {o for p in child.choices.values() for a in p._actions for o in a.option_strings}
+        assert options <= known, f"glm-infra {name}: {sorted(options - known)} unknown"

@@ -16,7 +16,7 @@ const last = names[names.length - 1];
 const cluster = new glm.Cluster("glm", {
     ...settings,
     hosts: names.map(name => ({ name, address: hosts[name], computeNics: nics })),
-    // The BRIEF recipe: prefill TP1 DP4 EP twice on every host but the last, MTP 1; decode TP1 DP8 EP
+    // The recipe (docs/RECIPE.md): prefill TP1 DP4 EP twice on every host but the last, MTP 1; decode TP1 DP8 EP
     // on the last, MTP 3, with the router beside it.
     prefill: { hosts: names.slice(0, -1), instancesPerHost: 2, tp: 1, dp: 4, ep: true, speculativeTokens: 1,
                gpuMemoryUtilization: 0.92 },

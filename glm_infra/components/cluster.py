@@ -287,7 +287,7 @@ class Cluster(_Deployment):
     """GLM-5.2 on vLLM with P/D disaggregation on bare-metal B300 servers reached over SSH.
 
     ``args``: the ``glm-infra:*`` keys of a stack file as a ``ClusterArgs`` dict (snake_case keys).
-    ``hosts``, ``ssh`` and ``model`` are enough: the pools default to the BRIEF recipe (prefill TP1
+    ``hosts``, ``ssh`` and ``model`` are enough: the pools default to the recipe (docs/RECIPE.md) (prefill TP1
     DP4 EP ×2 on every host but the last, decode TP1 DP8 EP and the router on the last). The Args
     are validated like ``glm-infra validate`` (same messages) before any resource exists. Host
     addresses, the SSH key, the router API key, the HF token and the mirror URL may be Outputs of

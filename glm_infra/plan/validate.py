@@ -80,7 +80,7 @@ def _pool_shape(stack: StackConfig) -> list[Problem]:
     has_p, has_d, has_c = stack.prefill is not None, stack.decode is not None, stack.colocated is not None
     if has_c and (has_p or has_d):
         out.append(Problem(key_path("colocated"), "a colocated pool cannot be combined with prefill/decode pools"))
-    elif has_p != has_d:  # (with no pool at all, the stack model lays out the BRIEF's)
+    elif has_p != has_d:  # (with no pool at all, the stack model lays out the recipe's)
         present, missing = ("prefill", "decode") if has_p else ("decode", "prefill")
         out.append(Problem(key_path(missing), f"P/D needs both pools: {present} is set but {missing} is missing"))
     if stack.disaggregated and stack.router is None:

@@ -28,7 +28,7 @@ class ModelConfig(StrictModel):
     weight_format: Literal["nvfp4", "fp8", "bf16"] | None = Field(
         None, description="The checkpoint's weight format, checked against the hosts' GPUs (NVFP4 needs Blackwell). "
                           "Default: what the repository's name says (…-NVFP4, …-FP8); null: not checked.")
-    # Model-wide serving flags of the BRIEF recipe; prefill and decode must agree on them.
+    # Model-wide serving flags of the recipe (docs/RECIPE.md); prefill and decode must agree on them.
     trust_remote_code: bool = Field(True, description="--trust-remote-code (the GLM-5 checkpoint ships its own code).")
     chat_template_content_format: str | None = Field(
         "string", pattern=r"^[a-z]+$", json_schema_extra=pins.schema_enum("chatTemplateContentFormat"),

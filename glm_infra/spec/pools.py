@@ -88,7 +88,7 @@ class PoolConfig(StrictModel):
         return self.tp * self.dp
 
 
-# Defaults of the pools are the BRIEF recipe's, so a stack (or a Cluster) needs only hosts, SSH and model.
+# Defaults of the pools are the recipe's (docs/RECIPE.md), so a stack (or a Cluster) needs only hosts, SSH and model.
 class PrefillConfig(PoolConfig):
     """Prefill instances (KV producers). Default: TP1 DP4 EP, two per host, MTP 1, 92 % of GPU memory."""
 

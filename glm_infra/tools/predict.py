@@ -14,7 +14,7 @@ from glm_infra.stack import LoadedStack, load_file, resolve_stack_file
 from . import planner
 
 EXIT_OK, EXIT_MISSES, EXIT_NO_PLANNER = 0, 1, 2  # 2 also: a stack aiconfigurator cannot model
-# The seed write-up's measured result (docs/BRIEF.md, seed/): 3 × 8 B300, the prod-b300 topology.
+# The recipe's measured result (docs/RECIPE.md): 3 × 8 B300, the prod-b300 topology.
 SEED_RESULT = {"tpot_ms": 17.0, "tpot_context": 16384, "ttft_max_s": 2.5, "contexts": (16384, 262144)}
 
 

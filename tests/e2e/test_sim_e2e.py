@@ -103,6 +103,10 @@ def test_up_provisions_every_host(stack):
     answer = json.loads(next(l for l in reversed(shown.splitlines()) if l.startswith("{")))
     assert answer["choices"][0]["message"]["content"], shown[-2000:]
     assert f"== POST {ROUTER}/v1/chat/completions (curl --cacert .pulumi-state/sim-router-ca.pem)" in shown
+    # A short summary, not the outputs' JSON (hostFacts, capacity: lines of thousands of characters, twice).
+    assert "== the sim stack is up (every output: pulumi stack output -s sim)" in shown
+    assert f"   router:     {ROUTER}" in shown and "   instances: 5 (decode-0, prefill-0, prefill-1, prefill-2, prefill-3)" in shown, shown[-3000:]
+    assert "hostFacts" not in shown and max(len(line) for line in shown.splitlines()) < 500
     out = stack.outputs()
     assert set(out["hostFacts"]) == set(HOSTS)
     for h in HOSTS:
