@@ -13,6 +13,7 @@ from pathlib import Path
 
 import jinja2
 
+from .agent import bundle
 from .spec import paths
 from .spec.config import SECRETS, StackConfig, snake
 from .spec.paths import (  # noqa: F401  (re-exported: where things land, for callers of render)
@@ -111,7 +112,7 @@ def systemd_quote(args: list[str]) -> str:
 
 
 def hostcheck_source() -> str:
-    return (HOST_PROGRAMS / "hostcheck.py").read_text()
+    return bundle.program("hostcheck")
 
 
 def weights_source() -> str:
@@ -119,7 +120,7 @@ def weights_source() -> str:
 
 
 def canary_source() -> str:
-    return (HOST_PROGRAMS / "canary.py").read_text()
+    return bundle.program("canary")
 
 
 def unit_memory_source() -> str:

@@ -39,6 +39,16 @@ def wait_port(port: int) -> None:
     raise AssertionError(f"nothing listens on {port}")
 
 
+def host_program(name: str, folder: Path) -> Path:
+    """glm_infra/agent/NAME as the one file a host gets (glm_infra/agent/bundle.py), written to FOLDER/NAME.py."""
+    from glm_infra.agent import bundle
+
+    path = folder / f"{name}.py"
+    path.write_text(bundle.program(name))
+    path.chmod(0o755)
+    return path
+
+
 def stack_file(name: str) -> Path:
     return ROOT / "stacks" / f"Pulumi.{name}.yaml"
 

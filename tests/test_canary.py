@@ -1,4 +1,4 @@
-"""The canary program (glm_infra/agent/canary.py) against fake OpenAI-compatible servers on loopback: a
+"""The canary program (glm_infra/agent/canary/) against fake OpenAI-compatible servers on loopback: a
 reference recorded only when the instances agree (never an instance's own first answer), a wrong answer,
 a DP rank that hangs, ranks that disagree, a new identity and the transition to it, the operator's accept,
 the API key from its file, the metrics and flags it writes, and bad or damaged input."""
@@ -702,3 +702,40 @@ def test_judge_records_only_what_the_instances_agree_on(tmp_path):
     results, notes = canary.judge(asked(("p-0", " a"), ("p-1", " a")), "id", str(tmp_path), True)
     assert [r["ok"] for r in results] == [True, True] and notes[0].endswith(": recorded")
     assert all("pending" not in r for r in results)
+
+
+def test_the_file_the_router_host_gets_is_the_package_bundled_and_runs_alone(tmp_path):
+    """render.canary_source(): the package as one stdlib-only file (glm_infra/agent/bundle.py), the same bytes each
+    time; run by a bare python (-I: no glm_infra on its path) from an empty folder, it records the agreed
+    reference and judges, as canary.main does in process, and names a targets file it cannot read."""
+    import subprocess
+    import sys
+
+    from glm_infra import render
+
+    text = render.canary_source()
+    assert text == render.canary_source() and text.startswith("#!/usr/bin/env python3\n")
+    program = tmp_path / "canary.py"
+    program.write_text(text)
+    (tmp_path / "empty").mkdir()
+
+    def bundled(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-I", str(program), *args], capture_output=True, text=True,
+                              cwd=tmp_path / "empty", timeout=60)
+
+    assert "usage: canary.py [-h] {run,accept}" in bundled("--help").stdout
+    with serving(Fake(" 11, 12, 13")) as a, serving(Fake(" 11, 12, 13")) as b:
+        spec = targets(tmp_path, {"name": "prefill-0", "role": "prefill", "url": a, "gate": True},
+                       {"name": "decode-0", "role": "decode", "url": b, "gate": True})
+        first = bundled("run", "--targets", str(spec), "--state", str(tmp_path / "state"))
+    assert first.returncode == 0, first.stderr
+    assert "reference of 'rev1|vllm 0.33.0': ' 11, 12, 13', agreed by decode-0, prefill-0 (2 of 2 instances)" in first.stdout
+    assert first.stdout.splitlines()[0].endswith(": recorded")
+    assert " 11, 12, 13" in json.loads((tmp_path / "state" / canary.REFERENCE).read_text()).values()
+    with serving(Fake(" 11, 12, 13")) as a, serving(Fake(" wrong")) as b:
+        spec = targets(tmp_path, {"name": "prefill-0", "role": "prefill", "url": a, "gate": True},
+                       {"name": "decode-0", "role": "decode", "url": b, "gate": True})
+        judged = bundled("run", "--targets", str(spec), "--state", str(tmp_path / "state"))
+    assert judged.returncode == 1 and "decode-0" in judged.stderr, judged.stdout + judged.stderr
+    broken = bundled("run", "--targets", str(tmp_path / "none.json"), "--state", str(tmp_path / "state"))
+    assert broken.returncode == 2 and "none.json" in broken.stderr

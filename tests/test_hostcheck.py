@@ -17,10 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import host_program
 from stubs import Result, StubPath
 
 from glm_infra.agent import hostcheck as hc
-from glm_infra.roles import health_gate as fabric_role
+from glm_infra.roles import health_gate as gate_role
 from glm_infra.roles import rdma as rdma_role
 from testbed.hardware import HW_LIB, TOOLS, Sim
 
@@ -279,7 +280,7 @@ def tools(monkeypatch, sim):
         ("ibv_devinfo", "-v"): (0, sim.out("ibv_devinfo", "-v")),
         ("show_gids",): (0, sim.out("show_gids")),
     }
-    monkeypatch.setattr(hc, "_run", lambda cmd: answers[tuple(cmd)])
+    monkeypatch.setattr(hc.gather, "_run", lambda cmd: answers[tuple(cmd)])
     monkeypatch.setattr(hc.shutil, "which", lambda name: f"/usr/bin/{name}")
     return answers
 
@@ -412,7 +413,7 @@ def test_preflight_limits_are_inclusive():
 
 
 def test_preflight_command_prints_facts_and_one_line_per_refusal(monkeypatch, capsys):
-    monkeypatch.setattr(hc, "facts", lambda model_path: real_facts(kernel="5.4.0-216-generic"))
+    monkeypatch.setattr(hc.gather, "facts", lambda model_path: real_facts(kernel="5.4.0-216-generic"))
     rc = hc.main(["preflight", "--host", "h1", "--allowed-os", "debian 12", "--min-kernel", "5.12", "--gpus", "8", "--gpu-model", "H200",
                   "--model-path", "/mnt/model", "--min-free-gb", "485"])
     out = capsys.readouterr()
@@ -427,7 +428,7 @@ def test_preflight_command_prints_facts_and_one_line_per_refusal(monkeypatch, ca
 def test_preflight_command_passes_a_good_host_and_hands_on_every_limit(monkeypatch, capsys):
     seen = {}
     # Facts in another order than they print: one JSON line, keys sorted.
-    monkeypatch.setattr(hc, "facts", lambda model_path: seen.setdefault("path", model_path) and dict(
+    monkeypatch.setattr(hc.gather, "facts", lambda model_path: seen.setdefault("path", model_path) and dict(
         reversed(real_facts().items())))
     base = ["preflight", "--host", "h1", "--allowed-os", "ubuntu 24.04", "--min-kernel", "5.12", "--gpus", "2",
             "--gpu-model", "H200", "--model-path", "/mnt/model"]
@@ -436,7 +437,7 @@ def test_preflight_command_passes_a_good_host_and_hands_on_every_limit(monkeypat
     assert out.err == "" and out.out == json.dumps(real_facts(), sort_keys=True) + "\n"
     assert hc.main([*base, "--min-free-gb", "900"]) == 1
     assert "h1: disk: 600 GB free or staged at /mnt, stack needs 900 GB" in capsys.readouterr().err
-    monkeypatch.setattr(hc, "facts", lambda model_path: real_facts(gpus={"error": "nvidia-smi: not installed", "exit": 127}))
+    monkeypatch.setattr(hc.gather, "facts", lambda model_path: real_facts(gpus={"error": "nvidia-smi: not installed", "exit": 127}))
     assert hc.main(base) == 0, "the driver comes later (drivers.mode install)"
     assert hc.main([*base, "--require-driver"]) == 1
     assert "h1: driver: drivers.mode is verify but the driver does not answer" in capsys.readouterr().err
@@ -465,7 +466,7 @@ def test_a_tool_that_reads_its_input_gets_none():
 
 def test_facts_gather_what_preflight_reads(monkeypatch, tmp_path):
     """The keys preflight_problems reads are the keys facts() writes."""
-    monkeypatch.setattr(hc, "_run", lambda cmd: (127, f"{cmd[0]}: not installed"))
+    monkeypatch.setattr(hc.gather, "_run", lambda cmd: (127, f"{cmd[0]}: not installed"))
     model = tmp_path / "model"
     model.mkdir()
     (model / "a.safetensors").write_bytes(b"x" * 1000)
@@ -487,7 +488,7 @@ def fake_tools(monkeypatch, answers: dict[tuple[str, ...], tuple[int, str]]) -> 
         calls.append(tuple(cmd))
         return answers.get(tuple(cmd), (127, f"{cmd[0]}: not installed"))
 
-    monkeypatch.setattr(hc, "_run", run)
+    monkeypatch.setattr(hc.gather, "_run", run)
     return calls
 
 
@@ -551,9 +552,9 @@ def test_facts_put_it_together(monkeypatch, tmp_path):
     osr = tmp_path / "os-release"
     osr.write_text('PRETTY_NAME="Ubuntu 24.04.3 LTS"\nID=ubuntu\nVERSION_ID="24.04"\n')
     real = hc.os_release
-    monkeypatch.setattr(hc, "os_release", lambda path="/etc/os-release": real(str(osr)))
+    monkeypatch.setattr(hc.gather, "os_release", lambda path="/etc/os-release": real(str(osr)))
     fake_tools(monkeypatch, {QUERY: (0, (H200 / "query-gpu.csv").read_text())})
-    monkeypatch.setattr(hc.platform, "release", lambda: "6.8.0-49-generic")
+    monkeypatch.setattr(hc.gather.platform, "release", lambda: "6.8.0-49-generic")
     f = hc.facts(None)
     assert (f["os"], f["os_pretty"], f["kernel"]) == ("ubuntu 24.04", "Ubuntu 24.04.3 LTS", "6.8.0-49-generic")
     assert f["gpus"]["count"] == 2 and f["rdma"] == {"error": "ibv_devinfo: not installed"} and "disk" not in f
@@ -608,9 +609,9 @@ def test_the_scripts_command_lines_parse_as_meant(monkeypatch):
     from glm_infra.stack import load_file
 
     seen = []
-    monkeypatch.setattr(hc, "health", lambda args: seen.append(vars(args)) or 0)
+    monkeypatch.setattr(hc.cli, "health", lambda args: seen.append(vars(args)) or 0)
     cfg = load_file(stack_file("prod-b300")).config
-    for script in (fabric_role.health_script(cfg, "b300-1"), rdma_role.rdma_script(cfg, "b300-1")):
+    for script in (gate_role.health_script(cfg, "b300-1"), rdma_role.rdma_script(cfg, "b300-1")):
         line = next(l for l in script.splitlines() if l.startswith("hostcheck=(python3"))
         words = shlex.split(line[len("hostcheck=("):-1].replace('"$host"', "b300-1"))
         assert hc.main(words[2:]) == 0  # after python3 and the path
@@ -749,13 +750,13 @@ def test_the_command_lines_the_steps_run(monkeypatch, capsys, tmp_path):
     cfg = load_file(stack_file("prod-b300")).config
     steps = hostplan.host_steps(cfg, make_plan(cfg), make_plan(cfg).host("b300-1"), stack_name="prod-b300").steps
     seen = []
-    monkeypatch.setattr(hc, "preflight", lambda args: seen.append(vars(args)) or 0)
+    monkeypatch.setattr(hc.cli, "preflight", lambda args: seen.append(vars(args)) or 0)
     words = shlex.split(steps["preflight"].create.split(" && ", 1)[1])
     assert hc.main(words[1:]) == 0
     assert seen == [{"cmd": "preflight", "host": "b300-1", "allowed_os": ["ubuntu 24.04"], "min_kernel": "5.12",
                      "model_path": "/mnt/model/glm/GLM-5.2-NVFP4", "gpus": 8, "gpu_model": "B300",
                      "require_driver": False, "min_free_gb": 485.0}]
-    monkeypatch.setattr(hc, "facts", lambda model_path: {"model_path": model_path, "arch": "x86_64"})
+    monkeypatch.setattr(hc.gather, "facts", lambda model_path: {"model_path": model_path, "arch": "x86_64"})
     assert hc.main(shlex.split(steps["facts"].create)[1:]) == 0
     # One JSON line, keys sorted: the same facts print the same line.
     assert capsys.readouterr().out == '{"arch": "x86_64", "model_path": "/mnt/model/glm/GLM-5.2-NVFP4"}\n'
@@ -966,13 +967,13 @@ def test_a_tool_that_hangs_is_stopped_with_what_it_started_and_named(tmp_path, m
 def run_hostcheck(tmp_path: Path, argv: list[str], limits: dict[str, float]) -> subprocess.CompletedProcess:
     """hostcheck.py as the gate runs it (its own process, PATH with the tools of tmp_path/bin), with
     shorter tool limits; a run that hangs is stopped here and fails the test."""
-    # Imported as the single file it is on a host (its folder on PYTHONPATH), not as glm_infra's module.
+    # Imported as the stdlib-only package it is (its folder on PYTHONPATH), not as glm_infra's module.
     code = ("import json, sys; import hostcheck as hc; "
             "vars(hc).setdefault('TOOL_TIMEOUT_S', {}).update(json.loads(sys.argv[1])); sys.exit(hc.main(sys.argv[2:]))")
     cmd = [sys.executable, "-c", code, json.dumps(limits), *argv]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                          env={**os.environ, "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
-                              "PYTHONPATH": str(Path(hc.__file__).parent)})
+                              "PYTHONPATH": str(Path(hc.__file__).parents[1])})
     try:
         out, err = p.communicate(timeout=20)
     except subprocess.TimeoutExpired:
@@ -1048,8 +1049,8 @@ def test_a_look_of_the_gate_outlasts_hostcheck_with_every_tool_at_its_limit(monk
             raise subprocess.TimeoutExpired("x", timeout)
 
     killed = []
-    monkeypatch.setattr(hc.subprocess, "Popen", Late)
-    monkeypatch.setattr(hc.os, "killpg", lambda pid, sig: killed.append(sig))
+    monkeypatch.setattr(hc.gather.subprocess, "Popen", Late)
+    monkeypatch.setattr(hc.gather.os, "killpg", lambda pid, sig: killed.append(sig))
     monkeypatch.setattr(hc.shutil, "which", lambda name: f"/usr/bin/{name}")
     for fabric, calls in ((True, 3), (False, 2)):
         waited.clear()
@@ -1077,7 +1078,7 @@ def prod_b300(dcgm_level: int = 0, fabric: bool = True):
 def gate_script(dcgm_level: int = 0, fabric: bool = True, **limits: int) -> str:
     """The rendered health gate of b300-1, with its limits (``NAME=N`` lines) replaced."""
 
-    script = fabric_role.health_script(prod_b300(dcgm_level, fabric), "b300-1")
+    script = gate_role.health_script(prod_b300(dcgm_level, fabric), "b300-1")
     for name, value in limits.items():
         script = re.sub(rf"^{name}=\d+$", f"{name}={value}", script, flags=re.M)
     return script
@@ -1201,7 +1202,7 @@ def test_the_gate_with_the_stand_in_nvidia_smi_and_the_real_hostcheck(tmp_path, 
     s.add("nvidia-smi", f'GLM_SIM_ROOT={shlex.quote(str(sim.root))} PYTHONPATH={shlex.quote(str(HW_LIB))} '
                         f'exec {shlex.quote(sys.executable)} {shlex.quote(str(TOOLS["nvidia-smi"]))} "$@"')
     s.add("python3", f'exec {shlex.quote(sys.executable)} "$@"')
-    script = gate_script().replace("/usr/local/libexec/glm-infra/hostcheck.py", hc.__file__)
+    script = gate_script().replace("/usr/local/libexec/glm-infra/hostcheck.py", str(host_program("hostcheck", tmp_path)))
     r = run_gate(s, script, "check")
     assert (r.returncode, r.stderr) == (0, "")
     assert r.stdout.startswith("b300-1: healthy (8 × NVIDIA B300 SXM6 AC, driver 580.159.04; fabric Completed on 8 GPUs")
@@ -1222,7 +1223,7 @@ def test_the_gate_step_outlasts_the_wait_a_last_look_and_the_diagnostic(level, f
     from glm_infra.steps import seconds
 
     cfg = prod_b300(level, fabric)
-    step = fabric_role.health_gate_step(cfg, plan(cfg).host("b300-1"))
+    step = gate_role.health_gate_step(cfg, plan(cfg).host("b300-1"))
     script = step.stdin
 
     def value(name: str) -> int:
@@ -1246,9 +1247,9 @@ def test_facts_of_a_host_whose_os_release_says_little(monkeypatch, tmp_path):
     osr = tmp_path / "os-release"
     osr.write_text("NAME=Custom\n")
     real = hc.os_release
-    monkeypatch.setattr(hc, "os_release", lambda path="/etc/os-release": real(str(osr)))
+    monkeypatch.setattr(hc.gather, "os_release", lambda path="/etc/os-release": real(str(osr)))
     fake_tools(monkeypatch, {})
-    monkeypatch.setattr(hc.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(hc.gather.platform, "machine", lambda: "aarch64")
     model = tmp_path / "model"
     f = hc.facts(str(model))
     assert (f["os"], f["os_pretty"], f["arch"]) == ("unknown", "", "aarch64")
@@ -1328,7 +1329,7 @@ def affinity(monkeypatch, sim, capsys, env_file, *extra, fail: dict | None = Non
         r = sim.run(cmd[0], *cmd[1:])
         return r.returncode, (r.stdout if r.returncode == 0 else r.stdout + r.stderr).strip()
 
-    monkeypatch.setattr(hc, "_run", run)
+    monkeypatch.setattr(hc.gather, "_run", run)
     rc = hc.main(["nic-affinity", "--host", "sim-1", "--gpus", "8", "--nics", ",".join(f"mlx5_{i}" for i in range(8)),
                   "--max-distance", "PXB", "--env-file", str(env_file), *extra])
     out = capsys.readouterr()

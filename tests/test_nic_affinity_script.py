@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import stack_file
+from conftest import host_program, stack_file
 
 from glm_infra import hostplan
 from glm_infra.agent import hostcheck
@@ -36,7 +36,7 @@ def host(tmp_path):
     env_file = tmp_path / "etc" / "glm-infra" / "nic-affinity.env"
     script = tmp_path / "glm-nic-affinity"
     script.write_text(render_template("nic-affinity.sh.j2", host="sim-1", nics=NICS, max_distance="PXB", gpus=8,
-                                      env_file=str(env_file), hostcheck=hostcheck.__file__, disable_acs=False,
+                                      env_file=str(env_file), hostcheck=str(host_program("hostcheck", tmp_path)), disable_acs=False,
                                       acs_unit="glm-test-acs-never-installed.service", script_path=str(script)))
     script.chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GLM_SIM_ROOT": str(sim.root),

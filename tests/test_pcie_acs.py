@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import host_program
 from stubs import Result, StubPath
 
 from glm_infra.agent import hostcheck
@@ -160,7 +161,7 @@ def acs_script(tmp_path, disable_acs: bool = True) -> Path:
     script = tmp_path / ("glm-nic-affinity.sh" if disable_acs else "glm-nic-affinity-acs-off.sh")
     script.write_text(render_template(
         "nic-affinity.sh.j2", host="b300-1", nics=[f"mlx5_{i}" for i in range(8)], max_distance="PXB", gpus=8,
-        env_file=str(tmp_path / "nic-affinity.env"), hostcheck=hostcheck.__file__, disable_acs=disable_acs,
+        env_file=str(tmp_path / "nic-affinity.env"), hostcheck=str(host_program("hostcheck", tmp_path)), disable_acs=disable_acs,
         acs_unit=nixl.ACS_UNIT, acs_retry_s=nixl.ACS_RETRY_S, acs_tries=nixl.ACS_TRIES, acs_window_s=nixl.ACS_WINDOW_S,
         acs_timeout_s=nixl.ACS_TIMEOUT_S, script_path="/usr/local/libexec/glm-infra/glm-nic-affinity.sh"))
     return script

@@ -18,7 +18,7 @@ Then, each printed and recorded in --out/results.json and the transcript --out/T
   from ``monitoring.read_metrics``; `glm-infra real-engine` writes it beside the lines) that a vLLM
   instance or the router should serve is served (read again each second for --metrics-wait seconds: the
   engines' stats reach /metrics at their next logging step), or named missing; whether any ``process_*`` metric is served (vLLM serves none with several API servers);
-- glm-infra's canary (glm_infra/agent/canary.py) passes against the instances, which agree on its reference
+- glm-infra's canary (glm_infra/agent/canary/, bundled as the router's host gets it) passes against the instances, which agree on its reference
   (a checkpoint whose greedy answer is visible text is needed: a random one's detokenizes to nothing, and
   the canary fails closed), and fails against a planted instance serving --wrong-model, naming it;
 - the startup phases each instance logged, with their seconds (weights, graph capture, init engine).
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import importlib.util
 import json
 import os
 import re
@@ -52,7 +53,19 @@ PHASES = {
     "graph capture": re.compile(r"Graph capturing finished in ([0-9.]+) secs"),
     "init engine": re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+) s"),
 }
-CANARY = Path(__file__).resolve().parents[2] / "glm_infra" / "agent" / "canary.py"
+# glm-infra's canary program is a package bundled into one file, as the router's host gets it; the bundler is
+# stdlib only and loaded by its path (glm_infra's own dependencies are not on the GPU machine).
+BUNDLE = Path(__file__).resolve().parents[2] / "glm_infra" / "agent" / "bundle.py"
+
+
+def canary_program(out: Path) -> Path:
+    """glm-infra's canary program, written to OUT/canary.py as the router's host gets it."""
+    spec = importlib.util.spec_from_file_location("glm_infra_agent_bundle", BUNDLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    path = out / "canary.py"
+    path.write_text(module.program("canary"))
+    return path
 NIXL_TRANSFERS = ("vllm:nixl_xfer_time_seconds_count", "vllm:nixl_bytes_transferred_count")
 NIXL_FAILED = "vllm:nixl_num_failed_transfers_total"
 
@@ -267,14 +280,14 @@ def free_port() -> int:
 
 
 def canary(out: Path, key: str, model: str, targets: list[dict], record: bool) -> subprocess.CompletedProcess:
-    """glm-infra's own canary (glm_infra/agent/canary.py, as the router's host runs it) against ``targets``."""
+    """glm-infra's own canary (glm_infra/agent/canary/, bundled as the router's host runs it) against ``targets``."""
     keyfile = out / "canary-key.env"
     keyfile.write_text(f"VLLM_API_KEY={key}\n")
     keyfile.chmod(0o600)
     spec = out / "canary-targets.json"
     spec.write_text(json.dumps({"identity": "real-engine-check", "model": model, "api_key_file": str(keyfile),
                                 "targets": targets}))
-    return subprocess.run([sys.executable, str(CANARY), "run", "--targets", str(spec), "--state", str(out / "canary"),
+    return subprocess.run([sys.executable, str(canary_program(out)), "run", "--targets", str(spec), "--state", str(out / "canary"),
                            "--timeout", "120", *([] if record else ["--check"])], capture_output=True, text=True,
                           timeout=900)
 
