@@ -298,7 +298,12 @@ UPGRADE_UPDATES = ("-weights-sim-1-stage", "-weights-sim-2-stage", "-weights-sim
                    "-drivers-install", "-drivers-reboot", "-drivers-wait", "-drivers-back", "-health-gate", "-facts",
                    "-rdma-setup", "-turn-acquire", "-host-drain", "-host-return", "-turn-release", "-dcgm-exporter",
                    # Issue 40: the Watchdog's route and the host-down inhibition (Alertmanager).
-                   "-alertmanager")
+                   "-alertmanager",
+                   # Issue 42: hostcheck.py is its package bundled into one file (the preflight step writes it and
+                   # runs its preflight again); each service's script says what an unhealthy /health answered (the
+                   # service steps run it again: `start` leaves a running unit alone, `rollout` with the same
+                   # triggers does not restart).
+                   "-preflight", "-service")
 
 
 def sim_host_key() -> str:

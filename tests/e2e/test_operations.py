@@ -213,7 +213,8 @@ def test_a_stack_deployed_by_the_previous_main_upgrades_without_replacing_or_del
     assert summary.get("same", 0) + summary.get("update", 0) == len(deployed), summary
     updates = sorted(s["urn"].rsplit("::", 1)[-1] for s in preview["steps"] if s["op"] == "update")
     # Only what this checkout changes on purpose, and nothing else.
-    assert summary["same"] > 80 and all(u.endswith(UPGRADE_UPDATES) for u in updates), \
+    # (83 unchanged before issue 42's preflight and service updates: 3 + 6)
+    assert summary["same"] > 70 and all(u.endswith(UPGRADE_UPDATES) for u in updates), \
         "\n".join([str(summary), *[u for u in updates if not u.endswith(UPGRADE_UPDATES)]])
     out = stack.up()
     assert not re.search(r"[1-9]\d* (to )?(replace|delete)", out.stdout[out.stdout.rfind("Resources:"):]), out.stdout
