@@ -23,17 +23,28 @@ CHOOSE = ("choose a backend that outlives the checkout (docs/DEPLOYING.md, \"Whe
           "A stack of disposable hosts (the simulated cluster) says glm-infra:stateInCheckout: true")
 
 
+class UnknownBackend(ValueError):
+    """The login's file is there but cannot be read as the CLI writes it: where the state lives is unknown."""
+
+
 def backend_url(env: Mapping[str, str], home: Path) -> tuple[str, str] | None:
-    """(url, where it came from) as the CLI resolves it; None when neither is set (Pulumi Cloud's login)."""
+    """(url, where it came from) as the CLI resolves it; None when neither is set (Pulumi Cloud: no login file,
+    or one that names no current backend). UnknownBackend naming the file when it is there but cannot be read
+    or is not the CLI's JSON: never taken for Pulumi Cloud."""
     if env.get("PULUMI_BACKEND_URL"):
         return env["PULUMI_BACKEND_URL"], "PULUMI_BACKEND_URL"
-    credentials = Path(env["PULUMI_HOME"]) if env.get("PULUMI_HOME") else home / ".pulumi"
+    credentials = (Path(env["PULUMI_HOME"]) if env.get("PULUMI_HOME") else home / ".pulumi") / "credentials.json"
     try:
-        current = json.loads((credentials / "credentials.json").read_text()).get("current")
-    except (OSError, ValueError, AttributeError):
+        login = json.loads(credentials.read_text())
+    except FileNotFoundError:
         return None
-    return (current, f"`pulumi login` ({credentials / 'credentials.json'})") if isinstance(current, str) and current \
-        else None
+    except (OSError, ValueError) as e:
+        raise UnknownBackend(f"{credentials} cannot be read ({e})") from None
+    current = login.get("current") if isinstance(login, dict) else login
+    current = "" if current is None else current  # null or absent: none, as the CLI reads it
+    if not isinstance(login, dict) or not isinstance(current, str):
+        raise UnknownBackend(f"{credentials} is not a login the CLI wrote (an object whose \"current\" is a URL)")
+    return (current, f"`pulumi login` ({credentials})") if current else None
 
 
 def checkout(folder: Path) -> Path:
@@ -56,13 +67,20 @@ def state_folder(url: str, cwd: Path, home: Path) -> Path | None:
 
 def verdict(stack: str, allowed: bool, dry_run: bool, env: Mapping[str, str] | None = None,
             cwd: Path | None = None, home: Path | None = None) -> tuple[str, str] | None:
-    """("error", why) for an ``up`` whose state would live inside the checkout, ("warning", why) for its
-    preview; None when the state lives elsewhere, the backend is unknown, or the stack allows it."""
+    """("error", why) for an ``up`` whose state would live inside the checkout or whose backend cannot be told
+    (a login file that cannot be read), ("warning", why) for its preview; None when the state lives elsewhere
+    (Pulumi Cloud included) or the stack allows it."""
+    if allowed:
+        return None
     env = os.environ if env is None else env
     cwd = Path.cwd() if cwd is None else cwd
     home = Path.home() if home is None else home
-    found = backend_url(env, home)
-    if allowed or found is None:
+    try:
+        found = backend_url(env, home)
+    except UnknownBackend as e:
+        why = f"stack {stack}: cannot tell where its state lives: {e}. "
+        return ("warning", why + "`pulumi up` refuses it: " + CHOOSE) if dry_run else ("error", why + "Refused: " + CHOOSE)
+    if found is None:
         return None
     url, source = found
     folder = state_folder(url, cwd, home)

@@ -73,14 +73,42 @@ def test_the_login_is_read_when_the_variable_is_unset_or_empty(tree):
     assert verdict(tree, {"PULUMI_BACKEND_URL": f"file://{home}/s"}) is None
 
 
-@pytest.mark.parametrize("content", ["", "{", "[]", '{"current": 3}', '{"current": ""}', "{}"])
-def test_no_known_backend_is_not_judged(tree, content):
-    """Nothing set, or credentials the CLI itself would not read: Pulumi Cloud's login or the CLI's own
-    error; there is no folder here to judge."""
+@pytest.mark.parametrize("content", ['{"current": ""}', '{"current": null}', "{}", '{"accounts": {}}'])
+def test_a_login_naming_no_backend_is_pulumi_cloud(tree, content):
+    """Nothing set, no login file, or a login that names no current backend: the CLI's default, Pulumi Cloud."""
+    assert verdict(tree, {}) is None
     home = tree[2]
     (home / ".pulumi").mkdir()
     (home / ".pulumi" / "credentials.json").write_text(content)
     assert verdict(tree, {}) is None
+
+
+@pytest.mark.parametrize("content", ["", "{", "[]", '"file://x"', '{"current": 3}', '{"current": ["file://x"]}', '{"current": 0}'])
+def test_a_login_that_cannot_be_read_refuses_up_instead_of_passing(tree, content):
+    """A login file there but unreadable is not Pulumi Cloud: where the state lives is unknown, so `up` is
+    refused (fail closed) and a preview warns, both naming the file."""
+    home = tree[2]
+    (home / ".pulumi").mkdir()
+    (home / ".pulumi" / "credentials.json").write_text(content)
+    level, why = verdict(tree, {})
+    assert level == "error" and why.startswith(f"stack my-b300: cannot tell where its state lives: {home}/.pulumi/")
+    assert "credentials.json" in why and "Refused" in why and "PULUMI_BACKEND_URL=" in why
+    assert verdict(tree, {}, dry_run=True)[0] == "warning"
+    assert verdict(tree, {"PULUMI_BACKEND_URL": "postgres://db/pulumi"}) is None, "the variable wins: no file read"
+    assert verdict(tree, {}, allowed=True) is None, "a disposable stack is not judged"
+
+
+def test_a_login_file_that_is_a_folder_refuses_up(tree):
+    home = tree[2]
+    (home / ".pulumi" / "credentials.json").mkdir(parents=True)
+    level, why = verdict(tree, {})
+    assert level == "error" and "cannot be read" in why
+
+
+def test_a_disposable_stack_reads_no_login(tree, monkeypatch):
+    """allowed is checked first: a stack that may keep its state here never reads the login."""
+    monkeypatch.setattr(state_backend, "backend_url", lambda env, home: pytest.fail("read the login"))
+    assert verdict(tree, {}, allowed=True) is None
 
 
 def test_without_git_the_project_folder_is_the_checkout(tmp_path):
