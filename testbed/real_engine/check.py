@@ -17,10 +17,12 @@ Then, each printed and recorded in --out/results.json and the transcript --out/T
 - every metric --expect-metrics lists (JSON {metric: [who reads it]}: glm-infra's rules and dashboard,
   from ``monitoring.read_metrics``; `glm-infra real-engine` writes it beside the lines) that a vLLM
   instance or the router should serve is served (read again each second for --metrics-wait seconds: the
-  engines' stats reach /metrics at their next logging step), or named missing; whether any ``process_*`` metric is served (vLLM serves none with several API servers);
-- glm-infra's canary (glm_infra/agent/canary/, bundled as the router's host gets it) passes against the instances, which agree on its reference
-  (a checkpoint whose greedy answer is visible text is needed: a random one's detokenizes to nothing, and
-  the canary fails closed), and fails against a planted instance serving --wrong-model, naming it;
+  engines' stats reach /metrics at their next logging step), or named missing; whether any ``process_*``
+  metric is served (vLLM serves none with several API servers);
+- glm-infra's canary (glm_infra/agent/canary/, bundled as the router's host gets it) passes against the
+  instances, which agree on its reference (a checkpoint whose greedy answer is visible text is needed: a
+  random one's detokenizes to nothing, and the canary fails closed), and fails against a planted instance
+  serving --wrong-model, naming it;
 - the startup phases each instance logged, with their seconds (weights, graph capture, init engine).
 
 Everything started is stopped at the end, also on failure. Exit 0 when every check passed, 1 otherwise.
@@ -29,6 +31,7 @@ Everything started is stopped at the end, also on failure. Exit 0 when every che
 from __future__ import annotations
 
 import argparse
+import functools
 import http.client
 import importlib.util
 import json
@@ -58,8 +61,9 @@ PHASES = {
 BUNDLE = Path(__file__).resolve().parents[2] / "glm_infra" / "agent" / "bundle.py"
 
 
+@functools.cache
 def canary_program(out: Path) -> Path:
-    """glm-infra's canary program, written to OUT/canary.py as the router's host gets it."""
+    """glm-infra's canary program, written to OUT/canary.py as the router's host gets it (once per run)."""
     spec = importlib.util.spec_from_file_location("glm_infra_agent_bundle", BUNDLE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -171,7 +175,8 @@ def wait_healthy(run: Run, service: Service, url: str, timeout: float) -> bool:
     began = time.monotonic()
     while time.monotonic() - began < timeout:
         if not service.alive():
-            return run.record(f"{service.name} healthy", False, f"exited {service.process.returncode}:\n{service.tail()}")
+            return run.record(f"{service.name} healthy", False,
+                              f"exited {service.process.returncode}:\n{service.tail()}")
         if get(url, timeout=5)[0] == 200:
             return run.record(f"{service.name} healthy", True, f"{url} 200 after {time.monotonic() - began:.0f} s")
         time.sleep(2)
@@ -230,18 +235,28 @@ def families(exposition: str) -> set[str]:
     return names
 
 
+def served_families(expositions: dict[str, str]) -> set[str]:
+    """Every family any service serves (a histogram's or counter's samples carry suffixes its name does not)."""
+    return set().union(*(families(t) for t in expositions.values())) if expositions else set()
+
+
+def engine_metrics(expected: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The expected metrics a vLLM instance or the router serves (the rest are other exporters'), with their readers."""
+    return {m: who for m, who in expected.items() if m.startswith(("vllm:", "vllm_router_"))}
+
+
 def scrape(services: list, expected: dict[str, list[str]], timeout: float) -> dict[str, str]:
     """Every service's /metrics, read again until it serves every expected family and a NIXL transfer, or
     until timeout: the engines' stats reach /metrics at their next logging step, later on a loaded machine."""
     deadline = time.monotonic() + timeout
-    wanted = {m for m in expected if m.startswith(("vllm:", "vllm_router_"))}
+    wanted = set(engine_metrics(expected))
     while True:
         expositions = {}
         for s in services:
             port = flag(s.argv, "--prometheus-port") if s.name == "router" else flag(s.argv, "--port")
             status, text = get(f"http://127.0.0.1:{port}/metrics", timeout=30)
             expositions[s.name] = text if status == 200 else ""
-        served = set().union(*(families(t) for t in expositions.values()))
+        served = served_families(expositions)
         decode = samples(expositions.get("decode", ""))
         if (wanted <= served and any(decode.get(n) for n in NIXL_TRANSFERS)) or time.monotonic() > deadline:
             return expositions
@@ -257,9 +272,8 @@ def metric_checks(run: Run, expositions: dict[str, str], expected: dict[str, lis
     run.record("KV over NIXL", bool(transfers) and failed == 0,
                f"{transfers} transfers, {failed} failed" if transfers is not None else
                f"decode serves none of {', '.join(NIXL_TRANSFERS)}")
-    served = set().union(*(families(t) for t in expositions.values())) if expositions else set()
-    # A histogram's or counter's samples carry suffixes its family's name does not.
-    wanted = {m: who for m, who in expected.items() if m.startswith(("vllm:", "vllm_router_"))}
+    served = served_families(expositions)
+    wanted = engine_metrics(expected)
     missing = sorted(m for m in wanted if m not in served)
     run.facts["metrics_missing"] = {m: wanted[m] for m in missing}
     run.record("metrics the rules and panels read", not missing,
@@ -287,9 +301,9 @@ def canary(out: Path, key: str, model: str, targets: list[dict], record: bool) -
     spec = out / "canary-targets.json"
     spec.write_text(json.dumps({"identity": "real-engine-check", "model": model, "api_key_file": str(keyfile),
                                 "targets": targets}))
-    return subprocess.run([sys.executable, str(canary_program(out)), "run", "--targets", str(spec), "--state", str(out / "canary"),
-                           "--timeout", "120", *([] if record else ["--check"])], capture_output=True, text=True,
-                          timeout=900)
+    return subprocess.run([sys.executable, str(canary_program(out)), "run", "--targets", str(spec),
+                           "--state", str(out / "canary"), "--timeout", "120", *([] if record else ["--check"])],
+                          capture_output=True, text=True, timeout=900)
 
 
 def canary_checks(run: Run, services: list[Service], key: str, model: str, wrong_model: str | None,
@@ -390,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     services = [s for role in ("prefill", "decode", "colocated", "router")
                 if (s := load_service(args.lines, role, values, args.bin, args.out, extra)) is not None]
     if not services:
-        print(f"check: {args.lines} holds no lines (glm-infra real-engine STACK --out DIR writes them)", file=sys.stderr)
+        print(f"check: {args.lines} holds no lines (glm-infra real-engine STACK --out DIR writes them)",
+              file=sys.stderr)
         return 2
     expect = args.expect_metrics or args.lines / "expected-metrics.json"
     expected = json.loads(expect.read_text()) if expect.exists() else {}
