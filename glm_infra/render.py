@@ -116,7 +116,7 @@ def hostcheck_source() -> str:
 
 
 def weights_source() -> str:
-    return (HOST_PROGRAMS / "weights.py").read_text()
+    return bundle.program("weights")
 
 
 def canary_source() -> str:

@@ -240,7 +240,8 @@ def start_http(gateway: ipaddress.IPv4Interface) -> None:
     servers = {
         "http": [sys.executable, "-m", "http.server", "--bind", str(gateway.ip), str(HTTP_PORT),
                  "--directory", str(SIM / "www")],
-        "models": [sys.executable, str(REPO / "glm_infra/agent/weights.py"), "serve", "--dir", str(SIM / "models"),
+        # weights' own file server (agent/weights/, run from this checkout: cwd below)
+        "models": [sys.executable, "-m", "glm_infra.agent.weights", "serve", "--dir", str(SIM / "models"),
                    "--bind", f"{gateway.ip}:{MODEL_PORT}"],
     }
     for name, argv in servers.items():
@@ -248,7 +249,7 @@ def start_http(gateway: ipaddress.IPv4Interface) -> None:
         if _alive(pidfile):
             continue
         log = open(RUN / f"{name}.log", "ab")
-        p = subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True)
+        p = subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True, cwd=REPO)
         pidfile.write_text(str(p.pid))
 
 

@@ -49,6 +49,19 @@ def host_program(name: str, folder: Path) -> Path:
     return path
 
 
+_BUNDLED: dict[str, Path] = {}
+
+
+def bundled(name: str) -> Path:
+    """glm_infra/agent/NAME as the one file a host gets, written once per test process to a folder of its own
+    (removed at exit): what a test runs as a script, as a host would."""
+    if name not in _BUNDLED:
+        folder = Path(tempfile.mkdtemp(prefix=f"glm-{name}-bundle-"))
+        atexit.register(shutil.rmtree, folder, True)
+        _BUNDLED[name] = host_program(name, folder)
+    return _BUNDLED[name]
+
+
 def stack_file(name: str) -> Path:
     return ROOT / "stacks" / f"Pulumi.{name}.yaml"
 

@@ -19,7 +19,8 @@ SESSION_VAR = "GLM_INFRA_TEST_SESSION"
 # fixtures start. Matched on the program's base name (argv[0]) or, for python servers, the module.
 WATCHED_PROGRAMS = ("pulumi", "pulumi-resource-command", "pulumi-language-python", "pulumi-language-python-exec",
                     "systemd-nspawn", "llm-d-inference-sim", "vllm", "vllm-router", "postgres", "nginx", "uv")
-WATCHED_ARGS = ("http.server", "hub_standin.py", "weights.py", "testbed/cluster.py", "testbed.cluster")
+WATCHED_ARGS = ("http.server", "hub_standin.py", "weights.py", "glm_infra.agent.weights", "testbed/cluster.py",
+                "testbed.cluster")
 
 
 @dataclass(frozen=True)

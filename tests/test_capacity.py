@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, free_port, stack_config, wait_port
+from conftest import ROOT, bundled, free_port, stack_config, wait_port
 
 from glm_infra.plan import capacity, topology
 from glm_infra.roles import vllm
@@ -118,7 +118,7 @@ def test_a_mirror_that_ignores_bounded_ranges_is_read_only_up_to_each_header(glm
     (tmp_path / "mirror").mkdir()
     shutil.copytree(glm5, tmp_path / "mirror" / COMMIT)
     port = free_port()
-    p = subprocess.Popen([sys.executable, str(ROOT / "glm_infra/agent/weights.py"), "serve", "--dir",
+    p = subprocess.Popen([sys.executable, str(bundled("weights")), "serve", "--dir",
                           str(tmp_path / "mirror"), "--bind", f"127.0.0.1:{port}"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -18,7 +18,7 @@ def test_the_wheel_imports_from_its_own_files(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("glm_infra-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     for required in ("glm_infra/py.typed", "glm_infra/agent/hostcheck/__main__.py", "glm_infra/agent/bundle.py",
-                     "glm_infra/agent/canary/__main__.py", "glm_infra/agent/weights.py",
+                     "glm_infra/agent/canary/__main__.py", "glm_infra/agent/weights/__main__.py",
                      "glm_infra/roles/vllm/templates/vllm.service.j2", "glm_infra/templates/service.sh.j2",
                      "glm_infra/roles/monitoring/dashboards/glm-infra.json", "glm_infra/args.py",
                      # GLM-5.2's own config files, their provenance and licence (capacity planning)

@@ -11,12 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, free_port, wait_port
+from conftest import ROOT, bundled, free_port, wait_port
 
 from glm_infra.agent import weights as w
+import glm_infra.agent.weights.cli  # noqa: F401  (loads every module of it: w.base, w.relay, ...)
 from testbed import STANDINS
 
-WEIGHTS = ROOT / "glm_infra" / "agent" / "weights.py"
+WEIGHTS = bundled("weights")  # the one file a host gets (agent/bundle.py)
 MAKE = STANDINS / "make-checkpoint"
 
 
@@ -278,8 +279,8 @@ class FakeParent:
                 data = json.dumps(doc).encode() if ".glm-progress.json" in self.path else body
                 self.send_response(200)
                 # It holds the stack's key (a host of the stack that lies): its manifest is signed.
-                fields = self.headers.get(w.AUTH_HEADER, "").split(" ")
-                self.send_header(w.MAC_HEADER, w.sign(RELAY_KEY.encode(), fields[2] if len(fields) == 4 else "", data))
+                fields = self.headers.get(w.signing.AUTH_HEADER, "").split(" ")
+                self.send_header(w.signing.MAC_HEADER, w.signing.sign(RELAY_KEY.encode(), fields[2] if len(fields) == 4 else "", data))
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)

@@ -10,9 +10,11 @@ import contextlib
 import fcntl
 import hashlib
 import hmac
+import importlib
 import http.server
 import json
 import os
+import pkgutil
 import re
 import shutil
 import threading
@@ -26,16 +28,20 @@ from conftest import free_port
 
 from glm_infra.agent import weights as w
 
+# Every module of the package (w.base, w.relay, ...), less __main__ (it runs the program).
+MODULES = [importlib.import_module(f"{w.__name__}.{m.name}") for m in pkgutil.iter_modules(w.__path__)
+           if m.name != "__main__"]
+
 # --- helpers ---------------------------------------------------------------------------------------
 
 
 @pytest.fixture(autouse=True)
 def host_name(monkeypatch):
-    monkeypatch.setattr(w, "HOST", "t")
+    monkeypatch.setattr(w.base, "HOST", "t")
 
 
 RELAY_KEY = b"k" * 40  # the stack's relay key in these tests
-AUTH = w.Auth(RELAY_KEY, "c")  # the peer "c" of most tests
+AUTH = w.signing.Auth(RELAY_KEY, "c")  # the peer "c" of most tests
 KEYFILE = ""  # its file (GLM_RELAY_KEY=...), made for each test
 
 
@@ -167,12 +173,14 @@ class Clock:
 def clock(monkeypatch) -> Clock:
     """Every test: weights' pauses recorded and cut short (its deadlines and stalls stay in real time)."""
     c = Clock()
-    monkeypatch.setattr(w, "time", c)
+    for module in MODULES:  # each module of the package that reads the clock
+        if getattr(module, "time", None) is time:
+            monkeypatch.setattr(module, "time", c)
     return c
 
 
 def run(*argv: str) -> int:
-    return w.main(list(argv))
+    return w.cli.main(list(argv))
 
 
 # --- names that come from other hosts --------------------------------------------------------------
@@ -181,8 +189,8 @@ def run(*argv: str) -> int:
 @pytest.mark.parametrize("name", ["config.json", "a/b.safetensors", "dir/.hidden", "x.partial.json", "ü.json",
                                   "a b", "a" * 255, "é" * 127 + "a", "a/.glm-x", ".cache/x", "glm-x"])
 def test_plain_relative_names_pass(name):
-    assert w.name_problem(name) is None
-    assert w.safe_name(name, "o") == name
+    assert w.base.name_problem(name) is None
+    assert w.base.safe_name(name, "o") == name
 
 
 @pytest.mark.parametrize(("name", "problem"), [
@@ -202,9 +210,9 @@ def test_plain_relative_names_pass(name):
     ("é" * 128, "a component longer than 255 bytes"),
 ])
 def test_unsafe_names_are_refused_naming_the_problem(name, problem):
-    assert w.name_problem(name) == problem
-    with pytest.raises(w.StageError) as e:
-        w.safe_name(name, "http://parent:1")
+    assert w.base.name_problem(name) == problem
+    with pytest.raises(w.base.StageError) as e:
+        w.base.safe_name(name, "http://parent:1")
     assert str(e.value) == f"refusing the manifest from http://parent:1: unsafe file name {name!r} ({problem})"
 
 
@@ -217,23 +225,23 @@ def test_a_name_lands_inside_unless_a_symlink_leads_out(tmp_path):
     (root / "in").symlink_to(root / "real", target_is_directory=True)
     (root / "file").symlink_to(outside / "f")
     (root / "t.partial").symlink_to(outside / "t")
-    assert w.inside(str(root), "real/x") == str(root / "real" / "x")
-    assert w.inside(str(root), "in/x") == str(root / "in" / "x"), "a link that stays inside is fine"
+    assert w.base.inside(str(root), "real/x") == str(root / "real" / "x")
+    assert w.base.inside(str(root), "in/x") == str(root / "in" / "x"), "a link that stays inside is fine"
     for name in ("out/x", "file", "t"):
-        with pytest.raises(w.StageError) as e:
-            w.inside(str(root), name, "http://p:1")
+        with pytest.raises(w.base.StageError) as e:
+            w.base.inside(str(root), name, "http://p:1")
         assert f"refusing the manifest from http://p:1: {name!r} would land at {outside}" in str(e.value)
         assert f"outside {root} (through a symlink)" in str(e.value)
     alias = tmp_path / "alias"  # the model folder itself reached through a link: still inside
     alias.symlink_to(root, target_is_directory=True)
-    assert w.inside(str(alias), "real/x") == str(alias / "real" / "x")
+    assert w.base.inside(str(alias), "real/x") == str(alias / "real" / "x")
 
 
 def test_a_manifest_is_checked_entry_by_entry_and_sorted():
     a, b = entry("b/x.safetensors", b"1"), entry("a.json", b"22")
-    assert w.manifest_files([{**a, "extra": 1}, b], "o") == [b, a]
-    assert w.manifest_files([], "o") == []
-    assert w.manifest_files([{"path": "e", "size": 0, "sha256": sha(b"")}], "o")[0]["size"] == 0
+    assert w.base.manifest_files([{**a, "extra": 1}, b], "o") == [b, a]
+    assert w.base.manifest_files([], "o") == []
+    assert w.base.manifest_files([{"path": "e", "size": 0, "sha256": sha(b"")}], "o")[0]["size"] == 0
 
 
 @pytest.mark.parametrize(("files", "problem"), [
@@ -258,49 +266,49 @@ def test_a_manifest_is_checked_entry_by_entry_and_sorted():
      "x/y is a file and a folder of another"),
 ])
 def test_a_bad_manifest_is_refused_whole_naming_its_origin_and_entry(files, problem):
-    with pytest.raises(w.StageError) as e:
-        w.manifest_files(files, "http://p:1/rev/manifest.json")
+    with pytest.raises(w.base.StageError) as e:
+        w.base.manifest_files(files, "http://p:1/rev/manifest.json")
     assert str(e.value).startswith("refusing the manifest from http://p:1/rev/manifest.json: ")
     assert problem in str(e.value)
 
 
 def test_from_the_hub_a_small_file_may_have_a_git_blob_id_instead():
     blob = "ce013625030ba8dba906f756967f9e9ca394464a"
-    got = w.manifest_files([{"path": "c.json", "size": 6, "sha256": None, "git_blob": blob},
+    got = w.base.manifest_files([{"path": "c.json", "size": 6, "sha256": None, "git_blob": blob},
                             {"path": "m.safetensors", "size": 1, "sha256": "0" * 64, "git_blob": blob}], "hub", blobs=True)
     assert got == [{"path": "c.json", "size": 6, "sha256": None, "git_blob": blob},
                    {"path": "m.safetensors", "size": 1, "sha256": "0" * 64}]
     for bad in (None, "x" * 40, blob[:-1], blob.upper()):
-        with pytest.raises(w.StageError) as e:
-            w.manifest_files([{"path": "c.json", "size": 6, "sha256": None, "git_blob": bad}], "hub", blobs=True)
+        with pytest.raises(w.base.StageError) as e:
+            w.base.manifest_files([{"path": "c.json", "size": 6, "sha256": None, "git_blob": bad}], "hub", blobs=True)
         assert "c.json: neither a sha256 nor a git blob id" in str(e.value)
-    with pytest.raises(w.StageError, match="sha256 None is not a sha256"):  # elsewhere: a sha256 or nothing
-        w.manifest_files([{"path": "c.json", "size": 6, "sha256": None, "git_blob": blob}], "mirror")
+    with pytest.raises(w.base.StageError, match="sha256 None is not a sha256"):  # elsewhere: a sha256 or nothing
+        w.base.manifest_files([{"path": "c.json", "size": 6, "sha256": None, "git_blob": blob}], "mirror")
 
 
 def test_index_shards(tmp_path):
-    assert w.index_shards(str(tmp_path)) == set()
+    assert w.base.index_shards(str(tmp_path)) == set()
     index = tmp_path / "model.safetensors.index.json"
     index.write_text(json.dumps({"weight_map": {"a": "s1", "b": "s2", "c": "s1", "d": 4}}))
-    assert w.index_shards(str(tmp_path)) == {"s1", "s2"}
+    assert w.base.index_shards(str(tmp_path)) == {"s1", "s2"}
     index.write_text(json.dumps({"weight_map": ["s1"]}))
-    assert w.index_shards(str(tmp_path)) == set()
+    assert w.base.index_shards(str(tmp_path)) == set()
     index.write_text(json.dumps({"metadata": {}}))
-    assert w.index_shards(str(tmp_path)) == set()
+    assert w.base.index_shards(str(tmp_path)) == set()
 
 
 def test_paths_of_revisions():
-    assert w.revisions_dir("/data/model/") == "/data/model.revisions"
-    assert w.revision_dir("/data/model", "abc") == "/data/model.revisions/abc"
+    assert w.base.revisions_dir("/data/model/") == "/data/model.revisions"
+    assert w.base.revision_dir("/data/model", "abc") == "/data/model.revisions/abc"
 
 
 def test_json_files_are_written_whole(tmp_path):
     p = tmp_path / "x.json"
-    w.write_json(str(p), {"b": [1], "a": "é"})
+    w.base.write_json(str(p), {"b": [1], "a": "é"})
     assert json.loads(p.read_text()) == {"a": "é", "b": [1]}
     assert p.read_text() == '{\n "a": "\\u00e9",\n "b": [\n  1\n ]\n}'
     assert os.listdir(tmp_path) == ["x.json"], "no temporary file left"
-    assert w.read_json(str(p)) == {"a": "é", "b": [1]}
+    assert w.base.read_json(str(p)) == {"a": "é", "b": [1]}
 
 
 # --- digests and their cache -----------------------------------------------------------------------
@@ -309,20 +317,20 @@ def test_json_files_are_written_whole(tmp_path):
 def test_digests_are_sha256_and_git_blob_ids(tmp_path):
     f = tmp_path / "f"
     f.write_bytes(b"hello\n")
-    assert w.sha256_file(str(f)) == "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03"
-    assert w.git_blob_sha1(str(f)) == "ce013625030ba8dba906f756967f9e9ca394464a"  # `git hash-object`
+    assert w.base.sha256_file(str(f)) == "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03"
+    assert w.base.git_blob_sha1(str(f)) == "ce013625030ba8dba906f756967f9e9ca394464a"  # `git hash-object`
     big = bytes(range(256)) * 20000  # several reads
     f.write_bytes(big)
-    assert w.sha256_file(str(f)) == sha(big)
-    assert w.git_blob_sha1(str(f)) == hashlib.sha1(b"blob %d\0" % len(big) + big).hexdigest()
+    assert w.base.sha256_file(str(f)) == sha(big)
+    assert w.base.git_blob_sha1(str(f)) == hashlib.sha1(b"blob %d\0" % len(big) + big).hexdigest()
 
 
 @pytest.fixture
 def counted(monkeypatch):
     """The files each hasher read, in order."""
     reads: list[tuple[str, str]] = []
-    for algo, real in list(w.HASHERS.items()):
-        monkeypatch.setitem(w.HASHERS, algo, lambda p, algo=algo, real=real: reads.append((algo, os.path.basename(p))) or real(p))
+    for algo, real in list(w.base.HASHERS.items()):
+        monkeypatch.setitem(w.base.HASHERS, algo, lambda p, algo=algo, real=real: reads.append((algo, os.path.basename(p))) or real(p))
     return reads
 
 
@@ -330,13 +338,13 @@ def test_the_cache_reads_a_file_once_until_it_changes(tmp_path, counted):
     f = tmp_path / "f"
     f.write_bytes(b"one")
     cache = tmp_path / ".glm-hashes.json"
-    h = w.Hashes(str(tmp_path), str(cache))
+    h = w.base.Hashes(str(tmp_path), str(cache))
     assert h.digest("f") == sha(b"one") and counted == [("sha256", "f")]
     assert h.digest("f") == sha(b"one") and len(counted) == 1, "cached"
     assert h.digest("f", "git-blob") == hashlib.sha1(b"blob 3\0one").hexdigest() and len(counted) == 2, "per algorithm"
     assert not cache.exists(), "written by save()"
     h.save()
-    again = w.Hashes(str(tmp_path), str(cache))
+    again = w.base.Hashes(str(tmp_path), str(cache))
     assert again.digest("f") == sha(b"one") and len(counted) == 2, "kept across stagings"
     st = f.stat()
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # mtime
@@ -355,7 +363,7 @@ def test_the_cache_reads_a_file_once_until_it_changes(tmp_path, counted):
 
 def test_without_a_cache_every_digest_reads_the_file(tmp_path, counted):
     (tmp_path / "f").write_bytes(b"one")
-    h = w.Hashes(str(tmp_path))
+    h = w.base.Hashes(str(tmp_path))
     h.digest("f")
     h.remember("f", "0" * 64)
     assert h.digest("f") == sha(b"one") and len(counted) == 2
@@ -368,13 +376,13 @@ def test_a_file_written_while_it_is_read_is_not_cached(tmp_path, monkeypatch):
     f.write_bytes(b"one")
 
     def racing(p: str) -> str:
-        value = w.sha256_file(p)
+        value = w.base.sha256_file(p)
         with open(p, "ab") as out:
             out.write(b"+")
         return value
 
-    monkeypatch.setitem(w.HASHERS, "sha256", racing)
-    h = w.Hashes(str(tmp_path), str(tmp_path / "c.json"))
+    monkeypatch.setitem(w.base.HASHERS, "sha256", racing)
+    h = w.base.Hashes(str(tmp_path), str(tmp_path / "c.json"))
     h.digest("f")
     assert h.known == {} and not h.changed
 
@@ -382,30 +390,30 @@ def test_a_file_written_while_it_is_read_is_not_cached(tmp_path, monkeypatch):
 def test_remembered_digests_are_not_read_again_and_saved_once(tmp_path, counted, monkeypatch):
     (tmp_path / "f").write_bytes(b"one")
     cache = tmp_path / "c.json"
-    h = w.Hashes(str(tmp_path), str(cache))
+    h = w.base.Hashes(str(tmp_path), str(cache))
     h.remember("f", sha(b"one"))
     assert h.digest("f") == sha(b"one") and counted == []
     writes: list[str] = []
-    monkeypatch.setattr(w, "write_json", lambda p, d: writes.append(p) or Path(p).write_text(json.dumps(d)))
+    monkeypatch.setattr(w.base, "write_json", lambda p, d: writes.append(p) or Path(p).write_text(json.dumps(d)))
     h.save()
     h.save()
     assert writes == [str(cache)], "unchanged: not written again"
-    assert w.Hashes(str(tmp_path), str(cache)).known == h.known
+    assert w.base.Hashes(str(tmp_path), str(cache)).known == h.known
 
 
 @pytest.mark.parametrize("content", ["not json", "[1, 2]", '{"sha256:f": 3}', '{"sha256:f": {"digest": "x"}}',
                                      '{"sha256:f": {"stat": STAT}}', '{"sha256:f": {"stat": STAT, "digest": 7}}'])
 def test_an_unreadable_cache_is_ignored(tmp_path, counted, content):
     (tmp_path / "f").write_bytes(b"one")
-    content = content.replace("STAT", json.dumps(w.Hashes.stamp(os.stat(tmp_path / "f"))))
+    content = content.replace("STAT", json.dumps(w.base.Hashes.stamp(os.stat(tmp_path / "f"))))
     (tmp_path / "c.json").write_text(content)
-    assert w.Hashes(str(tmp_path), str(tmp_path / "c.json")).digest("f") == sha(b"one") and len(counted) == 1
+    assert w.base.Hashes(str(tmp_path), str(tmp_path / "c.json")).digest("f") == sha(b"one") and len(counted) == 1
 
 
 def test_a_file_is_ok_with_its_size_and_digest(tmp_path, counted):
     (tmp_path / "f").write_bytes(b"one")
     (tmp_path / "d").mkdir()
-    h = w.Hashes(str(tmp_path))
+    h = w.base.Hashes(str(tmp_path))
     assert h.ok(entry("f", b"one"))
     assert not h.ok(entry("f", b"two")), "same size, other bytes"
     assert not h.ok(entry("f", b"three")) and not h.ok(entry("missing", b"x"))
@@ -419,14 +427,14 @@ def test_a_file_is_ok_with_its_size_and_digest(tmp_path, counted):
 
 def test_check_files_names_what_is_missing_or_corrupt_and_shards_the_manifest_forgot(tmp_path):
     files = write_checkpoint(tmp_path)
-    assert w.check_files(str(tmp_path), {"files": files}, full=True) == []
+    assert w.base.check_files(str(tmp_path), {"files": files}, full=True) == []
     (tmp_path / "config.json").write_bytes(b"x" * len(CHECKPOINT["config.json"]))
     (tmp_path / "sub" / "tokenizer.json").unlink()
-    assert w.check_files(str(tmp_path), {"files": files}, full=True) == ["config.json", "sub/tokenizer.json"]
-    assert w.check_files(str(tmp_path), {"files": files}, full=False) == ["sub/tokenizer.json"]
+    assert w.base.check_files(str(tmp_path), {"files": files}, full=True) == ["config.json", "sub/tokenizer.json"]
+    assert w.base.check_files(str(tmp_path), {"files": files}, full=False) == ["sub/tokenizer.json"]
     shard = "model-00002-of-00002.safetensors"
     less = [e for e in files if e["path"] not in (shard, "config.json", "sub/tokenizer.json")]
-    assert w.check_files(str(tmp_path), {"files": less}, full=True) == [f"{shard} (in the index, not in the manifest)"]
+    assert w.base.check_files(str(tmp_path), {"files": less}, full=True) == [f"{shard} (in the index, not in the manifest)"]
 
 
 # --- transfers: what another host's answer may and may not do ---------------------------------------
@@ -456,7 +464,7 @@ def test_a_download_lands_whole_hashed_on_the_way(tmp_path):
     umask = os.umask(0o022)
     try:
         with running(fake.server) as url:
-            digest = w.download(f"{url}/f", str(tmp_path / "f"), len(DATA), on_bytes=got.append)
+            digest = w.transfer.download(f"{url}/f", str(tmp_path / "f"), len(DATA), on_bytes=got.append)
     finally:
         os.umask(umask)
     assert (tmp_path / "f").stat().st_mode & 0o777 == 0o644
@@ -469,7 +477,7 @@ def test_a_download_resumes_its_partial_file_with_a_range_request(tmp_path):
     (tmp_path / "f.partial").write_bytes(DATA[:5000])
     fake = Fake({"/f": ranged(DATA)})
     with running(fake.server) as url:
-        assert w.download(f"{url}/f", str(tmp_path / "f"), len(DATA)) == sha(DATA)
+        assert w.transfer.download(f"{url}/f", str(tmp_path / "f"), len(DATA)) == sha(DATA)
     assert fake.requests[0][1]["Range"] == "bytes=5000-"
     assert (tmp_path / "f").read_bytes() == DATA and not (tmp_path / "f.partial").exists()
 
@@ -478,7 +486,7 @@ def test_a_server_that_sends_it_all_again_starts_the_file_over(tmp_path):
     (tmp_path / "f.partial").write_bytes(b"junk" * 100)
     fake = Fake({"/f": (200, {}, DATA)})
     with running(fake.server) as url:
-        assert w.download(f"{url}/f", str(tmp_path / "f"), len(DATA)) == sha(DATA)
+        assert w.transfer.download(f"{url}/f", str(tmp_path / "f"), len(DATA)) == sha(DATA)
     assert (tmp_path / "f").read_bytes() == DATA
 
 
@@ -486,7 +494,7 @@ def test_a_partial_file_longer_than_the_file_is_dropped(tmp_path):
     (tmp_path / "f.partial").write_bytes(DATA + b"more")
     fake = Fake({"/f": ranged(DATA)})
     with running(fake.server) as url:
-        assert w.download(f"{url}/f", str(tmp_path / "f"), len(DATA)) == sha(DATA)
+        assert w.transfer.download(f"{url}/f", str(tmp_path / "f"), len(DATA)) == sha(DATA)
     assert "Range" not in fake.requests[0][1]
 
 
@@ -497,7 +505,7 @@ def test_a_transfer_file_that_is_a_symlink_is_never_written_through(tmp_path):
     (tmp_path / "d" / "f.partial").symlink_to(outside)
     fake = Fake({"/f": ranged(DATA)})
     with running(fake.server) as url:
-        assert w.download(f"{url}/f", str(tmp_path / "d" / "f"), len(DATA)) == sha(DATA)
+        assert w.transfer.download(f"{url}/f", str(tmp_path / "d" / "f"), len(DATA)) == sha(DATA)
     assert outside.read_bytes() == b"precious" and "Range" not in fake.requests[0][1]
     assert (tmp_path / "d" / "f").read_bytes() == DATA and not (tmp_path / "d" / "f").is_symlink()
 
@@ -525,8 +533,8 @@ def test_an_answer_that_is_not_the_bytes_asked_for_fails_the_source(tmp_path, ro
     if have:
         (tmp_path / "f.partial").write_bytes(DATA[:have])
     fake = Fake({"/f": route})
-    with running(fake.server) as url, pytest.raises(w.SourceFailed) as e:
-        w.download(f"{url}/f", str(tmp_path / "f"), len(DATA))
+    with running(fake.server) as url, pytest.raises(w.transfer.SourceFailed) as e:
+        w.transfer.download(f"{url}/f", str(tmp_path / "f"), len(DATA))
     assert message in str(e.value) and str(e.value).startswith(f"{url}/f: ")
     assert not (tmp_path / "f").exists()
     if "dropped" in message:
@@ -534,60 +542,60 @@ def test_an_answer_that_is_not_the_bytes_asked_for_fails_the_source(tmp_path, ro
 
 
 def test_a_manifest_of_unknown_size_is_bounded(tmp_path, monkeypatch):
-    monkeypatch.setattr(w, "MAX_JSON", 100)
+    monkeypatch.setattr(w.transfer, "MAX_JSON", 100)
     fake = Fake({"/small": raw(b"x" * 100), "/big": raw(b"x" * 101)})
     with running(fake.server) as url:
-        assert w.download(f"{url}/small", str(tmp_path / "s"), None) == sha(b"x" * 100)
-        with pytest.raises(w.SourceFailed, match="more than 100 bytes"):
-            w.download(f"{url}/big", str(tmp_path / "b"), None)
+        assert w.transfer.download(f"{url}/small", str(tmp_path / "s"), None) == sha(b"x" * 100)
+        with pytest.raises(w.transfer.SourceFailed, match="more than 100 bytes"):
+            w.transfer.download(f"{url}/big", str(tmp_path / "b"), None)
     assert sorted(os.listdir(tmp_path)) == ["s"]
 
 
 def test_range_answers_are_checked():
-    w.check_range("u", "bytes 5-9/10", 5, 10)
-    w.check_range("u", " bytes 5-99/* ", 5, None)
+    w.transfer.check_range("u", "bytes 5-9/10", 5, 10)
+    w.transfer.check_range("u", " bytes 5-99/* ", 5, None)
     for header, start, size in (("bytes 5-9/10", 4, 10), ("bytes 5-8/10", 5, 10), ("bytes 5-9/11", 5, 10),
                                 ("bytes 5-9", 5, 10), ("bytes ٥-9/10", 5, 10), ("", 5, None), (None, 5, 10)):
-        with pytest.raises(w.SourceFailed) as e:
-            w.check_range("u", header, start, size)
+        with pytest.raises(w.transfer.SourceFailed) as e:
+            w.transfer.check_range("u", header, start, size)
         assert str(e.value).startswith(f"u: Content-Range {header!r} for bytes {start}-")
-    with pytest.raises(w.SourceFailed, match=r"for bytes 5-9 \(of 10\)"):
-        w.check_range("u", "bytes 4-9/10", 5, 10)
-    with pytest.raises(w.SourceFailed, match=r"for bytes 5- \(of \?\)"):
-        w.check_range("u", "bytes 4-9/10", 5, None)
+    with pytest.raises(w.transfer.SourceFailed, match=r"for bytes 5-9 \(of 10\)"):
+        w.transfer.check_range("u", "bytes 4-9/10", 5, 10)
+    with pytest.raises(w.transfer.SourceFailed, match=r"for bytes 5- \(of \?\)"):
+        w.transfer.check_range("u", "bytes 4-9/10", 5, None)
 
 
 def test_a_partial_file_already_whole_is_kept_on_416(tmp_path):
     (tmp_path / "f.partial").write_bytes(DATA)
     fake = Fake({"/f": (416, {}, b"")})
     with running(fake.server) as url:
-        assert w.download(f"{url}/f", str(tmp_path / "f"), len(DATA)) == sha(DATA)
+        assert w.transfer.download(f"{url}/f", str(tmp_path / "f"), len(DATA)) == sha(DATA)
     assert (tmp_path / "f").read_bytes() == DATA
 
 
 def test_a_416_for_a_partial_file_not_whole_drops_it(tmp_path):
     (tmp_path / "f.partial").write_bytes(DATA[:10])
     fake = Fake({"/f": (416, {}, b"")})
-    with running(fake.server) as url, pytest.raises(w.SourceFailed) as e:
-        w.download(f"{url}/f", str(tmp_path / "f"), len(DATA))
+    with running(fake.server) as url, pytest.raises(w.transfer.SourceFailed) as e:
+        w.transfer.download(f"{url}/f", str(tmp_path / "f"), len(DATA))
     assert str(e.value) == f"{url}/f: HTTP 416 for bytes 10- (partial file dropped)"
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize(("status", "error"), [(404, w.NotThere), (401, w.StageError), (403, w.StageError)])
+@pytest.mark.parametrize(("status", "error"), [(404, w.base.NotThere), (401, w.base.StageError), (403, w.base.StageError)])
 def test_missing_and_refused_are_told_apart_from_a_failed_source(tmp_path, status, error):
     fake = Fake({"/f": (status, {}, b"")})
     with running(fake.server) as url, pytest.raises(error) as e:
-        w.download(f"{url}/f", str(tmp_path / "f"), 3)
-    assert not isinstance(e.value, w.SourceFailed) and str(e.value) == f"{url}/f: HTTP {status}"
+        w.transfer.download(f"{url}/f", str(tmp_path / "f"), 3)
+    assert not isinstance(e.value, w.transfer.SourceFailed) and str(e.value) == f"{url}/f: HTTP {status}"
 
 
 def test_a_host_that_does_not_answer_fails_the_source(tmp_path):
     fake = Fake()
     with running(fake.server) as url:
         pass
-    with pytest.raises(w.SourceFailed) as e:
-        w.download(f"{url}/f", str(tmp_path / "f"), 3)
+    with pytest.raises(w.transfer.SourceFailed) as e:
+        w.transfer.download(f"{url}/f", str(tmp_path / "f"), 3)
     assert str(e.value) == f"{url}/f: [Errno 111] Connection refused"
 
 
@@ -595,62 +603,62 @@ def test_a_mirror_may_redirect_to_http_but_a_relay_host_never(tmp_path):
     fake = Fake({"/f": (302, {"Location": "/g"}, b""), "/g": (200, {}, DATA),
                  "/ftp": (301, {"Location": "ftp://127.0.0.1/x"}, b""), "/file": (307, {"Location": "file:///etc/passwd"}, b"")})
     with running(fake.server) as url:
-        assert w.download(f"{url}/f", str(tmp_path / "f"), len(DATA)) == sha(DATA)
-        with pytest.raises(w.SourceFailed) as e:
-            w.download(f"{url}/f", str(tmp_path / "r"), len(DATA), follow=False)
+        assert w.transfer.download(f"{url}/f", str(tmp_path / "f"), len(DATA)) == sha(DATA)
+        with pytest.raises(w.transfer.SourceFailed) as e:
+            w.transfer.download(f"{url}/f", str(tmp_path / "r"), len(DATA), follow=False)
         assert str(e.value) == f"{url}/f: HTTP 302 to '{url}/g' (a relay host never redirects)"
-        with pytest.raises(w.SourceFailed) as e:
-            w.download(f"{url}/ftp", str(tmp_path / "x"), len(DATA))
+        with pytest.raises(w.transfer.SourceFailed) as e:
+            w.transfer.download(f"{url}/ftp", str(tmp_path / "x"), len(DATA))
         assert str(e.value) == f"{url}/ftp: HTTP 301 to 'ftp://127.0.0.1/x' (not http or https)"
         fake.routes["/tls"] = (302, {"Location": url.replace("http:", "https:") + "/g"}, b"")
-        with pytest.raises(w.SourceFailed) as e:  # followed: this loopback server speaks no TLS
-            w.download(f"{url}/tls", str(tmp_path / "x"), len(DATA))
+        with pytest.raises(w.transfer.SourceFailed) as e:  # followed: this loopback server speaks no TLS
+            w.transfer.download(f"{url}/tls", str(tmp_path / "x"), len(DATA))
         assert "not http or https" not in str(e.value) and str(e.value).startswith(f"{url}/tls: ")
-        with pytest.raises(w.SourceFailed, match=f"{url}/file: HTTP 307"):  # urllib's own refusal
-            w.download(f"{url}/file", str(tmp_path / "x"), len(DATA))
-        with w.open_url(f"{url}/f", 5, follow=True) as r:
+        with pytest.raises(w.transfer.SourceFailed, match=f"{url}/file: HTTP 307"):  # urllib's own refusal
+            w.transfer.download(f"{url}/file", str(tmp_path / "x"), len(DATA))
+        with w.transfer.open_url(f"{url}/f", 5, follow=True) as r:
             assert r.read() == DATA
-        with pytest.raises(w.SourceFailed, match="never redirects"):
-            w.open_url(f"{url}/f", 5)
+        with pytest.raises(w.transfer.SourceFailed, match="never redirects"):
+            w.transfer.open_url(f"{url}/f", 5)
     assert sorted(os.listdir(tmp_path)) == ["f"]
 
 
 def test_fetch_retries_the_mirror_with_growing_pauses(tmp_path, clock):
     fake = Fake({"/f": [(500, {}, b""), (500, {}, b""), (200, {}, DATA)]})
     with running(fake.server) as url:
-        assert w.fetch(f"{url}/f", str(tmp_path / "f"), len(DATA)) == sha(DATA)
+        assert w.transfer.fetch(f"{url}/f", str(tmp_path / "f"), len(DATA)) == sha(DATA)
         assert clock.sleeps == [2, 4]
         clock.sleeps.clear()
         fake.routes["/f"] = (500, {}, b"")
-        with pytest.raises(w.StageError) as e:
-            w.fetch(f"{url}/f", str(tmp_path / "g"), 3, tries=7)
-        assert not isinstance(e.value, w.SourceFailed)
+        with pytest.raises(w.base.StageError) as e:
+            w.transfer.fetch(f"{url}/f", str(tmp_path / "g"), 3, tries=7)
+        assert not isinstance(e.value, w.transfer.SourceFailed)
         assert str(e.value) == f"{url}/f: HTTP 500 (after 7 tries)"
         assert clock.sleeps == [2, 4, 6, 8, 10, 10]
         clock.sleeps.clear()
-        with pytest.raises(w.StageError, match=r"\(after 5 tries\)"):
-            w.fetch(f"{url}/f", str(tmp_path / "g"), 3)
+        with pytest.raises(w.base.StageError, match=r"\(after 5 tries\)"):
+            w.transfer.fetch(f"{url}/f", str(tmp_path / "g"), 3)
         assert len(clock.sleeps) == 4
         fake.routes["/f"] = (404, {}, b"")
-        with pytest.raises(w.NotThere):
-            w.fetch(f"{url}/f", str(tmp_path / "g"), 3)
+        with pytest.raises(w.base.NotThere):
+            w.transfer.fetch(f"{url}/f", str(tmp_path / "g"), 3)
 
 
 def test_fetch_verified_fetches_twice_then_fails_and_remembers_what_it_verified(tmp_path, monkeypatch, capsys, counted):
     fake = Fake({"/f": (200, {}, DATA), "/bad": (200, {}, DATA[::-1])})
-    h = w.Hashes(str(tmp_path), str(tmp_path / "c.json"))
+    h = w.base.Hashes(str(tmp_path), str(tmp_path / "c.json"))
     with running(fake.server) as url:
-        w.fetch_verified(f"{url}/f", h, entry("d/f", DATA))
+        w.transfer.fetch_verified(f"{url}/f", h, entry("d/f", DATA))
         assert (tmp_path / "d" / "f").read_bytes() == DATA
         assert h.ok(entry("d/f", DATA)) and counted == [], "hashed on the way in"
-        with pytest.raises(w.StageError) as e:
-            w.fetch_verified(f"{url}/bad", h, entry("g", DATA))
+        with pytest.raises(w.base.StageError) as e:
+            w.transfer.fetch_verified(f"{url}/bad", h, entry("g", DATA))
     assert str(e.value) == f"g: sha256 mismatch twice from {url}/bad"
     assert capsys.readouterr().out.count("t: weights: g: sha256 mismatch after download, fetching again") == 2
     assert fake.paths().count("/bad") == 2 and not (tmp_path / "g").exists()
-    with pytest.raises(w.StageError, match="would land at"):
+    with pytest.raises(w.base.StageError, match="would land at"):
         (tmp_path / "l").symlink_to(tmp_path.parent, target_is_directory=True)
-        w.fetch_verified("http://127.0.0.1:9/x", h, entry("l/x", DATA))
+        w.transfer.fetch_verified("http://127.0.0.1:9/x", h, entry("l/x", DATA))
 
 
 # --- what a host serves: its relay (published files only, signed progress), the mirror stand-in ----
@@ -671,41 +679,41 @@ def get(url: str, headers: dict | None = None) -> tuple[int, dict, bytes]:
 def test_env_files_are_read_and_a_missing_one_is_an_error(tmp_path):
     f = tmp_path / "hf.env"
     f.write_text("# comment\nOTHER=1\nHF_TOKEN=\n  HF_TOKEN=hf_abc=def  \nHF_TOKEN=second\n")
-    assert w.env_value(str(f), "HF_TOKEN") == "hf_abc=def"
-    assert w.env_value(str(f), "NOPE") is None
-    with pytest.raises(w.StageError) as e:
-        w.env_value(str(tmp_path / "missing.env"), "HF_TOKEN")
+    assert w.base.env_value(str(f), "HF_TOKEN") == "hf_abc=def"
+    assert w.base.env_value(str(f), "NOPE") is None
+    with pytest.raises(w.base.StageError) as e:
+        w.base.env_value(str(tmp_path / "missing.env"), "HF_TOKEN")
     assert str(e.value) == f"cannot read {tmp_path / 'missing.env'}: No such file or directory"
 
 
 def test_the_relay_key_comes_from_its_file_and_is_long(tmp_path):
     f = tmp_path / "relay.env"
     f.write_text("GLM_RELAY_KEY=" + "k" * 32 + "\n")
-    assert w.relay_key(str(f)) == b"k" * 32
+    assert w.signing.relay_key(str(f)) == b"k" * 32
     for text in ("GLM_RELAY_KEY=" + "k" * 31 + "\n", "OTHER=" + "k" * 40 + "\n", ""):
         f.write_text(text)
-        with pytest.raises(w.StageError) as e:
-            w.relay_key(str(f))
+        with pytest.raises(w.base.StageError) as e:
+            w.signing.relay_key(str(f))
         assert str(e.value) == f"{f}: no GLM_RELAY_KEY of at least 32 characters"
 
 
 def test_a_signature_covers_the_nonce_and_the_document():
     key = b"k" * 32
-    assert w.sign(key, "n1", b"{}") == hmac.new(key, b"server\nn1\n{}", hashlib.sha256).hexdigest()
-    assert w.sign(key, "n2", b"{}") != w.sign(key, "n1", b"{}") != w.sign(b"j" * 32, "n1", b"{}")
+    assert w.signing.sign(key, "n1", b"{}") == hmac.new(key, b"server\nn1\n{}", hashlib.sha256).hexdigest()
+    assert w.signing.sign(key, "n2", b"{}") != w.signing.sign(key, "n1", b"{}") != w.signing.sign(b"j" * 32, "n1", b"{}")
 
 
-def test_a_client_signs_its_name_time_nonce_and_what_it_asks(monkeypatch):
+def test_a_client_signs_its_name_time_nonce_and_what_it_asks(monkeypatch, clock):
     key = b"k" * 32
-    assert w.client_mac(key, "c", "100", "n", "/x?y") == \
+    assert w.signing.client_mac(key, "c", "100", "n", "/x?y") == \
         hmac.new(key, b"client\nc\n100\nn\nGET /x?y", hashlib.sha256).hexdigest()
-    monkeypatch.setattr(w.time, "time", lambda: 1234.9)
-    headers, nonce = w.Auth(key, "b300-2").headers("http://h:1/a%2Fb?moved=1")
-    name, at, sent, mac = headers[w.AUTH_HEADER].split(" ")
-    assert (name, at, sent) == ("b300-2", "1234", nonce) and w.NONCE.fullmatch(nonce)
-    assert mac == w.client_mac(key, "b300-2", "1234", nonce, "/a%2Fb?moved=1")
-    assert w.Auth(key, "c").headers("http://h:1")[0][w.AUTH_HEADER].split(" ")[3] != mac
-    assert w.Auth(key, "c").headers("http://h:1")[1] != w.Auth(key, "c").headers("http://h:1")[1], "a fresh nonce"
+    monkeypatch.setattr(clock, "time", lambda: 1234.9)
+    headers, nonce = w.signing.Auth(key, "b300-2").headers("http://h:1/a%2Fb?moved=1")
+    name, at, sent, mac = headers[w.signing.AUTH_HEADER].split(" ")
+    assert (name, at, sent) == ("b300-2", "1234", nonce) and w.signing.NONCE.fullmatch(nonce)
+    assert mac == w.signing.client_mac(key, "b300-2", "1234", nonce, "/a%2Fb?moved=1")
+    assert w.signing.Auth(key, "c").headers("http://h:1")[0][w.signing.AUTH_HEADER].split(" ")[3] != mac
+    assert w.signing.Auth(key, "c").headers("http://h:1")[1] != w.signing.Auth(key, "c").headers("http://h:1")[1], "a fresh nonce"
 
 
 def signed(key: bytes = RELAY_KEY, name: str = "c1", target: str = "/", at: float | None = None,
@@ -713,49 +721,49 @@ def signed(key: bytes = RELAY_KEY, name: str = "c1", target: str = "/", at: floa
     """The authentication header of a relay client's GET of ``target``."""
     nonce = nonce or os.urandom(16).hex()
     at_s = str(int(time.time() if at is None else at))
-    return {w.AUTH_HEADER: f"{name} {at_s} {nonce} {w.client_mac(key, name, at_s, nonce, target)}"}
+    return {w.signing.AUTH_HEADER: f"{name} {at_s} {nonce} {w.signing.client_mac(key, name, at_s, nonce, target)}"}
 
 
 def test_a_relay_takes_only_requests_signed_with_its_key_once_and_in_time():
-    r = w.Relay("r", "p")
-    h = signed(target="/a")[w.AUTH_HEADER]
+    r = w.relay.Relay("r", "p")
+    h = signed(target="/a")[w.signing.AUTH_HEADER]
     assert r.authenticate(h, "/a") == (None, "this relay has no key")
     r.key = RELAY_KEY
     name, nonce = r.authenticate(h, "/a")
     assert name == "c1" and nonce == h.split(" ")[2]
     assert r.authenticate(h, "/a") == (None, "a nonce already taken (replayed)")
-    assert r.authenticate(signed(target="/a")[w.AUTH_HEADER], "/b") == (None, "not signed with this stack's relay key")
-    assert r.authenticate(signed(b"j" * 40, target="/a")[w.AUTH_HEADER], "/a") == \
+    assert r.authenticate(signed(target="/a")[w.signing.AUTH_HEADER], "/b") == (None, "not signed with this stack's relay key")
+    assert r.authenticate(signed(b"j" * 40, target="/a")[w.signing.AUTH_HEADER], "/a") == \
         (None, "not signed with this stack's relay key")
-    assert r.authenticate(None, "/a") == (None, f"no {w.AUTH_HEADER} header of NAME TIME NONCE MAC")
+    assert r.authenticate(None, "/a") == (None, f"no {w.signing.AUTH_HEADER} header of NAME TIME NONCE MAC")
     assert r.authenticate("c1 1 2", "/a")[0] is None
     for bad in ("-x 1 " + "a" * 32 + " m", "c1 x1 " + "a" * 32 + " m", "c1 1 " + "A" * 32 + " m", "c1 1 abc m"):
-        assert r.authenticate(bad, "/a") == (None, f"a malformed {w.AUTH_HEADER} header")
-    old = time.time() - w.AUTH_WINDOW_S - 5
-    name, why = r.authenticate(signed(target="/a", at=old)[w.AUTH_HEADER], "/a")
+        assert r.authenticate(bad, "/a") == (None, f"a malformed {w.signing.AUTH_HEADER} header")
+    old = time.time() - w.signing.AUTH_WINDOW_S - 5
+    name, why = r.authenticate(signed(target="/a", at=old)[w.signing.AUTH_HEADER], "/a")
     assert name is None and why.startswith(f"signed at {int(old)}, ") and why.endswith(
-        f"s from this host's clock (more than {w.AUTH_WINDOW_S} s: replayed, or the hosts' clocks differ)")
-    assert r.authenticate(signed(target="/a", at=time.time() + w.AUTH_WINDOW_S - 2)[w.AUTH_HEADER], "/a")[0] == "c1"
-    assert r.authenticate(signed(target="/a", at=time.time() + w.AUTH_WINDOW_S + 5)[w.AUTH_HEADER], "/a")[0] is None
+        f"s from this host's clock (more than {w.signing.AUTH_WINDOW_S} s: replayed, or the hosts' clocks differ)")
+    assert r.authenticate(signed(target="/a", at=time.time() + w.signing.AUTH_WINDOW_S - 2)[w.signing.AUTH_HEADER], "/a")[0] == "c1"
+    assert r.authenticate(signed(target="/a", at=time.time() + w.signing.AUTH_WINDOW_S + 5)[w.signing.AUTH_HEADER], "/a")[0] is None
 
 
-def test_a_relay_forgets_nonces_only_once_they_could_not_be_in_time_any_more(monkeypatch):
-    r = w.Relay("r", "p")
+def test_a_relay_forgets_nonces_only_once_they_could_not_be_in_time_any_more(monkeypatch, clock):
+    r = w.relay.Relay("r", "p")
     r.key = RELAY_KEY
     now = [1000.0]
-    monkeypatch.setattr(w.time, "time", lambda: now[0])
-    first = signed(target="/a", at=1000)[w.AUTH_HEADER]
+    monkeypatch.setattr(clock, "time", lambda: now[0])
+    first = signed(target="/a", at=1000)[w.signing.AUTH_HEADER]
     assert r.authenticate(first, "/a")[0] == "c1"
-    now[0] = 1000 + 2 * w.AUTH_WINDOW_S
-    assert r.authenticate(signed(target="/a", at=now[0])[w.AUTH_HEADER], "/a")[0] == "c1"
+    now[0] = 1000 + 2 * w.signing.AUTH_WINDOW_S
+    assert r.authenticate(signed(target="/a", at=now[0])[w.signing.AUTH_HEADER], "/a")[0] == "c1"
     assert first.split(" ")[2] in r.nonces, "kept while a replay of it could still be in time"
     now[0] += 1
-    assert r.authenticate(signed(target="/a", at=now[0])[w.AUTH_HEADER], "/a")[0] == "c1"
+    assert r.authenticate(signed(target="/a", at=now[0])[w.signing.AUTH_HEADER], "/a")[0] == "c1"
     assert first.split(" ")[2] not in r.nonces and len(r.nonces) == 2
 
 
 def test_the_relay_state_lists_and_withdraws(tmp_path):
-    r = w.Relay("rev1", "me")
+    r = w.relay.Relay("rev1", "me")
     r.progress_path = str(tmp_path / "p.json")
     a, b = entry("a", b"1"), entry("b", b"2")
     assert r.adopt([a, b]) == []
@@ -779,7 +787,7 @@ def test_the_relay_state_lists_and_withdraws(tmp_path):
     r.seen("c")
     assert r.clients["c"]["active"] == 1 and r.clients["c"]["done"] is True
     assert r.clients["c"]["last"] > time.monotonic() - 5
-    assert w.Relay("r", "n").snapshot() == {"revision": "r", "files": [], "published": [], "complete": False,
+    assert w.relay.Relay("r", "n").snapshot() == {"revision": "r", "files": [], "published": [], "complete": False,
                                             "received": 0}
 
 
@@ -790,10 +798,10 @@ def relay_of(tmp_path, capsys):
     root = tmp_path / "root"
     root.mkdir()
     files = write_checkpoint(root, {**CHECKPOINT, "X/Xtra.json": b"{}"})
-    relay = w.Relay("rev1", "p")
+    relay = w.relay.Relay("rev1", "p")
     relay.key = RELAY_KEY
     relay.adopt(files)
-    server = w.start_relay(relay, str(root), "[::1]:0", 5)
+    server = w.relay.start_relay(relay, str(root), "[::1]:0", 5)
     try:
         yield relay, f"http://[::1]:{server.server_address[1]}", root
     finally:
@@ -854,11 +862,11 @@ def test_the_relay_serves_and_counts_only_clients_that_sign_with_its_key(relay_o
         for what in ("/.glm-done?host=c1", "/.glm-done", "/.glm-progress.json", "/config.json"):
             status, answer, body = get(f"{url}{what}", headers)
             assert status == 401 and body.startswith(b"unauthenticated relay client: "), (what, headers)
-            assert w.MAC_HEADER not in answer
+            assert w.signing.MAC_HEADER not in answer
     assert relay.clients == {}, "nobody counted, nobody done"
     err = capsys.readouterr()
     assert err.out.count("refused a request from ::1: ") == 1, "logged once a minute per address"
-    assert f"t: weights: refused a request from ::1: no {w.AUTH_HEADER} header of NAME TIME NONCE MAC" in err.out
+    assert f"t: weights: refused a request from ::1: no {w.signing.AUTH_HEADER} header of NAME TIME NONCE MAC" in err.out
     once = signed(RELAY_KEY, "b300-7.dc:1", "/.glm-done")
     assert get(f"{url}/.glm-done", once)[0] == 200 and relay.clients["b300-7.dc:1"]["done"]
     assert get(f"{url}/.glm-done", once)[0] == 401, "replayed"
@@ -869,19 +877,19 @@ def test_the_relay_signs_its_progress_with_the_nonce_of_the_request(relay_of):
     relay, url, _ = relay_of
     h = signed(RELAY_KEY, "c", "/.glm-progress.json", nonce="ab" * 16)
     _, headers, body = get(f"{url}/.glm-progress.json", h)
-    assert headers[w.MAC_HEADER] == hmac.new(RELAY_KEY, b"server\n" + b"ab" * 16 + b"\n" + body,
+    assert headers[w.signing.MAC_HEADER] == hmac.new(RELAY_KEY, b"server\n" + b"ab" * 16 + b"\n" + body,
                                              hashlib.sha256).hexdigest()
 
 
 def test_a_relay_is_never_served_without_a_key(tmp_path):
-    with pytest.raises(w.StageError) as e:
-        w.start_relay(w.Relay("r", "n"), str(tmp_path), "127.0.0.1:0", 1)
+    with pytest.raises(w.base.StageError) as e:
+        w.relay.start_relay(w.relay.Relay("r", "n"), str(tmp_path), "127.0.0.1:0", 1)
     assert str(e.value) == ("no relay key: a relay is served only with the stack's key (--relay-key-file), never by "
                             "its port 127.0.0.1:0 alone")
 
 
-def keyed(revision: str = "r") -> w.Relay:
-    r = w.Relay(revision, "n")
+def keyed(revision: str = "r") -> w.relay.Relay:
+    r = w.relay.Relay(revision, "n")
     r.key = RELAY_KEY
     return r
 
@@ -890,8 +898,8 @@ def test_the_relay_cannot_serve_on_a_port_in_use_and_names_who_holds_it(tmp_path
     fake = Fake()
     with running(fake.server) as url:
         bind = url.removeprefix("http://")
-        with pytest.raises(w.StageError) as e:
-            w.start_relay(keyed(), str(tmp_path), bind, 1)
+        with pytest.raises(w.base.StageError) as e:
+            w.relay.start_relay(keyed(), str(tmp_path), bind, 1)
     assert str(e.value) == (f"cannot serve the relay on {bind}: Address already in use (held by pid {os.getpid()} "
                             f"({Path('/proc/self/comm').read_text().strip()}, user root))")
 
@@ -904,8 +912,8 @@ def test_the_holder_of_an_ipv6_relay_port_is_named(tmp_path):
         s.bind(("::1", 0))
         s.listen()
         bind = f"::1:{s.getsockname()[1]}"
-        with pytest.raises(w.StageError) as e:
-            w.start_relay(keyed(), str(tmp_path), bind, 1)
+        with pytest.raises(w.base.StageError) as e:
+            w.relay.start_relay(keyed(), str(tmp_path), bind, 1)
     assert str(e.value) == (f"cannot serve the relay on {bind}: Address already in use (held by pid {os.getpid()} "
                             f"({Path('/proc/self/comm').read_text().strip()}, user root))")
 
@@ -916,16 +924,16 @@ def test_who_holds_a_port_is_read_from_proc(tmp_path):
     with socket.socket(socket.AF_INET6) as s:
         s.bind(("::1", 0))
         port = s.getsockname()[1]
-        assert w.port_holder(port) is None, "bound, not listening"
+        assert w.relay.port_holder(port) is None, "bound, not listening"
         s.listen()
-        assert w.port_holder(port) == f"pid {os.getpid()} ({Path('/proc/self/comm').read_text().strip()}, user root)"
-    assert w.port_holder(port) is None
+        assert w.relay.port_holder(port) == f"pid {os.getpid()} ({Path('/proc/self/comm').read_text().strip()}, user root)"
+    assert w.relay.port_holder(port) is None
 
 
 def test_the_relay_drops_a_client_that_sends_nothing(tmp_path):
     import socket
 
-    server = w.start_relay(keyed(), str(tmp_path), "::1:0", 0.3)  # an IPv6 address as hostplan gives it
+    server = w.relay.start_relay(keyed(), str(tmp_path), "::1:0", 0.3)  # an IPv6 address as hostplan gives it
     try:
         with socket.create_connection(server.server_address[:2], timeout=3) as s:
             start = time.monotonic()
@@ -939,7 +947,7 @@ def test_the_relay_drops_a_client_that_sends_nothing(tmp_path):
 def test_the_mirror_serves_every_file_of_its_folder_and_logs_it(tmp_path, capsys):
     write_checkpoint(tmp_path)
     (tmp_path / ".glm-progress.json").write_text(json.dumps({"published": []}))  # a mirror publishes nothing
-    with running(w.files_server(str(tmp_path), "127.0.0.1:0")) as url:
+    with running(w.relay.files_server(str(tmp_path), "127.0.0.1:0")) as url:
         assert get(f"{url}/model.safetensors.index.json")[2] == CHECKPOINT["model.safetensors.index.json"]
         assert get(f"{url}/config.json")[2] == CHECKPOINT["config.json"]
         assert get(f"{url}/sub/")[0] == 404 and get(f"{url}/nope")[0] == 404
@@ -951,14 +959,14 @@ def test_serve_serves_the_folder_given(tmp_path, monkeypatch):
     (tmp_path / "f").write_bytes(b"x")
     answers: list[int] = []
 
-    def one_request(server: w._Server) -> None:
+    def one_request(server: w.relay._Server) -> None:
         url = f"http://[{server.server_address[0]}]:{server.server_address[1]}/f"
         t = threading.Thread(target=lambda: answers.append(get(url)[0]))
         t.start()
         server.handle_request()
         t.join()
 
-    monkeypatch.setattr(w._Server, "serve_forever", one_request)
+    monkeypatch.setattr(w.relay._Server, "serve_forever", one_request)
     assert run("serve", "--dir", str(tmp_path), "--bind", "[::1]:0") == 0
     (tmp_path / "f").unlink()
     assert run("serve", "--dir", str(tmp_path), "--bind", "[::1]:0") == 0
@@ -969,11 +977,11 @@ def test_serve_serves_the_folder_given(tmp_path, monkeypatch):
 
 
 def test_a_relay_with_no_children_stops_at_once():
-    assert w.wait_for_children(w.Relay("r", "n"), [], 5) == []
+    assert w.relay.wait_for_children(w.relay.Relay("r", "n"), [], 5) == []
 
 
-def test_a_relay_waits_for_its_children_to_say_they_are_done(capsys):
-    relay = w.Relay("r", "n")
+def test_a_relay_waits_for_its_children_to_say_they_are_done(capsys, clock):
+    relay = w.relay.Relay("r", "n")
     relay.seen("a")
 
     def later() -> None:
@@ -984,19 +992,19 @@ def test_a_relay_waits_for_its_children_to_say_they_are_done(capsys):
     t = threading.Thread(target=later)
     start = time.monotonic()  # before the thread starts: its 0.3 s sleep cannot begin earlier
     t.start()
-    assert w.wait_for_children(relay, ["a", "b"], 5) == []
+    assert w.relay.wait_for_children(relay, ["a", "b"], 5) == []
     t.join()
     assert 0.3 <= time.monotonic() - start < 2
     assert capsys.readouterr().out.count("t: weights: serving a, b until they have every file") == 1
-    assert set(w.time.sleeps) == {0.2}
+    assert set(clock.sleeps) == {0.2}
 
 
 def test_a_child_that_never_came_or_went_silent_is_left_behind(capsys):
-    relay = w.Relay("r", "n")
+    relay = w.relay.Relay("r", "n")
     relay.seen("gone")
     relay.seen("done", done=True)
     start = time.monotonic()
-    assert w.wait_for_children(relay, ["gone", "never", "done"], 0.3) == ["gone"]
+    assert w.relay.wait_for_children(relay, ["gone", "never", "done"], 0.3) == ["gone"]
     assert time.monotonic() - start < 1.5
     out = capsys.readouterr().out
     assert "t: weights: gone made no request for 0.3s: not waiting for it any longer" in out
@@ -1005,7 +1013,7 @@ def test_a_child_that_never_came_or_went_silent_is_left_behind(capsys):
 
 
 def test_a_child_that_comes_back_after_it_was_left_is_waited_for_again(capsys):
-    relay = w.Relay("r", "n")
+    relay = w.relay.Relay("r", "n")
     relay.seen("a")
     relay.seen("c", active=1)  # still receiving: the relay keeps serving meanwhile
 
@@ -1020,7 +1028,7 @@ def test_a_child_that_comes_back_after_it_was_left_is_waited_for_again(capsys):
     t = threading.Thread(target=later)
     start = time.monotonic()
     t.start()
-    assert w.wait_for_children(relay, ["a", "b", "c"], 0.2) == [], "a came back and finished"
+    assert w.relay.wait_for_children(relay, ["a", "b", "c"], 0.2) == [], "a came back and finished"
     t.join()
     assert time.monotonic() - start >= 0.9
     out = capsys.readouterr().out
@@ -1028,7 +1036,7 @@ def test_a_child_that_comes_back_after_it_was_left_is_waited_for_again(capsys):
 
 
 def test_a_child_still_receiving_is_waited_for_past_the_stall():
-    relay = w.Relay("r", "n")
+    relay = w.relay.Relay("r", "n")
     relay.seen("a", active=1)
 
     def later() -> None:
@@ -1038,7 +1046,7 @@ def test_a_child_still_receiving_is_waited_for_past_the_stall():
     t = threading.Thread(target=later)
     start = time.monotonic()
     t.start()
-    assert w.wait_for_children(relay, ["a"], 0.2) == []
+    assert w.relay.wait_for_children(relay, ["a"], 0.2) == []
     t.join()
     assert time.monotonic() - start >= 0.6
 
@@ -1050,7 +1058,7 @@ def test_a_child_still_receiving_is_waited_for_past_the_stall():
 def mirror(tmp_path):
     """The mirror stand-in (weights.py serve --all) over a checkpoint at revision rev1."""
     src = mirror_of(tmp_path)
-    with running(w.files_server(str(src), "127.0.0.1:0")) as url:
+    with running(w.relay.files_server(str(src), "127.0.0.1:0")) as url:
         yield url, src / "rev1"
 
 
@@ -1179,20 +1187,20 @@ def test_need_disk_counts_what_is_already_there(tmp_path, monkeypatch):
     class Vfs:
         f_bavail, f_frsize = 1650, 1
 
-    monkeypatch.setattr(w.os, "statvfs", lambda p: Vfs)
+    monkeypatch.setattr(os, "statvfs", lambda p: Vfs)
     args = type("A", (), {"margin_gb": 0})()
-    w.need_disk(args, str(tmp_path), {"files": files})  # 400 + 750 + 500 missing
+    w.base.need_disk(args, str(tmp_path), {"files": files})  # 400 + 750 + 500 missing
     args.margin_gb = 1e-6  # 1000 bytes
-    with pytest.raises(w.StageError) as e:
-        w.need_disk(args, str(tmp_path), {"files": files})
+    with pytest.raises(w.base.StageError) as e:
+        w.base.need_disk(args, str(tmp_path), {"files": files})
     assert str(e.value) == f"0.0 GB free at {tmp_path}, the checkpoint needs 0.0 GB more + 1e-06 GB margin"
     Vfs.f_bavail = 2650
-    w.need_disk(args, str(tmp_path), {"files": files})
+    w.base.need_disk(args, str(tmp_path), {"files": files})
     Vfs.f_bavail = 2649
-    with pytest.raises(w.StageError):
-        w.need_disk(args, str(tmp_path), {"files": files})
+    with pytest.raises(w.base.StageError):
+        w.base.need_disk(args, str(tmp_path), {"files": files})
     Vfs.f_bavail, Vfs.f_frsize = 1325, 2
-    w.need_disk(args, str(tmp_path), {"files": files})
+    w.base.need_disk(args, str(tmp_path), {"files": files})
 
 
 def test_tree_bytes_counts_every_file_below(tmp_path):
@@ -1200,7 +1208,7 @@ def test_tree_bytes_counts_every_file_below(tmp_path):
     (tmp_path / "d" / "e").mkdir(parents=True)
     (tmp_path / "d" / "e" / "b").write_bytes(b"x" * 4)
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
-    assert w._tree_bytes(str(tmp_path)) == 7
+    assert w.seed._tree_bytes(str(tmp_path)) == 7
 
 
 # --- the seed from the hub: a stand-in `hf` venv (the real one runs in test_weights.py) --------------
@@ -1297,7 +1305,7 @@ def token(tmp_path):
 
 
 def test_the_seed_downloads_from_the_hub_git_kept_files_first_and_hashes_them(tmp_path, token, capfd, monkeypatch, clock):
-    monkeypatch.setattr(w, "HF_BATCH", 1)
+    monkeypatch.setattr(w.seed, "HF_BATCH", 1)
     bin_dir = hf_venv(tmp_path, listing())
     path = tmp_path / "h" / "model"
     assert hf_seed(path, bin_dir, token) == 0
@@ -1398,7 +1406,7 @@ def test_the_hub_token_is_read_from_its_file_only(tmp_path, capsys, monkeypatch)
     assert hf_seed(tmp_path / "b" / "model", bin_dir, tmp_path / "missing.env") == 1
     assert f"s: weights: cannot read {tmp_path / 'missing.env'}: No such file or directory" in capsys.readouterr().err
     args = type("A", (), {"token_file": None})()
-    assert w.hf_env(args)["HF_TOKEN"] == "from_the_environment"
+    assert w.seed.hf_env(args)["HF_TOKEN"] == "from_the_environment"
 
 
 # --- a peer: what it takes from its parent, how it moves on --------------------------------------------
@@ -1416,10 +1424,10 @@ def signing(key: bytes, doc: dict | Callable[[], dict]) -> Callable:
 
     def send(h: http.server.BaseHTTPRequestHandler) -> None:
         body = json.dumps(doc() if callable(doc) else doc).encode()
-        fields = h.headers.get(w.AUTH_HEADER, "").split(" ")
+        fields = h.headers.get(w.signing.AUTH_HEADER, "").split(" ")
         nonce = fields[2] if len(fields) == 4 else ""
         h.send_response(200)
-        h.send_header(w.MAC_HEADER, hmac.new(key, b"server\n" + nonce.encode() + b"\n" + body,
+        h.send_header(w.signing.MAC_HEADER, hmac.new(key, b"server\n" + nonce.encode() + b"\n" + body,
                                              hashlib.sha256).hexdigest())
         h.send_header("Content-Length", str(len(body)))
         h.end_headers()
@@ -1451,9 +1459,9 @@ def peer(path: Path, *urls: str, stall: str = "0.3", timeout: str = "5", more: t
 def signed_as(fake: Fake, name: str = "c") -> bool:
     """Every request ``fake`` got was signed with the stack's key by ``name``, for what it asked."""
     for target, headers in fake.requests:
-        fields = headers.get(w.AUTH_HEADER, "").split(" ")
+        fields = headers.get(w.signing.AUTH_HEADER, "").split(" ")
         if len(fields) != 4 or fields[0] != name or \
-                fields[3] != w.client_mac(RELAY_KEY, name, fields[1], fields[2], target):
+                fields[3] != w.signing.client_mac(RELAY_KEY, name, fields[1], fields[2], target):
             return False
     return bool(fake.requests)
 
@@ -1492,8 +1500,8 @@ def test_a_peer_copies_what_its_parent_published_and_says_when_it_is_done(tmp_pa
     ({**progress_doc(), "commit": "main"}, "'commit' 'main' is not a commit id"),
 ])
 def test_a_progress_document_is_checked_whole(doc, problem):
-    with pytest.raises(w.StageError) as e:
-        w.parent_doc(doc, "http://p:1")
+    with pytest.raises(w.base.StageError) as e:
+        w.peer.parent_doc(doc, "http://p:1")
     assert str(e.value) == f"refusing the manifest from http://p:1: {problem}" or problem in str(e.value)
     assert str(e.value).startswith("refusing the manifest from http://p:1: ")
 
@@ -1501,7 +1509,7 @@ def test_a_progress_document_is_checked_whole(doc, problem):
 def test_a_good_progress_document_comes_back_normalised():
     doc = progress_doc(published=["config.json"], complete=False, received=7)
     doc["files"] = [{**e, "note": 1} for e in reversed(doc["files"])]
-    got = w.parent_doc(doc, "p")
+    got = w.peer.parent_doc(doc, "p")
     assert got["files"] == progress_doc()["files"] and got["published"] == ["config.json"]
     assert (got["revision"], got["complete"], got["received"]) == ("rev1", False, 7)
 
@@ -1550,7 +1558,7 @@ def test_a_peer_takes_only_a_manifest_signed_for_its_request_and_fails_as_forged
     p = parent()
     with running(p.server) as url:
         p.routes["/.glm-progress.json"] = (200, {}, json.dumps(progress_doc()).encode())
-        assert peer(tmp_path / "a" / "model", url) == w.EXIT_FORGED == 3
+        assert peer(tmp_path / "a" / "model", url) == w.signing.EXIT_FORGED == 3
         err = capsys.readouterr().err
         assert (f"c: weights: refusing the manifest from {url}/.glm-progress.json: not signed (not signed with this "
                 "stack's relay key: another process on that port, a host of another stack, or a forgery)\n") in err
@@ -1558,7 +1566,7 @@ def test_a_peer_takes_only_a_manifest_signed_for_its_request_and_fails_as_forged
         assert peer(tmp_path / "b" / "model", url) == 3
         assert ": a wrong signature (not signed with this stack's relay key" in capsys.readouterr().err
         body = json.dumps(progress_doc()).encode()
-        replayed = {w.MAC_HEADER: hmac.new(RELAY_KEY, b"server\n" + b"0" * 32 + b"\n" + body, hashlib.sha256).hexdigest()}
+        replayed = {w.signing.MAC_HEADER: hmac.new(RELAY_KEY, b"server\n" + b"0" * 32 + b"\n" + body, hashlib.sha256).hexdigest()}
         p.routes["/.glm-progress.json"] = (200, replayed, body)
         assert peer(tmp_path / "e" / "model", url) == 3
         assert ": a wrong signature (" in capsys.readouterr().err
@@ -1569,7 +1577,7 @@ def test_a_peer_takes_only_a_manifest_signed_for_its_request_and_fails_as_forged
         p.routes["/.glm-progress.json"] = signing(RELAY_KEY, progress_doc())
         assert peer(tmp_path / "c" / "model", url) == 0
         assert signed_as(p), "every request it made was signed, by its name"
-        nonces = [h[w.AUTH_HEADER].split(" ")[2] for _, h in p.requests]
+        nonces = [h[w.signing.AUTH_HEADER].split(" ")[2] for _, h in p.requests]
         assert len(set(nonces)) == len(nonces) and all(len(n) == 32 for n in nonces), "a fresh nonce each time"
         assert peer(tmp_path / "d" / "model", url, more=("--relay-key-file", str(tmp_path / "none.env"))) == 1
     assert f"cannot read {tmp_path / 'none.env'}" in capsys.readouterr().err
@@ -1622,19 +1630,19 @@ def test_a_signed_relay_serves_a_peer_with_the_same_key(tmp_path, mirror, capsys
 
 
 def test_get_json_bounds_and_parses(tmp_path, monkeypatch):
-    monkeypatch.setattr(w, "MAX_JSON", 10)
+    monkeypatch.setattr(w.peer, "MAX_JSON", 10)
     fake = Fake({"/ok": (200, {}, b'{"a": 123}'), "/big": (200, {}, b'{"a": 1234}'), "/bad": (200, {}, b"{nope}")})
     with running(fake.server) as url:
-        assert w.get_json(f"{url}/ok?x", 5) == {"a": 123}, "10 bytes: as many as it takes"
-        with pytest.raises(w.SourceFailed, match=r"/big\?x: more than 10 bytes"):
-            w.get_json(f"{url}/big?x", 5)
-        with pytest.raises(w.SourceFailed, match=r"/bad\?x: not JSON"):
-            w.get_json(f"{url}/bad?x", 5)
-        with pytest.raises(w.SourceFailed, match=r"/none\?x: HTTP 404$"):
-            w.get_json(f"{url}/none?x", 5)
+        assert w.peer.get_json(f"{url}/ok?x", 5) == {"a": 123}, "10 bytes: as many as it takes"
+        with pytest.raises(w.transfer.SourceFailed, match=r"/big\?x: more than 10 bytes"):
+            w.peer.get_json(f"{url}/big?x", 5)
+        with pytest.raises(w.transfer.SourceFailed, match=r"/bad\?x: not JSON"):
+            w.peer.get_json(f"{url}/bad?x", 5)
+        with pytest.raises(w.transfer.SourceFailed, match=r"/none\?x: HTTP 404$"):
+            w.peer.get_json(f"{url}/none?x", 5)
     assert fake.paths() == ["/ok?x", "/big?x", "/bad?x", "/none?x"], "no nonce without a key"
-    with pytest.raises(w.SourceFailed) as e:
-        w.get_json(f"{url}/ok?x", 5)
+    with pytest.raises(w.transfer.SourceFailed) as e:
+        w.peer.get_json(f"{url}/ok?x", 5)
     assert str(e.value) == f"{url}/ok?x: [Errno 111] Connection refused"
 
 
@@ -1927,7 +1935,7 @@ def test_an_earlier_manifest_that_is_not_this_revisions_or_not_sound_keeps_nothi
     root.mkdir(parents=True)
     write_checkpoint(root)
     (root / ".glm-manifest.json").write_text(earlier)
-    assert w.earlier_files(str(root), "rev1") is None
+    assert w.peer.earlier_files(str(root), "rev1") is None
     out = capsys.readouterr().out
     assert (said in out) if said else out == ""
     if said and ("refusing" in said or "no list" in said):
@@ -1939,8 +1947,8 @@ def test_an_earlier_manifest_that_is_not_this_revisions_or_not_sound_keeps_nothi
 
 def test_an_earlier_manifest_of_this_revision_is_kept(tmp_path):
     (tmp_path / ".glm-manifest.json").write_text(json.dumps({"revision": "rev1", "files": progress_doc()["files"]}))
-    assert w.earlier_files(str(tmp_path), "rev1") == progress_doc()["files"]
-    assert w.earlier_files(str(tmp_path / "nope"), "rev1") is None
+    assert w.peer.earlier_files(str(tmp_path), "rev1") == progress_doc()["files"]
+    assert w.peer.earlier_files(str(tmp_path / "nope"), "rev1") is None
 
 
 def test_a_peer_refuses_a_manifest_its_disk_cannot_hold(tmp_path, capsys):
@@ -1955,11 +1963,11 @@ def test_first_answering_looks_after_the_current_source_then_wraps(tmp_path):
     with running(gone.server) as dead:
         pass
     with running(parent().server) as a, running(parent().server) as b:
-        assert w.first_answering([a, dead, b], 1, AUTH) == 2
-        assert w.first_answering([a, dead, b], 2, AUTH) == 0
-        assert w.first_answering([dead, a, dead], 0, AUTH) == 1
-        assert w.first_answering([dead, dead], 0, AUTH) is None
-        assert w.first_answering([a, b], 0, AUTH) == 1
+        assert w.peer.first_answering([a, dead, b], 1, AUTH) == 2
+        assert w.peer.first_answering([a, dead, b], 2, AUTH) == 0
+        assert w.peer.first_answering([dead, a, dead], 0, AUTH) == 1
+        assert w.peer.first_answering([dead, dead], 0, AUTH) is None
+        assert w.peer.first_answering([a, b], 0, AUTH) == 1
 
 
 def test_done_is_said_to_a_host_that_listens_and_to_one_gone_or_garbled_without_failing():
@@ -1967,9 +1975,9 @@ def test_done_is_said_to_a_host_that_listens_and_to_one_gone_or_garbled_without_
 
     p = parent()
     with running(p.server) as url:
-        w.say_done(f"{url}/.glm-done", AUTH)
+        w.peer.say_done(f"{url}/.glm-done", AUTH)
     assert p.paths() == ["/.glm-done"]
-    w.say_done(f"{url}/.glm-done", AUTH, timeout=1)
+    w.peer.say_done(f"{url}/.glm-done", AUTH, timeout=1)
     garbled = socket.socket()
     garbled.bind(("127.0.0.1", 0))
     garbled.listen(1)
@@ -1982,7 +1990,7 @@ def test_done_is_said_to_a_host_that_listens_and_to_one_gone_or_garbled_without_
 
     t = threading.Thread(target=answer)
     t.start()
-    w.say_done(f"http://127.0.0.1:{garbled.getsockname()[1]}/.glm-done", AUTH, timeout=2)
+    w.peer.say_done(f"http://127.0.0.1:{garbled.getsockname()[1]}/.glm-done", AUTH, timeout=2)
     t.join()
     garbled.close()
 
@@ -2015,44 +2023,44 @@ def test_the_local_source_takes_no_revision(tmp_path, capsys):
 
 
 def test_the_local_source_verifies_in_place(tmp_path, capsys):
-    with pytest.raises(w.StageError) as e:
-        w.verify_in_place(str(tmp_path / "none"))
+    with pytest.raises(w.base.StageError) as e:
+        w.revisions.verify_in_place(str(tmp_path / "none"))
     assert str(e.value) == f"{tmp_path / 'none'} is not a directory (model.source local: the checkpoint must be there)"
     files = write_checkpoint(tmp_path)
-    w.verify_in_place(str(tmp_path))  # no manifest: the index's shards are there
+    w.revisions.verify_in_place(str(tmp_path))  # no manifest: the index's shards are there
     (tmp_path / "model-00002-of-00002.safetensors").unlink()
-    with pytest.raises(w.StageError) as e:
-        w.verify_in_place(str(tmp_path))
+    with pytest.raises(w.base.StageError) as e:
+        w.revisions.verify_in_place(str(tmp_path))
     assert str(e.value) == f"{tmp_path}: missing or corrupt: model-00002-of-00002.safetensors"
     (tmp_path / "model.safetensors.index.json").unlink()
-    with pytest.raises(w.StageError) as e:
-        w.verify_in_place(str(tmp_path))
+    with pytest.raises(w.base.StageError) as e:
+        w.revisions.verify_in_place(str(tmp_path))
     assert str(e.value) == f"{tmp_path}: missing or corrupt: model.safetensors.index.json"
     write_checkpoint(tmp_path)
     manifest = tmp_path / ".glm-manifest.json"
     manifest.write_text(json.dumps({"files": files}))
-    assert w.verify_in_place(str(tmp_path)) == 0
+    assert w.revisions.verify_in_place(str(tmp_path)) == 0
     (tmp_path / "config.json").write_bytes(b"x" * len(CHECKPOINT["config.json"]))
-    with pytest.raises(w.StageError, match="missing or corrupt: config.json$"):
-        w.verify_in_place(str(tmp_path))
+    with pytest.raises(w.base.StageError, match="missing or corrupt: config.json$"):
+        w.revisions.verify_in_place(str(tmp_path))
     (tmp_path / "model.safetensors.index.json").unlink()
     many = [entry(f"f{i}", b"x") for i in range(6)]
     manifest.write_text(json.dumps({"files": many}))
-    with pytest.raises(w.StageError) as e:
-        w.verify_in_place(str(tmp_path))
+    with pytest.raises(w.base.StageError) as e:
+        w.revisions.verify_in_place(str(tmp_path))
     assert str(e.value).endswith("missing or corrupt: f0, f1, f2, f3, f4 ...")
     manifest.write_text(json.dumps({"files": many[:5]}))
-    with pytest.raises(w.StageError) as e:
-        w.verify_in_place(str(tmp_path))
+    with pytest.raises(w.base.StageError) as e:
+        w.revisions.verify_in_place(str(tmp_path))
     assert str(e.value).endswith("missing or corrupt: f0, f1, f2, f3, f4")
     for bad in ("{", "[]"):
         manifest.write_text(bad)
-        with pytest.raises(w.StageError) as e:
-            w.verify_in_place(str(tmp_path))
+        with pytest.raises(w.base.StageError) as e:
+            w.revisions.verify_in_place(str(tmp_path))
         assert str(e.value).startswith(f"{manifest}: unreadable (")
     manifest.write_text(json.dumps({"files": [entry("/x", b"")]}))
-    with pytest.raises(w.StageError) as e:
-        w.verify_in_place(str(tmp_path))
+    with pytest.raises(w.base.StageError) as e:
+        w.revisions.verify_in_place(str(tmp_path))
     assert str(e.value).startswith(f"refusing the manifest from {manifest}: unsafe file name '/x'")
 
 
@@ -2068,7 +2076,7 @@ def test_verify_checks_every_byte_and_what_the_path_serves(tmp_path, capsys):
     src = mirror_of(tmp_path)
     (src / "rev2").mkdir()
     (src / "rev2" / "manifest.json").write_text(json.dumps({"files": write_checkpoint(src / "rev2")}))
-    with running(w.files_server(str(src), "127.0.0.1:0")) as url:
+    with running(w.relay.files_server(str(src), "127.0.0.1:0")) as url:
         path = staged(tmp_path, url, ("rev1", "rev2"))
     capsys.readouterr()
     assert run("verify", "--revision", "rev2", "--path", str(path)) == 0
@@ -2122,23 +2130,23 @@ def test_prune_keeps_the_revision_served_and_remove_takes_everything(tmp_path, c
 def test_switch_points_the_path_at_the_revision_atomically(tmp_path, capsys):
     path = str(tmp_path / "model")
     (tmp_path / "model.tmp-link").symlink_to("stale")
-    w.switch(path, "r1")
+    w.revisions.switch(path, "r1")
     assert os.readlink(path) == "model.revisions/r1" and not os.path.lexists(path + ".tmp-link")
     assert capsys.readouterr().out == f"t: weights: {path} -> model.revisions/r1\n"
-    w.switch(path, "r1")
+    w.revisions.switch(path, "r1")
     assert capsys.readouterr().out == "", "already so: nothing said"
-    w.switch(path, "r2")
+    w.revisions.switch(path, "r2")
     assert os.readlink(path) == "model.revisions/r2"
     os.remove(path)
     os.mkdir(path)
-    with pytest.raises(w.StageError) as e:
-        w.switch(path, "r1")
+    with pytest.raises(w.base.StageError) as e:
+        w.revisions.switch(path, "r1")
     assert str(e.value) == f"{path} exists and is not a glm-infra symlink; move it away first"
 
 
 def test_a_second_staging_waits_for_the_first(tmp_path):
     path = str(tmp_path / "model")
-    with w.locked(path):
+    with w.revisions.locked(path):
         assert os.path.isfile(tmp_path / "model.revisions" / ".lock")
         with open(tmp_path / "model.revisions" / ".lock") as f, pytest.raises(BlockingIOError):
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -2157,7 +2165,7 @@ def test_complete_is_written_only_after_every_file_passed_its_sha256(tmp_path, m
     def bad_role(args, root_: str) -> None:
         (Path(root_) / "config.json").write_bytes(b"y" * len(CHECKPOINT["config.json"]))
 
-    monkeypatch.setattr(w, "stage_seed", bad_role)
+    monkeypatch.setattr(w.revisions, "stage_seed", bad_role)
     capsys.readouterr()
     assert run("stage", "--role", "seed", "--source", "mirror", "--url", url, "--revision", "rev1", "--path",
                str(path), "--name", "h") == 1
@@ -2197,25 +2205,25 @@ def test_a_seed_whose_child_left_early_fails_so_that_the_next_up_serves_it_again
 
 def test_the_defaults_hostplan_relies_on():
     """weights-stage passes the revision, path, margin, role, source, peers and name; the rest are these."""
-    a = w.parser().parse_args(["stage", "--path", "/m"])
+    a = w.cli.parser().parse_args(["stage", "--path", "/m"])
     assert (a.role, a.source, a.stall, a.timeout, a.margin_gb, a.revision) == ("seed", "mirror", 120, 86400, 10, "")
     assert a.hf_python == "/opt/glm-infra/hf/bin/python"  # paths.HF_ENV's python
     assert a.name == os.uname().nodename and a.peer == [] and a.children == ""
     assert (a.token_file, a.relay_key_file, a.serve, a.url, a.repo) == (None, None, None, None, None)
-    a = w.parser().parse_args(["stage", "--path", "/m", "--peer", "http://a", "--peer", "http://b", "--stall", "1.5",
+    a = w.cli.parser().parse_args(["stage", "--path", "/m", "--peer", "http://a", "--peer", "http://b", "--stall", "1.5",
                                "--timeout", "7", "--margin-gb", "0.5"])
     assert (a.peer, a.stall, a.timeout, a.margin_gb) == (["http://a", "http://b"], 1.5, 7, 0.5)
-    assert not w.parser().parse_args(["verify", "--revision", "r", "--path", "/m"]).quick
-    assert w.parser().parse_args(["verify", "--revision", "r", "--path", "/m", "--quick"]).quick
+    assert not w.cli.parser().parse_args(["verify", "--revision", "r", "--path", "/m"]).quick
+    assert w.cli.parser().parse_args(["verify", "--revision", "r", "--path", "/m", "--quick"]).quick
     assert (a.include, a.kind) == ([], [])
-    a = w.parser().parse_args(["install", "--revision", "r", "--path", "/m", "--into", "/h"])
+    a = w.cli.parser().parse_args(["install", "--revision", "r", "--path", "/m", "--into", "/h"])
     assert (a.owner, a.include, a.kind) == (None, [], [])
     for bad in (["serve", "--dir", "d", "--bind", "b", "--all"], ["stage"], ["stage", "--path", "/m", "--role", "relay"], ["stage", "--path", "/m", "--source", "s3"],
                 ["verify", "--path", "/m"], ["prune", "--revision", "r"], ["remove"], ["serve", "--dir", "d"], [],
                 ["stage", "--path", "/m", "--timeout", "1.5"], ["stage", "--path", "/m", "--stall", "x"],
                 ["prune", "--revision", "r", "--path", "/m", "--quick"], ["serve", "--dir", "d", "--bind", "b", "--quick"]):
         with pytest.raises(SystemExit):
-            w.parser().parse_args(bad)
+            w.cli.parser().parse_args(bad)
 
 
 def test_an_error_names_the_host_that_had_it(tmp_path, capsys):
@@ -2303,17 +2311,17 @@ def install(path: Path, into: Path) -> int:
 
 
 def test_the_directory_source_and_install_on_the_command_line():
-    a = w.parser().parse_args(["stage", "--path", "/m"])
+    a = w.cli.parser().parse_args(["stage", "--path", "/m"])
     assert (a.from_dir, a.include) == (None, [])
-    a = w.parser().parse_args(["stage", "--path", "/m", "--source", "directory", "--from", "/root", "--include",
+    a = w.cli.parser().parse_args(["stage", "--path", "/m", "--source", "directory", "--from", "/root", "--include",
                                ".cache/vllm", "--include", ".triton"])
     assert (a.source, a.from_dir, a.include) == ("directory", "/root", [".cache/vllm", ".triton"])
-    a = w.parser().parse_args(["install", "--revision", "r", "--path", "/m", "--into", "/root"])
+    a = w.cli.parser().parse_args(["install", "--revision", "r", "--path", "/m", "--into", "/root"])
     assert (a.cmd, a.revision, a.path, a.into) == ("install", "r", "/m", "/root")
     for bad in (["install", "--revision", "r", "--path", "/m"], ["install", "--path", "/m", "--into", "/d"],
                 ["install", "--revision", "r", "--into", "/d"]):
         with pytest.raises(SystemExit):
-            w.parser().parse_args(bad)
+            w.cli.parser().parse_args(bad)
 
 
 def test_the_directory_seed_stages_the_regular_files_under_its_includes_at_their_paths(tmp_path, capsys):
@@ -2402,7 +2410,7 @@ def test_the_directory_seed_again_keeps_what_matches_and_stages_what_changed_ane
 def test_the_manifest_lists_the_bytes_copied_even_when_the_source_changes_meanwhile(tmp_path, capsys, monkeypatch):
     home = home_of(tmp_path / "home")
     name = ".cache/vllm/modelinfos/glm.json"
-    real, inode = w.copy_hashed, (home / name).stat().st_ino
+    real, inode = w.directory.copy_hashed, (home / name).stat().st_ino
 
     def rewritten_while_copied(src, dst, on_bytes=None, limit=None):
         got = real(src, dst, on_bytes, limit)
@@ -2410,7 +2418,7 @@ def test_the_manifest_lists_the_bytes_copied_even_when_the_source_changes_meanwh
             (home / name).write_bytes(b"written by vLLM meanwhile\n")
         return got
 
-    monkeypatch.setattr(w, "copy_hashed", rewritten_while_copied)
+    monkeypatch.setattr(w.directory, "copy_hashed", rewritten_while_copied)
     path = tmp_path / "h" / "warm"
     assert cache_seed(home, path) == 0
     assert (path / name).read_bytes() == CACHE[name]
@@ -2420,14 +2428,14 @@ def test_the_manifest_lists_the_bytes_copied_even_when_the_source_changes_meanwh
 def test_a_file_gone_between_listing_and_copying_is_skipped(tmp_path, capsys, monkeypatch):
     home = home_of(tmp_path / "home")
     name = ".triton/cache/XYZ/_fwd_kernel.cubin"
-    real = w.directory_files
+    real = w.directory.directory_files
 
     def listed_then_evicted(args):
         found = real(args)
         (home / name).unlink()
         return found
 
-    monkeypatch.setattr(w, "directory_files", listed_then_evicted)
+    monkeypatch.setattr(w.directory, "directory_files", listed_then_evicted)
     path = tmp_path / "h" / "warm"
     assert cache_seed(home, path) == 0
     out = capsys.readouterr().out
@@ -2655,7 +2663,7 @@ def test_other_kinds_are_named_three_at_most(tmp_path, capsys, n, more):
 
 
 def test_a_file_of_exactly_the_bound_is_staged(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(w, "MAX_DIRECTORY_FILE", 5120)
+    monkeypatch.setattr(w.directory, "MAX_DIRECTORY_FILE", 5120)
     home = home_of(tmp_path / "home")
     path = tmp_path / "h" / "warm"
     assert cache_seed(home, path) == 0
@@ -2665,7 +2673,7 @@ def test_a_file_of_exactly_the_bound_is_staged(tmp_path, capsys, monkeypatch):
 
 
 def test_a_file_larger_than_the_bound_is_not_staged(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(w, "MAX_DIRECTORY_FILE", 100)
+    monkeypatch.setattr(w.directory, "MAX_DIRECTORY_FILE", 100)
     home = home_of(tmp_path / "home")
     path = tmp_path / "h" / "warm"
     assert cache_seed(home, path) == 0
@@ -2677,15 +2685,15 @@ def test_a_file_larger_than_the_bound_is_not_staged(tmp_path, capsys, monkeypatc
 def test_a_file_that_grows_past_the_bound_while_copied_is_not_staged(tmp_path, capsys, monkeypatch):
     home = home_of(tmp_path / "home")
     name = ".cache/vllm/modelinfos/glm.json"
-    real = w.directory_files
+    real = w.directory.directory_files
 
     def listed_then_grown(args):
         found = real(args)
         (home / name).write_bytes(b"x" * 200)  # written again, larger, once listed
         return found
 
-    monkeypatch.setattr(w, "directory_files", listed_then_grown)
-    monkeypatch.setattr(w, "MAX_DIRECTORY_FILE", 150)
+    monkeypatch.setattr(w.directory, "directory_files", listed_then_grown)
+    monkeypatch.setattr(w.directory, "MAX_DIRECTORY_FILE", 150)
     path = tmp_path / "h" / "warm"
     assert cache_seed(home, path) == 0
     assert f"s: weights: {home}: '{name}' skipped (more than 150 bytes)\n" in capsys.readouterr().out
@@ -2701,7 +2709,7 @@ def test_a_folder_swapped_for_a_link_after_it_was_listed_is_never_read_through(t
     secret_dir.mkdir()
     (secret_dir / "_fwd_kernel.cubin").write_bytes(b"root's secret\n")
     (secret_dir / "__grp___fwd_kernel.json").write_bytes(b"root's secret\n")
-    real = w.directory_files
+    real = w.directory.directory_files
 
     def listed_then_swapped(args):
         found = real(args)
@@ -2709,7 +2717,7 @@ def test_a_folder_swapped_for_a_link_after_it_was_listed_is_never_read_through(t
         (home / ".triton/cache/XYZ").symlink_to(secret_dir, target_is_directory=True)
         return found
 
-    monkeypatch.setattr(w, "directory_files", listed_then_swapped)
+    monkeypatch.setattr(w.directory, "directory_files", listed_then_swapped)
     path = tmp_path / "h" / "warm"
     assert cache_seed(home, path) == 0
     out = capsys.readouterr().out
@@ -2722,7 +2730,7 @@ def test_a_folder_swapped_for_a_link_after_it_was_listed_is_never_read_through(t
 
 def test_a_file_swapped_for_a_fifo_or_a_link_after_it_was_listed_is_skipped(tmp_path, capsys, monkeypatch):
     home = home_of(tmp_path / "home")
-    real = w.directory_files
+    real = w.directory.directory_files
     graph = ".cache/vllm/torch_compile_cache/ab12/rank_0_0/backbone/computation_graph.py"
     info = ".cache/vllm/modelinfos/glm.json"
 
@@ -2734,7 +2742,7 @@ def test_a_file_swapped_for_a_fifo_or_a_link_after_it_was_listed_is_skipped(tmp_
         (home / info).symlink_to("/etc/hostname")
         return found
 
-    monkeypatch.setattr(w, "directory_files", listed_then_swapped)
+    monkeypatch.setattr(w.directory, "directory_files", listed_then_swapped)
     path = tmp_path / "h" / "warm"
     assert cache_seed(home, path) == 0
     out = capsys.readouterr().out
@@ -2770,14 +2778,14 @@ def test_install_never_writes_through_a_link_planted_after_its_check(tmp_path, c
     into.mkdir()
     outside = tmp_path / "outside"
     outside.mkdir()
-    real = w.install_one
+    real = w.install.install_one
 
     def planted_once_checked(*a):
         if not (into / ".triton").is_symlink():  # every path was checked: the link comes now
             (into / ".triton").symlink_to(outside, target_is_directory=True)
         return real(*a)
 
-    monkeypatch.setattr(w, "install_one", planted_once_checked)
+    monkeypatch.setattr(w.install, "install_one", planted_once_checked)
     capsys.readouterr()
     assert install(path, into) == 1
     err = capsys.readouterr().err
@@ -2790,7 +2798,7 @@ def test_install_keeps_a_file_its_owner_made_meanwhile(tmp_path, capsys, monkeyp
     path = staged_cache(tmp_path)
     into = tmp_path / "home"
     name = ".cache/vllm/modelinfos/glm.json"
-    real = w.copy_hashed
+    real = w.directory.copy_hashed
 
     def raced(src, dst, on_bytes=None, limit=None):
         got = real(src, dst, on_bytes, limit)
@@ -2798,7 +2806,7 @@ def test_install_keeps_a_file_its_owner_made_meanwhile(tmp_path, capsys, monkeyp
             (into / name).write_bytes(b"vLLM's own, written meanwhile\n")
         return got
 
-    monkeypatch.setattr(w, "copy_hashed", raced)
+    monkeypatch.setattr(w.install, "copy_hashed", raced)
     capsys.readouterr()
     assert install(path, into) == 0
     assert capsys.readouterr().out.endswith(f"installed 3 files ({sum(len(d) for n, d in CACHE.items() if n != name)} "
@@ -2834,7 +2842,7 @@ def test_install_refuses_a_manifest_entry_outside_its_includes_or_kinds(tmp_path
     ("x.cubin/k.so", [], ["*.cubin"], False),
 ])
 def test_what_the_directory_source_takes(name, includes, kinds, taken):
-    assert w.wanted(name, includes, kinds) is taken
+    assert w.directory.wanted(name, includes, kinds) is taken
 
 
 @pytest.mark.parametrize("abstract", [False, True])
@@ -2847,24 +2855,24 @@ def test_a_relay_tells_systemd_it_is_ready_once_it_listens(tmp_path, monkeypatch
         s.bind("\0" + where[1:] if abstract else where)
         s.settimeout(5)
         monkeypatch.setenv("NOTIFY_SOCKET", where)
-        w.notify_ready()
+        w.cli.notify_ready()
         assert s.recv(100) == b"READY=1"
     monkeypatch.delenv("NOTIFY_SOCKET")
-    w.notify_ready()  # not a unit of Type=notify: nothing to tell, no error
+    w.cli.notify_ready()  # not a unit of Type=notify: nothing to tell, no error
 
 
 def test_the_relay_command_says_ready_only_once_it_listens(tmp_path, capsys, monkeypatch):
     seed = staged_cache(tmp_path)
     said: list[bool] = []
-    real = w.start_relay
+    real = w.relay.start_relay
 
     def started(*a):
         server = real(*a)
         said.append(False)
         return server
 
-    monkeypatch.setattr(w, "start_relay", started)
-    monkeypatch.setattr(w, "notify_ready", lambda: said.append(True))
+    monkeypatch.setattr(w.cli, "start_relay", started)
+    monkeypatch.setattr(w.cli, "notify_ready", lambda: said.append(True))
     bind = f"127.0.0.1:{free_port()}"
     assert run("relay", "--revision", KEY, "--path", str(seed), "--bind", bind, "--children", "c", "--stall", "0.2",
                "--relay-key-file", KEYFILE) == 0
@@ -2912,30 +2920,30 @@ def test_who_holds_a_port_from_a_proc_of_the_tests_own(tmp_path):
                      [tcp_line("00000000000000000000000001000000", 7090, "0A", 333)],
                      {"9": ("decoy", 0, ["socket:[999]", "/dev/null"]), "10": ("squatter", nobody, ["socket:[111]"]),
                       "100": ("other", 0, ["socket:[111]"]), "12": ("six", 4242424, ["socket:[333]"])})
-    assert w.port_holder(8090, str(proc)) == "pid 10 (squatter, user nobody)", "the lowest pid, by number"
-    assert w.port_holder(7090, str(proc)) == "pid 12 (six, user 4242424)", "IPv6, and a uid without a name"
-    assert w.port_holder(8091, str(proc)) is None, "connected, not listening"
-    assert w.port_holder(5555, str(proc)) is None
+    assert w.relay.port_holder(8090, str(proc)) == "pid 10 (squatter, user nobody)", "the lowest pid, by number"
+    assert w.relay.port_holder(7090, str(proc)) == "pid 12 (six, user 4242424)", "IPv6, and a uid without a name"
+    assert w.relay.port_holder(8091, str(proc)) is None, "connected, not listening"
+    assert w.relay.port_holder(5555, str(proc)) is None
     (proc / "net" / "tcp6").unlink()  # one table gone: the other is read
-    assert w.port_holder(8090, str(proc)) == "pid 10 (squatter, user nobody)"
+    assert w.relay.port_holder(8090, str(proc)) == "pid 10 (squatter, user nobody)"
     shutil.rmtree(proc / "10")
     shutil.rmtree(proc / "100")
-    assert w.port_holder(8090, str(proc)) == "a socket of a process this host's /proc does not show"
+    assert w.relay.port_holder(8090, str(proc)) == "a socket of a process this host's /proc does not show"
 
 
 def test_a_relay_that_cannot_bind_for_another_reason_names_no_holder(tmp_path):
-    with pytest.raises(w.StageError) as e:
-        w.start_relay(keyed(), str(tmp_path), "192.0.2.1:0", 1)  # not an address of this host
+    with pytest.raises(w.base.StageError) as e:
+        w.relay.start_relay(keyed(), str(tmp_path), "192.0.2.1:0", 1)  # not an address of this host
     assert str(e.value) == "cannot serve the relay on 192.0.2.1:0: Cannot assign requested address"
 
 
-def test_a_refusal_is_plain_text_of_its_length_and_logged_once_a_minute(relay_of, capsys, monkeypatch):
+def test_a_refusal_is_plain_text_of_its_length_and_logged_once_a_minute(relay_of, capsys, monkeypatch, clock):
     relay, url, _ = relay_of
     status, headers, body = get(f"{url}/.glm-progress.json")
     assert (status, headers["Content-Type"], headers["Content-Length"]) == (401, "text/plain", str(len(body)))
-    assert body == f"unauthenticated relay client: no {w.AUTH_HEADER} header of NAME TIME NONCE MAC\n".encode()
+    assert body == f"unauthenticated relay client: no {w.signing.AUTH_HEADER} header of NAME TIME NONCE MAC\n".encode()
     now = [1000.0]
-    monkeypatch.setattr(w.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(clock, "monotonic", lambda: now[0])
     relay.refused.clear()
     capsys.readouterr()
     for t in (1000.0, 1059.9, 1060.0, 1119.9, 1120.0):
@@ -2944,23 +2952,23 @@ def test_a_refusal_is_plain_text_of_its_length_and_logged_once_a_minute(relay_of
     assert capsys.readouterr().out.count("refused a request from ::1") == 3, "at 1000, 1060 and 1120"
 
 
-def test_a_client_header_of_other_spacing_or_at_the_edge_of_the_window(monkeypatch):
+def test_a_client_header_of_other_spacing_or_at_the_edge_of_the_window(monkeypatch, clock):
     r = keyed()
-    monkeypatch.setattr(w.time, "time", lambda: 5000.0)
-    h = signed(target="/a", at=5000)[w.AUTH_HEADER]
-    assert r.authenticate(h.replace(" ", "  ", 1), "/a") == (None, f"no {w.AUTH_HEADER} header of NAME TIME NONCE MAC")
+    monkeypatch.setattr(clock, "time", lambda: 5000.0)
+    h = signed(target="/a", at=5000)[w.signing.AUTH_HEADER]
+    assert r.authenticate(h.replace(" ", "  ", 1), "/a") == (None, f"no {w.signing.AUTH_HEADER} header of NAME TIME NONCE MAC")
     assert r.authenticate(h.replace(" ", "\t", 1), "/a")[0] is None
-    assert r.authenticate(signed(target="/a", at=5000 - w.AUTH_WINDOW_S)[w.AUTH_HEADER], "/a")[0] == "c1", "the edge"
-    name, why = r.authenticate(signed(target="/a", at=5000 - w.AUTH_WINDOW_S - 1)[w.AUTH_HEADER], "/a")
-    assert why == (f"signed at {5000 - w.AUTH_WINDOW_S - 1}, {w.AUTH_WINDOW_S + 1} s from this host's clock (more than "
-                   f"{w.AUTH_WINDOW_S} s: replayed, or the hosts' clocks differ)")
+    assert r.authenticate(signed(target="/a", at=5000 - w.signing.AUTH_WINDOW_S)[w.signing.AUTH_HEADER], "/a")[0] == "c1", "the edge"
+    name, why = r.authenticate(signed(target="/a", at=5000 - w.signing.AUTH_WINDOW_S - 1)[w.signing.AUTH_HEADER], "/a")
+    assert why == (f"signed at {5000 - w.signing.AUTH_WINDOW_S - 1}, {w.signing.AUTH_WINDOW_S + 1} s from this host's clock (more than "
+                   f"{w.signing.AUTH_WINDOW_S} s: replayed, or the hosts' clocks differ)")
 
 
 def test_a_401_from_a_source_is_named_in_its_words_cut_short(tmp_path):
     long = b"unauthenticated relay client: " + b"\xff" + b"x" * 400
     fake = Fake({"/f": (401, {}, long)})
-    with running(fake.server) as url, pytest.raises(w.Forged) as e:
-        w.download(f"{url}/f", str(tmp_path / "f"), 3, follow=False, auth=AUTH)
+    with running(fake.server) as url, pytest.raises(w.signing.Forged) as e:
+        w.transfer.download(f"{url}/f", str(tmp_path / "f"), 3, follow=False, auth=AUTH)
     said = (long[:300].decode(errors="replace")).strip()
     assert str(e.value) == (f"{url}/f: HTTP 401: {said} (this host's relay key is not the one its source holds)")
 
@@ -2971,20 +2979,20 @@ def test_a_401_from_a_source_is_named_in_its_words_cut_short(tmp_path):
     ("a b/k.so", [], ["k.*"], True),
 ])
 def test_what_the_directory_source_takes_by_the_last_name(name, includes, kinds, taken):
-    assert w.wanted(name, includes, kinds) is taken
+    assert w.directory.wanted(name, includes, kinds) is taken
 
 
 def test_copy_hashed_counts_every_chunk_against_its_limit(monkeypatch):
     import io
 
-    monkeypatch.setattr(w, "CHUNK", 4)
+    monkeypatch.setattr(w.directory, "CHUNK", 4)
     out = io.BytesIO()
-    assert w.copy_hashed(io.BytesIO(b"x" * 10), out, limit=10) == (10, sha(b"x" * 10)), "exactly the limit"
+    assert w.directory.copy_hashed(io.BytesIO(b"x" * 10), out, limit=10) == (10, sha(b"x" * 10)), "exactly the limit"
     assert out.getvalue() == b"x" * 10
-    with pytest.raises(w.StageError, match="more than 9 bytes"):
-        w.copy_hashed(io.BytesIO(b"x" * 10), io.BytesIO(), limit=9)
+    with pytest.raises(w.base.StageError, match="more than 9 bytes"):
+        w.directory.copy_hashed(io.BytesIO(b"x" * 10), io.BytesIO(), limit=9)
     got: list[int] = []
-    w.copy_hashed(io.BytesIO(b"y" * 9), io.BytesIO(), on_bytes=got.append)
+    w.directory.copy_hashed(io.BytesIO(b"y" * 9), io.BytesIO(), on_bytes=got.append)
     assert got == [4, 4, 1]
 
 
@@ -3014,15 +3022,15 @@ def test_the_directory_seed_writes_through_no_link_left_where_it_copies(tmp_path
 
 def test_the_directory_seed_names_where_a_copy_fails_and_goes_on_after_a_file_it_skips(tmp_path, capsys, monkeypatch):
     home = home_of(tmp_path / "home", {**CACHE, ".cache/vllm/big.json": b"x" * 50})
-    monkeypatch.setattr(w, "MAX_DIRECTORY_FILE", 1 << 20)
-    real = w.copy_hashed
+    monkeypatch.setattr(w.directory, "MAX_DIRECTORY_FILE", 1 << 20)
+    real = w.directory.copy_hashed
 
     def grows(src, dst, on_bytes=None, limit=None):
         if src.name and str(src.name).endswith("big.json") or os.fstat(src.fileno()).st_size == 50:
-            raise w.StageError("more than 40 bytes")
+            raise w.base.StageError("more than 40 bytes")
         return real(src, dst, on_bytes, limit)
 
-    monkeypatch.setattr(w, "copy_hashed", grows)
+    monkeypatch.setattr(w.directory, "copy_hashed", grows)
     path = tmp_path / "h" / "warm"
     assert cache_seed(home, path) == 0
     assert f"s: weights: {home}: '.cache/vllm/big.json' skipped (more than 40 bytes)" in capsys.readouterr().out
@@ -3030,7 +3038,7 @@ def test_the_directory_seed_names_where_a_copy_fails_and_goes_on_after_a_file_it
     blocked = tmp_path / "h2" / "warm"
     (blocked.parent / "warm.revisions" / KEY).mkdir(parents=True)
     (blocked.parent / "warm.revisions" / KEY / ".cache").write_text("a file where a folder goes")
-    monkeypatch.setattr(w, "copy_hashed", real)
+    monkeypatch.setattr(w.directory, "copy_hashed", real)
     assert cache_seed(home, blocked) == 1
     err = capsys.readouterr().err
     assert re.search(rf"s: weights: \.cache/\S+: cannot copy it from {home} into {blocked.parent}/warm.revisions/{KEY}: "
@@ -3039,7 +3047,7 @@ def test_the_directory_seed_names_where_a_copy_fails_and_goes_on_after_a_file_it
 
 def test_a_folder_that_goes_or_cannot_be_opened_while_the_seed_walks_is_named(tmp_path, capsys, monkeypatch):
     home = home_of(tmp_path / "home")
-    real_listdir, real_open = w.os.listdir, w.os.open
+    real_listdir, real_open = os.listdir, os.open
 
     def listdir(fd):
         names = real_listdir(fd)
@@ -3052,8 +3060,8 @@ def test_a_folder_that_goes_or_cannot_be_opened_while_the_seed_walks_is_named(tm
 
     import errno
 
-    monkeypatch.setattr(w.os, "listdir", listdir)
-    monkeypatch.setattr(w.os, "open", open_)
+    monkeypatch.setattr(os, "listdir", listdir)
+    monkeypatch.setattr(os, "open", open_)
     path = tmp_path / "h" / "warm"
     assert cache_seed(home, path) == 0
     out = capsys.readouterr().out

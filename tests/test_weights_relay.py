@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, free_port, wait_port
+from conftest import ROOT, bundled, free_port, wait_port
 
 from glm_infra import hostplan
 from glm_infra.plan import ports, topology
@@ -25,7 +25,7 @@ from glm_infra.roles import weights
 from glm_infra.stack import load_file
 from testbed import STANDINS
 
-WEIGHTS = ROOT / "glm_infra" / "agent" / "weights.py"
+WEIGHTS = bundled("weights")  # the one file a host gets (agent/bundle.py)
 MAKE = STANDINS / "make-checkpoint"
 SLOW = ROOT / "testbed" / "slow_source.py"
 SHARDS = [f"model-0000{i}-of-00006.safetensors" for i in range(1, 7)]

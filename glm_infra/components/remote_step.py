@@ -18,7 +18,7 @@ from glm_infra.steps import TRIGGERS_TOKEN, Step, digest, keyed_digest
 TRIGGER_KEY_COMMAND = "od -An -N32 -tx1 /dev/urandom | tr -d ' \\n'"
 _TRIGGER_KEY: ContextVar[pulumi.Output[str] | None] = ContextVar("glm_infra_trigger_key", default=None)
 # The stack's relay key, made the same way (another command text: another resource's, never the trigger key):
-# what the weights and warm-cache relays send between hosts is signed with it (agent/weights.py).
+# what the weights and warm-cache relays send between hosts is signed with it (agent/weights/).
 # Replacing the resource (pulumi up --replace URN) makes a new key: every host's key file is written again.
 RELAY_KEY_COMMAND = "head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \\n'"
 

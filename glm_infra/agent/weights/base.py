@@ -15,38 +15,16 @@ import threading
 
 
 MANIFEST = ".glm-manifest.json"
-
-
 PROGRESS = ".glm-progress.json"
-
-
 COMPLETE = ".glm-complete"
-
-
 DONE = ".glm-done"  # a host that copied from this one GETs it once it has every file
-
-
 CHUNK = 4 << 20
-
-
 COMMIT_ID = re.compile(r"[0-9a-f]{40}")  # a git commit id, as the hub's ModelInfo.sha gives it
-
-
 HASHES = ".glm-hashes.json"  # digests of the files here, by size, mtime, inode: a staging again reads what changed
-
-
 MAX_JSON = 64 << 20  # a manifest or progress document from another host larger than this is refused
-
-
 REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")  # the stack's own rule (config.py): a folder name
-
-
 SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
 GIT_BLOB = re.compile(r"[0-9a-f]{40}")
-
-
 HOST = os.uname().nodename
 
 

@@ -7,7 +7,6 @@ import os
 import socket
 import sys
 
-from . import __doc__ as USAGE  # the package's docstring: every command and option
 from . import base
 from .base import REVISION, StageError, log
 from .signing import EXIT_FORGED, Forged, relay_key
@@ -68,7 +67,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     """The command line (the module's docstring says what each option means)."""
-    ap = argparse.ArgumentParser(description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="weights.py", description=sys.modules[__package__].__doc__,  # pragma: no mutate
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("stage")
     s.add_argument("--role", choices=["seed", "peer"], default="seed")

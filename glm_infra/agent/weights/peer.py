@@ -12,7 +12,10 @@ import os
 import time
 import urllib.request
 
-from .base import COMMIT_ID, DONE, Hashes, MANIFEST, MAX_JSON, NotThere, PROGRESS, StageError, inside, log, manifest_files, need_disk, read_json, write_json
+from .base import (
+    COMMIT_ID, DONE, Hashes, MANIFEST, MAX_JSON, NotThere, PROGRESS, StageError, inside, log, manifest_files,
+    need_disk, read_json, write_json,
+)
 from .transfer import SourceFailed, download, open_url
 from .signing import Auth, Forged, MAC_HEADER, sign
 from .relay import Relay

@@ -10,7 +10,11 @@ import os
 import shutil
 import sys
 
-from .base import COMPLETE, HASHES, Hashes, MANIFEST, PROGRESS, StageError, check_files, index_shards, log, manifest_files, name_problem, read_json, revision_dir, revisions_dir
+from . import base
+from .base import (
+    COMPLETE, HASHES, Hashes, MANIFEST, PROGRESS, StageError, check_files, index_shards, log, manifest_files,
+    name_problem, read_json, revision_dir, revisions_dir,
+)
 from .signing import Auth, CLIENT_NAME, relay_key
 from .relay import Relay, start_relay, wait_for_children
 from .seed import stage_seed

@@ -12,7 +12,10 @@ import subprocess
 import time
 import urllib.request
 
-from .base import COMMIT_ID, Hashes, MANIFEST, StageError, env_value, inside, log, manifest_files, need_disk, read_json, write_json
+from .base import (
+    COMMIT_ID, Hashes, MANIFEST, StageError, env_value, inside, log, manifest_files, need_disk, read_json,
+    write_json,
+)
 from .transfer import fetch, fetch_verified
 from .relay import Relay
 from .directory import copy_directory

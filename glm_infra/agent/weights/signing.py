@@ -14,20 +14,10 @@ from .base import StageError, env_value
 
 
 MAC_HEADER = "X-Glm-Relay-Mac"  # a relay's answer: HMAC of the document and the nonce of the request
-
-
 AUTH_HEADER = "X-Glm-Relay-Client"  # a relay client's request: "NAME TIME NONCE MAC"
-
-
 AUTH_WINDOW_S = 300  # a request signed further from the relay's clock than this is refused (hosts run NTP)
-
-
 CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}")
-
-
 NONCE = re.compile(r"[0-9a-f]{32}")
-
-
 EXIT_FORGED = 3  # what came from another host was refused as not signed with the stack's key (not a failed copy)
 
 

@@ -1,5 +1,5 @@
 """The checkpoint on the hosts: staged once from its source by the seed and relayed host to host
-(agent/weights.py), the hub's `hf` CLI and token, the old revision pruned once the instances moved on."""
+(agent/weights/), the hub's `hf` CLI and token, the old revision pruned once the instances moved on."""
 
 from __future__ import annotations
 
