@@ -9,14 +9,14 @@ import subprocess
 import pytest
 from stubs import shellcheck
 
-from glm_infra import hostplan
+from glm_infra import hostplan, state_backend
 from glm_infra.components.host import _last_json
 from glm_infra.plan.topology import plan
 from glm_infra.roles import drivers
 from glm_infra.stack import load_dict
 from testbed.bench.common import b300_fleet
 from testbed.bench.fleet import STANDIN_SCRIPT as STANDIN
-from testbed.bench.fleet import standin_address
+from testbed.bench.fleet import standin_config
 
 
 def standin(command: str, stdin: str = "", env: dict | None = None) -> subprocess.CompletedProcess:
@@ -25,10 +25,20 @@ def standin(command: str, stdin: str = "", env: dict | None = None) -> subproces
 
 
 def standin_stack(n: int):
-    cfg = b300_fleet(n, standin_address)
-    for h in cfg["glm-infra:hosts"]:
-        h["sshPort"] = 2222
+    cfg = standin_config(n, 2222, "/nonexistent/key")
     return load_dict({k.removeprefix("glm-infra:"): v for k, v in cfg.items()}, "fleet_noop").config
+
+
+def test_the_benchmark_stack_may_keep_its_state_in_its_own_folder(tmp_path):
+    """Its hosts are throwaway stand-ins: `up` with the state in the benchmark's folder is not refused (it
+    was, once `up` refused the checkout's state, and the benchmark stopped at its first `up`)."""
+    stack = standin_stack(4)
+    assert stack.state_in_checkout
+    state = f"file://{tmp_path}/state"
+    assert state_backend.verdict("b300-4h-standin", stack.state_in_checkout, False, env={"PULUMI_BACKEND_URL": state},
+                                 cwd=tmp_path, home=tmp_path) is None
+    assert state_backend.verdict("b300-4h-standin", False, False, env={"PULUMI_BACKEND_URL": state},
+                                 cwd=tmp_path, home=tmp_path)[0] == "error", "what it would meet without the key"
 
 
 def test_the_standin_is_shellcheck_clean(tmp_path):

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import _repo  # noqa: F401  (the repository on sys.path)
 
-from testbed.bench.common import Project, b300_fleet, median
-from testbed.bench.fleet import STANDIN_SCRIPT, standin_address
+from testbed.bench.common import Project, median
+from testbed.bench.fleet import STANDIN_SCRIPT, standin_address, standin_config
 from testbed.cluster import rootfs  # the simulated hosts' image: it has sshd
 
 SOCKETS_PER_SSHD = 16  # sshd's MAX_LISTEN_SOCKS
@@ -178,11 +178,7 @@ def bench(n: int, runs: int, first_runs: int, first_env: str = "") -> dict:
     out: dict = {"hosts": n, "first": [], "noop": [], "preview": []}
     try:
         with StandinHosts(project.dir / "standin", n) as standins:
-            cfg = b300_fleet(n, standin_address)
-            for h in cfg["glm-infra:hosts"]:
-                h["sshPort"] = standins.port
-            cfg["glm-infra:ssh"]["privateKeyPath"] = str(standins.key)
-            project.write_stack(stack, cfg)
+            project.write_stack(stack, standin_config(n, standins.port, str(standins.key)))
             project.init(stack)
             up = f"up -s {stack} --yes --skip-preview --non-interactive"
             for run in range(first_runs):

@@ -13,6 +13,7 @@ from collections import defaultdict
 import yaml
 
 from testbed import ROOT
+from testbed.bench.common import b300_fleet
 from testbed.cluster import DEFAULT_NET, fleet_addresses, moved
 
 STANDIN_SCRIPT = ROOT / "testbed" / "bench" / "standin-host.sh"
@@ -60,6 +61,18 @@ def by_step(durations: dict[str, float], hosts: list[str]) -> dict[str, list[flo
     for name, d in durations.items():
         out[pat.sub(r"\1HOST\3", name, count=1)].append(d)
     return dict(out)
+
+
+def standin_config(n: int, port: int, key: str) -> dict:
+    """The no-op benchmark's stack: prod-b300's settings on n stand-in hosts (``b300_fleet``) that answer SSH
+    on ``port`` of their loopback addresses with ``key``. The hosts are throwaway, so the stack may keep its
+    state in the benchmark's own folder (stateInCheckout: `up` refuses that for real hosts)."""
+    cfg = b300_fleet(n, standin_address)
+    for h in cfg["glm-infra:hosts"]:
+        h["sshPort"] = port
+    cfg["glm-infra:ssh"]["privateKeyPath"] = key
+    cfg["glm-infra:stateInCheckout"] = True
+    return cfg
 
 
 def hosts_only_config(n: int, net: ipaddress.IPv4Network) -> dict:
