@@ -109,6 +109,12 @@ def network_home(net: ipaddress.IPv4Network) -> tuple[Path, str]:
     return Path(f"/run/glm-infra-sim-{str(net.network_address).rsplit('.', 1)[0]}"), f"br-glmsim{prefix:06x}"
 
 
+def host_cgroup(root: Path, run_folder: Path, host: str) -> Path:
+    """The cgroup LAUNCHER gives a simulated host under a cgroup hierarchy's root: named by its cluster's run
+    folder and its name, as two clusters may both have a b300-1."""
+    return root / "glm-sim" / f"{run_folder.name}-{host}"
+
+
 def run(cmd: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=check, text=True, **kw)
 
@@ -376,7 +382,7 @@ def stop(h: SimHost) -> None:
         if _alive(d / "launcher.pid"):
             os.killpg(int((d / "launcher.pid").read_text()), signal.SIGKILL)
         for root in ("/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"):
-            cg = Path(root) / "glm-sim" / f"{RUN.name}-{h.name}"  # the launcher's name for it
+            cg = host_cgroup(Path(root), RUN, h.name)
             if cg.is_dir():  # empty now: remove the host's cgroups, deepest first
                 run(["find", str(cg), "-depth", "-type", "d", "-exec", "rmdir", "{}", ";"], check=False,
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

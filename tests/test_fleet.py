@@ -93,6 +93,18 @@ def test_the_benchmarks_sim_config_is_the_fleet_generator_on_the_sim_stacks_subn
     assert big["glm-infra:hosts"][15] == {**cluster.fleet_config(16)["config"]["glm-infra:hosts"][15]}
 
 
+def test_the_benchmarks_find_a_host_in_the_cgroup_its_launcher_makes(tmp_path):
+    """cluster.host_cgroup names the cgroup as LAUNCHER does (its cg_name line, run here by bash for a host
+    folder of a fleet's run folder): a benchmark reading another name reads no process at all."""
+    run_folder = cluster.network_home(ipaddress.ip_network("10.89.0.0/24"))[0]
+    host_dir = run_folder / "fleet-3"
+    line = next(x for x in cluster.LAUNCHER.splitlines() if x.startswith("cg_name="))
+    named = subprocess.run(["bash", "-c", f'dir={host_dir}; {line}; echo "$cg_name"'], capture_output=True, text=True,
+                           check=True).stdout.strip()
+    assert cluster.host_cgroup(tmp_path, run_folder, "fleet-3") == tmp_path / "glm-sim" / named
+    assert named == "glm-infra-sim-10.89.0-fleet-3"
+
+
 def test_fleet_up_groups_step_durations_by_step_across_hosts():
     def ev(kind, name, t, typ="command:remote:Command"):
         return {"timestamp": t, kind: {"metadata": {"urn": f"urn:pulumi:s::p::{typ}::{name}", "type": typ}}}

@@ -33,7 +33,7 @@ import yaml
 
 from testbed.bench.common import ROOT, Project, median, sim, sim_config
 from testbed.bench.fleet import by_step, events, hosts_only_config, step_durations
-from testbed.cluster import DEFAULT_NET, FLEET_NET, SimError, fleet_addresses, network_home
+from testbed.cluster import DEFAULT_NET, FLEET_NET, SimError, fleet_addresses, host_cgroup, network_home
 
 CG = Path("/sys/fs/cgroup/unified")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -104,10 +104,10 @@ def comm(pid: int) -> str:
         return "?"
 
 
-def host_memory(name: str) -> dict[str, float]:
-    """RSS and PSS (MiB) of every process of a simulated host, and of its llm-d-inference-sim ones."""
+def host_memory(cg: Path) -> dict[str, float]:
+    """RSS and PSS (MiB) of every process of a simulated host (its cgroup), and of its llm-d-inference-sim ones."""
     out = defaultdict(float)
-    for pid in cg_procs(CG / "glm-sim" / name):
+    for pid in cg_procs(cg):
         m, c = smaps(pid), comm(pid)
         out["rss"] += m.get("Rss", 0) / 1024
         out["pss"] += m.get("Pss", 0) / 1024
@@ -118,11 +118,11 @@ def host_memory(name: str) -> dict[str, float]:
     return dict(out)
 
 
-def host_cpu_by_unit(name: str) -> dict[str, float]:
+def host_cpu_by_unit(cg: Path) -> dict[str, float]:
     """CPU seconds of a simulated host by what ran it, since its last boot: each system service, the
     SSH sessions (the steps' scripts), systemd itself; the rest of the host's total ran before its
     last reboot (preflight, the driver install) or in nspawn and the launcher."""
-    root = CG / "glm-sim" / name
+    root = cg
     out: dict[str, float] = defaultdict(float)
     for d, subdirs, _ in os.walk(root):
         base = os.path.basename(d)
@@ -220,6 +220,7 @@ def fleet_stack_file(project: Project, n: int, net: ipaddress.IPv4Network) -> Pa
 def one_up(variant: str, n: int, net: ipaddress.IPv4Network, run: int, parallel: int | None = None) -> dict:
     project = project_for(variant)
     hosts = [f"fleet-{i + 1}" for i in range(n)]
+    cgs = {h: host_cgroup(CG, network_home(net)[0], h) for h in hosts}  # where the launcher puts each host
     stack = f"fleet-{n}h"
     boot_file = fleet_stack_file(project, n, net)
     result: dict = {"variant": variant, "hosts": n, "run": run, "parallel": parallel}
@@ -232,16 +233,19 @@ def one_up(variant: str, n: int, net: ipaddress.IPv4Network, run: int, parallel:
         t0 = time.monotonic()
         sim("up", boot_file)
         result["boot_s"] = time.monotonic() - t0
+        missing = [str(cg) for cg in cgs.values() if not cg.is_dir()]
+        if missing:  # else every figure of the hosts would read as zero
+            raise SimError(f"no cgroup for a booted host: {', '.join(missing)} (testbed/cluster.py, LAUNCHER)")
         time.sleep(3)
         result["idle_mem_available_mib_per_host"] = (mem0 - mem_available_mib()) / n
-        idle = [host_memory(h) for h in hosts]
+        idle = [host_memory(cgs[h]) for h in hosts]
         result["idle_pss_mib"] = statistics.median(m["pss"] for m in idle)
         result["idle_rss_mib"] = statistics.median(m["rss"] for m in idle)
         project.init(stack)
 
         run_dir = network_home(net)[0]
         servers = [int((run_dir / f"{s}.pid").read_text()) for s in ("http", "models")]
-        hosts_cpu0 = sum(cg_usage(CG / "glm-sim" / h) for h in hosts)
+        hosts_cpu0 = sum(cg_usage(cgs[h]) for h in hosts)
         servers_cpu0 = sum(proc_cpu(p) for p in servers)
         busy0 = machine_busy()
         mem1 = mem_available_mib()
@@ -259,23 +263,23 @@ def one_up(variant: str, n: int, net: ipaddress.IPv4Network, run: int, parallel:
         summary = next((e["summaryEvent"] for e in evs if "summaryEvent" in e), {})
         result["resources"] = summary.get("resourceChanges", {}).get("create", 0)
         split = cpu.split()
-        hosts_cpu = sum(cg_usage(CG / "glm-sim" / h) for h in hosts) - hosts_cpu0
+        hosts_cpu = sum(cg_usage(cgs[h]) for h in hosts) - hosts_cpu0
         servers_cpu = sum(proc_cpu(p) for p in servers) - servers_cpu0
         busy = machine_busy() - busy0
         units: dict[str, float] = defaultdict(float)
         for h in hosts:
-            for k, v in host_cpu_by_unit(h).items():
+            for k, v in host_cpu_by_unit(cgs[h]).items():
                 units[k] += v
         result["hosts_cpu_by_unit"] = dict(units)
         result["cpu_s"] = {**split, "hosts": hosts_cpu, "servers (apt, wheels, model mirror)": servers_cpu,
                            "machine busy (everyone)": busy,
                            "others on the machine": max(0.0, busy - split["total"] - hosts_cpu - servers_cpu)}
         result["cpu_of_2_cores"] = busy / (2 * t_up)
-        t_idle, c_idle = time.monotonic(), sum(cg_usage(CG / "glm-sim" / h) for h in hosts)
+        t_idle, c_idle = time.monotonic(), sum(cg_usage(cgs[h]) for h in hosts)
         time.sleep(10)  # deployed and idle: the instance, exporters, Prometheus scraping every 5 s
-        result["deployed_idle_cpu_pct_per_host"] = 100 * (sum(cg_usage(CG / "glm-sim" / h) for h in hosts) - c_idle) \
+        result["deployed_idle_cpu_pct_per_host"] = 100 * (sum(cg_usage(cgs[h]) for h in hosts) - c_idle) \
             / (time.monotonic() - t_idle) / n
-        deployed = [host_memory(h) for h in hosts]
+        deployed = [host_memory(cgs[h]) for h in hosts]
         result["deployed_mem_available_mib_per_host"] = (mem1 - mem_available_mib()) / n + \
             result["idle_mem_available_mib_per_host"]
         result["deployed_first_host"] = deployed[0]
