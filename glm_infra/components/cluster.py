@@ -19,14 +19,14 @@ from glm_infra.args import ClusterArgs, HostsArgs
 from glm_infra.hostplan import HostSteps
 from glm_infra.plan import topology
 from glm_infra.plan.validate import Problem
-from glm_infra.roles import router as router_role
-from glm_infra.roles import vllm
+from glm_infra.roles import router as router_role, vllm
 from glm_infra.spec import paths
 from glm_infra.spec.config import SERVING_KEYS
 from glm_infra.stack import StackError
 from glm_infra.steps import Step, digest
 
 from .drivers import Drivers, DriversArgs
+from .engine_limits import check_parallel
 from .host import Host, HostArgs
 from .host_step import HostStep, HostStepArgs
 from .monitoring import STEP_KEYS, MonitoredHost, Monitoring, MonitoringArgs
@@ -79,6 +79,7 @@ class _Deployment(pulumi.ComponentResource):
             pulumi.log.warn(w, self)
         self.stack = loaded.config
         self.plan = topology.plan(self.stack, serve, runtime)
+        check_parallel(self.stack, self.plan, self)
         self.steps = hostplan.plan_all(self.stack, self.plan, stack_name=pulumi.get_stack())
         resolved = inputs.resolve(loaded, self._split, source, serve, runtime)
         self._live = resolved.apply(lambda r: hostplan.plan_all(r.stack, r.plan, stack_name=pulumi.get_stack())) \
@@ -203,8 +204,7 @@ class _Deployment(pulumi.ComponentResource):
                 previous = run_step(f"{name}-{h.name}-turn-release", s["turn-release"], None, self,
                                     live=self.live(h.name, "turn-release"), triggers=[self._turns[h.name].stdout],
                                     depends_on=[back])
-            # The host as provisioned (driver answering, RDMA up): read again whenever the driver,
-            # the gate or the RDMA step ran again.
+            # The host as provisioned (driver answering, RDMA up): read again when the driver, gate or RDMA step ran.
             chain.facts = host.read_facts(
                 s["facts"], [drivers.ready.stdout, gate.command.stdout, rdma.command.stdout], [previous],
                 live=self.live(h.name, "facts"))

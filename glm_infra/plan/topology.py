@@ -310,6 +310,15 @@ def roll_predecessors(groups: tuple[RollGroup, ...], host: str) -> tuple[str, ..
     return tuple(out)
 
 
+def parallel_needed(stack: StackConfig, p: Plan) -> int:
+    """The resource operations `pulumi up` must be allowed at once (its --parallel) so that the steps that wait
+    for another host's (a relay peer's weights staging waits for its parent's; a pool's turn for the host
+    holding it) can never take every operation while what they wait for waits for one: a peer that starts
+    before its parent would wait for it forever (seen: 16 simulated hosts at the default 8). Every host that
+    stages the weights, one turn per pool, and one to spare."""
+    return len(weights_relay(stack, bool(p.instances))) + len(rolling(stack, p)) + 1
+
+
 def rolling_notes(stack: StackConfig, p: Plan, interrupting: bool = False) -> list[str]:
     """One line per pool saying how a disruptive host change rolls through it (``interrupting``: only
     the pools it interrupts)."""

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import _repo  # noqa: F401  (the repository on sys.path)
 
-from testbed.bench.common import Project, median
+from testbed.bench.common import Project, median, parallel_for
 from testbed.bench.fleet import STANDIN_SCRIPT, standin_address, standin_config
 from testbed.cluster import rootfs  # the simulated hosts' image: it has sshd
 
@@ -178,9 +178,11 @@ def bench(n: int, runs: int, first_runs: int, first_env: str = "") -> dict:
     out: dict = {"hosts": n, "first": [], "noop": [], "preview": []}
     try:
         with StandinHosts(project.dir / "standin", n) as standins:
-            project.write_stack(stack, standin_config(n, standins.port, str(standins.key)))
+            cfg = standin_config(n, standins.port, str(standins.key))
+            project.write_stack(stack, cfg)
             project.init(stack)
-            up = f"up -s {stack} --yes --skip-preview --non-interactive"
+            # (--parallel: the stand-ins answer at once, yet `up` refuses less than the stack needs)
+            up = f"up -s {stack} --yes --skip-preview --non-interactive --parallel {parallel_for(cfg)}"
             for run in range(first_runs):
                 if run:
                     project.pulumi(f"destroy -s {stack} --yes --skip-preview --non-interactive")

@@ -31,7 +31,7 @@ from pathlib import Path
 import _repo  # noqa: F401  (the repository on sys.path)
 import yaml
 
-from testbed.bench.common import ROOT, Project, median, sim, sim_config
+from testbed.bench.common import ROOT, Project, median, parallel_for, sim, sim_config
 from testbed.bench.fleet import by_step, events, hosts_only_config, step_durations
 from testbed.cluster import DEFAULT_NET, FLEET_NET, SimError, fleet_addresses, host_cgroup, network_home
 
@@ -251,7 +251,10 @@ def one_up(variant: str, n: int, net: ipaddress.IPv4Network, run: int, parallel:
         mem1 = mem_available_mib()
         cpu = PulumiCpu(f"{variant}-{n}-{run}")
         with cpu:
-            flags = f" --parallel {parallel}" if parallel else ""
+            # What `up` needs (it refuses less); Hosts serves no pool, and each of its hosts may stage the weights.
+            result["parallel"] = parallel or (parallel_for(cfg) if variant == "cluster"
+                                              else max(n + 1, 4 * (os.cpu_count() or 1)))
+            flags = f" --parallel {result['parallel']}" if result["parallel"] else ""
             t_up, p = project.pulumi(f"up -s {stack} --yes --skip-preview --non-interactive --json{flags}",
                                      check=False, pre=cpu.prefix())
         result["up_s"] = t_up
@@ -305,7 +308,7 @@ def one_up(variant: str, n: int, net: ipaddress.IPv4Network, run: int, parallel:
 
 def report(results: list[dict], sizes: list[int], variants: list[str], runs: int) -> None:
     print(f"\nmedians over {runs} run(s); a shared 2-core machine: noisy figures; pulumi --parallel "
-          f"{results[0]['parallel'] or 'default (8)'}"
+          f"{results[0]['parallel'] or 'default (4 per CPU)'}"
           + ("; PULUMI_SKIP_CHECKPOINTS=true" if os.environ.get("PULUMI_SKIP_CHECKPOINTS") == "true" else ""))
     print("| variant | hosts | boot | first `pulumi up` | ratio to 1 host | created | machine busy |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -358,7 +361,8 @@ def main() -> int:
     ap.add_argument("--hosts", default="1,16", help="fleet sizes, comma-separated (the first is the baseline)")
     ap.add_argument("--subnet", default=str(FLEET_NET), help=f"a private /24 of the fleet's own (not {DEFAULT_NET})")
     ap.add_argument("--variant", default="cluster,hosts", help="cluster, hosts or both (comma-separated)")
-    ap.add_argument("--parallel", type=int, help="pulumi up --parallel (default: pulumi's, 8 resource operations)")
+    ap.add_argument("--parallel", type=int, help="pulumi up --parallel (default: pulumi's, 4 per CPU; for the cluster "
+                    "variant at least what the stack needs, testbed.bench.common.parallel_for)")
     ap.add_argument("--json", metavar="FILE", help="also write every run's figures here")
     args = ap.parse_args()
     net = ipaddress.ip_network(args.subnet)

@@ -81,6 +81,16 @@ def sim_config(n_hosts: int, subnet: str = "10.88.0.0/24", prefix: str = "sim") 
     return cfg
 
 
+def parallel_for(cfg: dict) -> int:
+    """The --parallel a benchmark's `pulumi up` of this stack config passes: what the stack needs
+    (topology.parallel_needed: below it `up` is refused), and never below pulumi's default here (4 per CPU)."""
+    from glm_infra.plan import topology
+    from glm_infra.stack import load_dict
+
+    stack = load_dict({k.removeprefix("glm-infra:"): v for k, v in cfg.items()}, "benchmark").config
+    return max(topology.parallel_needed(stack, topology.plan(stack)), 4 * (os.cpu_count() or 1))
+
+
 def sim(command: str, stack_file: Path) -> None:
     subprocess.run([str(ROOT / "scripts/sim"), "--stack", str(stack_file), command], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
