@@ -172,6 +172,12 @@ def _secret_problems(raw: dict[str, Any], *, encrypted_ok: bool, secret_keys: se
     return out
 
 
+def unprefixed(config: dict[str, Any]) -> dict[str, Any]:
+    """A stack file's ``config`` as load_dict takes it: its glm-infra:* keys without the prefix (other
+    namespaces left out)."""
+    return {str(k)[len(NAMESPACE) + 1:]: v for k, v in config.items() if str(k).startswith(f"{NAMESPACE}:")}
+
+
 def load_dict(raw: dict[str, Any], source: str, serve: bool = True) -> LoadedStack:
     """A stack given as the ``glm-infra:*`` keys without their prefix (``{"hosts": [...], ...}``, keys
     camelCase or snake_case), as components get it: the same model, rules and messages as a file."""

@@ -11,12 +11,12 @@ from conftest import stack_config
 
 from glm_infra.components import engine_limits
 from glm_infra.plan import topology
-from glm_infra.stack import load_dict
+from glm_infra.stack import load_dict, unprefixed
 from testbed.bench.common import b300_fleet, sim_config
 
 
 def loaded(cfg: dict):
-    stack = load_dict({k.removeprefix("glm-infra:"): v for k, v in cfg.items()}, "test").config
+    stack = load_dict(unprefixed(cfg), "test").config
     return stack, topology.plan(stack)
 
 

@@ -25,7 +25,7 @@ from stubs import StubPath, shellcheck
 from glm_infra import hostplan
 from glm_infra.plan.topology import plan
 from glm_infra.roles import firewall, router, vllm
-from glm_infra.stack import StackError, load_dict, load_file
+from glm_infra.stack import StackError, load_dict, load_file, unprefixed
 
 # --- what each committed stack opens, by hand --------------------------------------------------------
 # Defaults (glm_infra/spec/config.py): prefill HTTP 8100, DP RPC 29550, NIXL side channel 5600; decode 8200,
@@ -112,7 +112,7 @@ def config(name: str):
 
 def raw(name: str) -> dict:
     """A committed stack's keys without the glm-infra: prefix, its secrets as plaintext stand-ins."""
-    out = {k.removeprefix("glm-infra:"): v for k, v in stack_config(name).items()}
+    out = unprefixed(stack_config(name))
     if out.get("router"):
         out["router"]["apiKey"] = "sk-test"
     return out

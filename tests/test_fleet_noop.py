@@ -13,7 +13,7 @@ from glm_infra import hostplan, state_backend
 from glm_infra.components.host import _last_json
 from glm_infra.plan.topology import plan
 from glm_infra.roles import drivers
-from glm_infra.stack import load_dict
+from glm_infra.stack import load_dict, unprefixed
 from testbed.bench.common import b300_fleet
 from testbed.bench.fleet import STANDIN_SCRIPT as STANDIN
 from testbed.bench.fleet import standin_config
@@ -26,7 +26,7 @@ def standin(command: str, stdin: str = "", env: dict | None = None) -> subproces
 
 def standin_stack(n: int):
     cfg = standin_config(n, 2222, "/nonexistent/key")
-    return load_dict({k.removeprefix("glm-infra:"): v for k, v in cfg.items()}, "fleet_noop").config
+    return load_dict(unprefixed(cfg), "fleet_noop").config
 
 
 def test_the_benchmark_stack_may_keep_its_state_in_its_own_folder(tmp_path):

@@ -31,7 +31,7 @@ from router_api import ALLOWED, ALLOWED_PATHS, CHAT, COMPLETION, MODEL, every_ro
 from glm_infra.plan.topology import plan
 from glm_infra.roles import router
 from glm_infra.spec import paths, pins
-from glm_infra.stack import load_dict
+from glm_infra.stack import load_dict, unprefixed
 
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY = "sk-glm-infra-front-door-test-0123456789"
@@ -42,7 +42,7 @@ NGINX = shutil.which("nginx") or "/usr/sbin/nginx"  # scripts/lib/host-deps.sh i
 
 
 def _stack(**router_keys):
-    raw = {k.removeprefix("glm-infra:"): v for k, v in yaml.safe_load(stack_file("sim").read_text())["config"].items()}
+    raw = unprefixed(yaml.safe_load(stack_file("sim").read_text())["config"])
     raw["router"] = {**raw["router"], "apiKey": {"secure": "v1:x"}, **router_keys}
     cfg = load_dict(raw, "t").config
     return cfg, plan(cfg)

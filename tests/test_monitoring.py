@@ -21,7 +21,7 @@ from glm_infra import hostplan
 from glm_infra.plan.topology import plan
 from glm_infra.roles import monitoring
 from glm_infra.spec import paths
-from glm_infra.stack import load_dict, load_file
+from glm_infra.stack import load_dict, load_file, unprefixed
 
 PROMTOOL_TESTS = ROOT / "tests" / "promtool"
 
@@ -61,7 +61,7 @@ def test_thresholds_come_from_the_stack(tools, tmp_path):
     raw = stack_config("prod-b300")
     raw["glm-infra:sla"] = {"ttftSeconds": 1.5, "tpotSeconds": 0.03, "window": "5m"}
     raw["glm-infra:monitoring"] = {"mtpAcceptanceMin": 0.7, "kvTransferP99Seconds": 0.25}
-    cfg = load_dict({k.removeprefix("glm-infra:"): v for k, v in raw.items()}, "test").config
+    cfg = load_dict(unprefixed(raw), "test").config
     text = monitoring.rules(cfg)
     assert "glm:service_ttft_seconds:mean > 1.5\n" in text and "glm:service_tpot_seconds:mean > 0.03\n" in text
     assert "glm:mtp_acceptance:ratio < 0.7\n" in text and "glm:kv_transfer_seconds:p99 > 0.25\n" in text
@@ -96,7 +96,7 @@ def test_every_generated_configuration_is_accepted(stack, tools, tmp_path):
 
 
 def test_a_webhook_is_read_from_the_credential_never_written_in_the_config(tools, tmp_path):
-    raw = {k.removeprefix("glm-infra:"): v for k, v in stack_config("sim").items()}
+    raw = unprefixed(stack_config("sim"))
     raw["router"]["apiKey"] = "sk-router"
     raw["monitoring"] = {"webhookUrl": "https://hooks.example/T0/secret-token"}
     cfg = load_dict(raw, "test").config
@@ -121,7 +121,7 @@ def test_a_webhook_is_read_from_the_credential_never_written_in_the_config(tools
 @pytest.mark.parametrize("switch", [True, False], ids=["dead-mans-switch", "no-switch"])
 def test_the_watchdog_goes_only_to_the_dead_mans_switch_and_every_other_alert_to_the_webhook(tools, tmp_path, switch):
     """Routing as Alertmanager's own amtool decides it, on the rendered configuration."""
-    raw = {k.removeprefix("glm-infra:"): v for k, v in stack_config("sim").items()}
+    raw = unprefixed(stack_config("sim"))
     raw["router"]["apiKey"] = "sk-router"
     raw["monitoring"] = {"webhookUrl": "https://hooks.example/T0/secret-token",
                          **({"deadMansSwitchUrl": "https://hc-ping.example/uuid-1", "deadMansSwitchInterval": "20s"}
@@ -205,7 +205,7 @@ def test_the_dcgm_exporter_uses_nvidia_dcgms_host_engine_not_an_embedded_one():
 
 
 def test_no_dcgm_exporter_where_glm_infra_does_not_install_the_driver():
-    raw = {k.removeprefix("glm-infra:"): v for k, v in stack_config("prod-b300").items()}
+    raw = unprefixed(stack_config("prod-b300"))
     raw["drivers"] = {**raw.get("drivers", {}), "mode": "verify"}
     cfg = load_dict(raw, "test").config
     jobs = {j["job_name"] for j in monitoring.scrape_configs(cfg, plan(cfg), "x")}
@@ -214,7 +214,7 @@ def test_no_dcgm_exporter_where_glm_infra_does_not_install_the_driver():
 
 
 def test_the_monitoring_host_and_label_are_stack_settings():
-    raw = {k.removeprefix("glm-infra:"): v for k, v in stack_config("prod-b300").items()}
+    raw = unprefixed(stack_config("prod-b300"))
     raw["monitoring"] = {"host": "b300-1", "stackLabel": "glm-prod", "scrapeInterval": "5s", "retention": "30d"}
     cfg = load_dict(raw, "test").config
     steps = hostplan.plan_all(cfg, plan(cfg), stack_name="prod-b300")
@@ -229,7 +229,7 @@ def test_the_monitoring_host_and_label_are_stack_settings():
 
 
 def test_monitoring_ports_are_checked_for_collisions():
-    raw = {k.removeprefix("glm-infra:"): v for k, v in stack_config("prod-b300").items()}
+    raw = unprefixed(stack_config("prod-b300"))
     raw["monitoring"] = {"nodeExporterPort": 8100}  # prefill-0's HTTP port
     with pytest.raises(Exception) as e:
         load_dict(raw, "test")

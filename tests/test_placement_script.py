@@ -13,14 +13,14 @@ from glm_infra.plan import topology
 from glm_infra.roles import vllm
 from glm_infra.spec import paths
 from glm_infra.spec.config import StackConfig
-from glm_infra.stack import load_file
+from glm_infra.stack import load_file, unprefixed
 
 DIRS = ["/etc/systemd/system", paths.STATE, paths.LIBEXEC]
 UNITS = "/etc/systemd/system"
 
 
 def _stack(name: str = "sim", **prefill) -> StackConfig:
-    cfg = {k.removeprefix("glm-infra:"): v for k, v in stack_config(name).items()}
+    cfg = unprefixed(stack_config(name))
     if prefill:
         cfg["prefill"] = {**cfg["prefill"], **prefill}
     return StackConfig.model_validate(cfg)

@@ -17,7 +17,7 @@ from conftest import ROOT, STACKS, stack_config
 
 from glm_infra.plan import prediction
 from glm_infra.spec.config import StackConfig
-from glm_infra.stack import load_file
+from glm_infra.stack import load_file, unprefixed
 from glm_infra.tools import planner
 from glm_infra.tools.cli import main
 
@@ -31,7 +31,7 @@ def _stack(name: str, **changes) -> StackConfig:
         top, _, rest = key.partition(".")
         node = cfg.setdefault(f"glm-infra:{top}", {})
         node[rest] = value
-    return StackConfig.model_validate({k.removeprefix("glm-infra:"): v for k, v in cfg.items()})
+    return StackConfig.model_validate(unprefixed(cfg))
 
 
 # --- what a stack asks (pure) ----------------------------------------------------------------------------
@@ -85,7 +85,7 @@ def test_mtp_off_asks_without_an_acceptance():
     ({"model.repo": "zai-org/GLM-5.2"}, "glm-infra:model.repo", "carries no config of it"),
 ])
 def test_a_stack_aiconfigurator_cannot_model_names_its_key(change, key, fragment):
-    cfg = {k.removeprefix("glm-infra:"): v for k, v in stack_config("prod-b300").items()}
+    cfg = unprefixed(stack_config("prod-b300"))
     for path, value in change.items():
         if path.startswith("hosts[0]."):
             cfg["hosts"][0][path.split(".", 1)[1]] = value
@@ -316,7 +316,7 @@ def test_a_stack_aiconfigurator_cannot_model_validates_with_a_note_and_is_refuse
 
 
 def test_the_gpu_model_as_nvidia_smi_names_it_finds_its_system():
-    cfg = {k.removeprefix("glm-infra:"): v for k, v in stack_config("prod-b300").items()}
+    cfg = unprefixed(stack_config("prod-b300"))
     for h in cfg["hosts"]:
         h["gpuModel"] = "NVIDIA B300 SXM6 AC"
     assert prediction.target(StackConfig.model_validate(cfg)).system == "b300_sxm"

@@ -24,7 +24,7 @@ from conftest import ROOT, stack_config, stack_file
 from glm_infra.plan import prediction, proposal
 from glm_infra.spec.config import StackConfig
 from glm_infra.plan.problem import Problem
-from glm_infra.stack import StackError, load_file
+from glm_infra.stack import StackError, load_file, unprefixed
 from glm_infra.tools import planner, propose
 from glm_infra.tools.cli import main
 
@@ -146,7 +146,7 @@ def test_the_search_tries_one_stage_of_at_most_a_hosts_gpus():
 def test_the_document_keeps_the_bases_keys_and_replaces_the_topology():
     base = {"config": stack_config("prod-b300")}
     base["config"]["glm-infra:monitoring"] = {"host": "b300-3"}
-    config = StackConfig.model_validate({k.removeprefix("glm-infra:"): v for k, v in base["config"].items()})
+    config = StackConfig.model_validate(unprefixed(base["config"]))
     c = _candidate(S(2, 1, 1, 2, 1, 4), S(1, 1, 4, 1, 4, 1), replicas=1)  # 8 + 4 GPUs: one host each
     doc = proposal.stack_document(base, config, c, 8, {"ttftSeconds": 2.0}, 3, 1, 262400)["config"]
     assert [h["name"] for h in doc["glm-infra:hosts"]] == ["b300-1", "b300-2"]

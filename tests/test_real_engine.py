@@ -15,7 +15,7 @@ from stubs import shellcheck
 from glm_infra import hostplan
 from glm_infra.plan.topology import plan
 from glm_infra.spec import paths
-from glm_infra.stack import load_dict, load_file
+from glm_infra.stack import load_dict, load_file, unprefixed
 from glm_infra.tools import real_engine
 from glm_infra.tools.cli import main
 
@@ -106,7 +106,7 @@ def test_one_gpu_and_loopback_only_and_the_deployed_mode_of_several_api_servers(
 
 
 def test_a_flag_or_variable_added_to_the_units_reaches_the_check_without_editing_it():
-    raw = {k.removeprefix("glm-infra:"): v for k, v in stack_config("prod-b300").items()}
+    raw = unprefixed(stack_config("prod-b300"))
     raw["decode"]["extraArgs"] = ["--max-num-seqs", "77"]
     raw["decode"]["env"] = {"VLLM_SOMETHING_NEW": "yes"}
     cfg = load_dict(raw, "prod-b300").config

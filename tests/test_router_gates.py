@@ -17,11 +17,11 @@ from stubs import shellcheck
 from glm_infra.plan.topology import plan
 from glm_infra.roles import monitoring, router
 from glm_infra.spec import paths
-from glm_infra.stack import StackError, load_dict, load_file
+from glm_infra.stack import StackError, load_dict, load_file, unprefixed
 
 
 def _raw(stack: str) -> dict:
-    return {k.removeprefix("glm-infra:"): v for k, v in yaml.safe_load(stack_file(stack).read_text())["config"].items()}
+    return unprefixed(yaml.safe_load(stack_file(stack).read_text())["config"])
 
 
 def test_the_router_reaches_every_instance_through_its_gate():

@@ -151,7 +151,7 @@ def test_a_pool_on_one_host_is_warned_about_with_its_time_to_ready():
     """Issue 40: a pool whose one host is all of it stops its part of every request while that host reboots,
     for at least its time to ready; the times are the stack's startup.* keys."""
     def one_host(name: str, **startup) -> list[str]:
-        raw = {k.removeprefix("glm-infra:"): v for k, v in stack_config(name).items()}
+        raw = st.unprefixed(stack_config(name))
         raw.setdefault("startup", {}).update(startup)
         return [w for w in st.load_dict(raw, name).warnings if "runs on one host" in w]
 
@@ -165,15 +165,15 @@ def test_a_pool_on_one_host_is_warned_about_with_its_time_to_ready():
                              "request (nothing prefills it) for its boot") and "(stacks/" not in two[0]
     (dev,) = one_host("b300-1node-colocated")
     assert dev.startswith("glm-infra:colocated.hosts: colocated runs on one host, b300-dev: its reboot stops serving ")
-    hosts_only = {k.removeprefix("glm-infra:"): v for k, v in stack_config("prod-b300").items()
-                  if k.split(":")[1] not in ("prefill", "decode", "router")}
+    hosts_only = {k: v for k, v in st.unprefixed(stack_config("prod-b300")).items()
+                  if k not in ("prefill", "decode", "router")}
     assert not [w for w in st.load_dict(hosts_only, "h", serve=False).warnings if "runs on one host" in w]
 
 
 def test_monitoring_that_would_page_nobody_when_it_goes_down_is_warned_about():
     """Issue 40: no dead man's switch, or Prometheus on the router's host, leaves that host's death unpaged."""
     def warned(name: str, serve: bool = True, **monitoring) -> list[str]:
-        raw = {k.removeprefix("glm-infra:"): v for k, v in stack_config(name).items()}
+        raw = st.unprefixed(stack_config(name))
         if not serve:
             raw = {k: v for k, v in raw.items() if k not in ("prefill", "decode", "colocated", "router")}
         raw.setdefault("monitoring", {}).update(monitoring)
@@ -279,7 +279,7 @@ def test_run_config_from_the_environment_and_unknown_keys(monkeypatch, tmp_path)
 
 def test_component_args_load_like_the_file_in_either_spelling():
     """Cluster(…, {"hosts": …}) takes the keys without their prefix, camelCase or snake_case."""
-    raw = {k.removeprefix("glm-infra:"): v for k, v in stack_config("prod-b300").items() if k.startswith("glm-infra:")}
+    raw = st.unprefixed(stack_config("prod-b300"))
     from_file = load_file(stack_file("prod-b300")).config
     assert st.load_dict(raw, "Cluster 'glm'").config == from_file
     snake = {"hosts": raw["hosts"], "ssh": {"private_key_path": "~/.ssh/id_ed25519"}, "model": raw["model"],
@@ -378,7 +378,7 @@ def test_the_kv_room_is_judged_from_every_way_in_unless_left_out(write_stack):
     cfg["glm-infra:decode"].update(dp=2, instancesPerHost=4)
     path = write_stack(cfg)
     assert "glm-infra:decode: a decode rank (tp1 dp2) cannot hold one request" in "\n".join(problems(path))
-    raw = {k.removeprefix("glm-infra:"): v for k, v in cfg.items()}
+    raw = st.unprefixed(cfg)
     with pytest.raises(StackError, match="glm-infra:decode: a decode rank"):
         st.load_dict(raw, "Cluster 'glm'")
     loaded = load_file(path, capacity=False)

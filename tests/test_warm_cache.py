@@ -18,12 +18,12 @@ from glm_infra.plan import ports, startup
 from glm_infra.plan.topology import plan
 from glm_infra.roles import vllm
 from glm_infra.spec import paths
-from glm_infra.stack import StackError, load_dict, load_file
+from glm_infra.stack import StackError, load_dict, load_file, unprefixed
 from glm_infra.tools.cli import main
 
 
 def _raw(stack: str) -> dict:
-    return {k.removeprefix("glm-infra:"): v for k, v in yaml.safe_load(stack_file(stack).read_text())["config"].items()}
+    return unprefixed(yaml.safe_load(stack_file(stack).read_text())["config"])
 
 
 def _steps(cfg, host: str) -> dict:

@@ -28,7 +28,7 @@ import yaml
 from glm_infra.plan import topology  # noqa: E402
 from glm_infra.render import weights_source  # noqa: E402
 from glm_infra.roles import weights
-from glm_infra.stack import load_dict  # noqa: E402
+from glm_infra.stack import load_dict, unprefixed  # noqa: E402
 from testbed import STANDINS
 from testbed import cluster as simcluster
 from testbed.bench.common import median, sim, sim_config
@@ -49,7 +49,7 @@ def ssh(address: str, cmd: str, stdin: str | None = None, check: bool = True) ->
 def stage_commands(cfg: dict, n: int, star: bool) -> dict[str, tuple[str, str]]:
     """Host → (address, its weights-stage command) for the first n hosts, from the per-host plan (a
     Hosts plan: every host provisioned, the first the seed)."""
-    raw = {k.removeprefix("glm-infra:"): v for k, v in cfg.items()}
+    raw = unprefixed(cfg)
     raw["hosts"] = raw["hosts"][:n]
     raw["model"] = {**raw["model"], "revision": REVISION, "path": PATH, "diskMarginGb": 1, "source": "mirror"}
     for pool in ("prefill", "decode", "colocated", "router"):

@@ -85,9 +85,9 @@ def parallel_for(cfg: dict) -> int:
     """The --parallel a benchmark's `pulumi up` of this stack config passes: what the stack needs
     (topology.parallel_needed: below it `up` is refused), and never below pulumi's default here (4 per CPU)."""
     from glm_infra.plan import topology
-    from glm_infra.stack import load_dict
+    from glm_infra.stack import load_dict, unprefixed
 
-    stack = load_dict({k.removeprefix("glm-infra:"): v for k, v in cfg.items()}, "benchmark").config
+    stack = load_dict(unprefixed(cfg), "benchmark").config
     return max(topology.parallel_needed(stack, topology.plan(stack)), 4 * (os.cpu_count() or 1))
 
 
