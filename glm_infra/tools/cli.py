@@ -1,5 +1,6 @@
 """``glm-infra validate | plan | render | diff | schema``: review a stack without the Pulumi engine;
-``glm-infra sla`` (the SLA gate) and ``glm-infra doctor`` (the drift check) on a deployed one."""
+``glm-infra sla`` (the SLA gate) and ``glm-infra doctor`` (the drift check) on a deployed one; ``glm-infra fleet``
+(stacks rolled in waves, gated by those two)."""
 
 from __future__ import annotations
 
@@ -242,6 +243,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--model", action="store_true", help="only the glm-infra keys' model (StackConfig), unprefixed")
     s.set_defaults(func=cmd_schema)
     from .doctor import add_parser as add_doctor
+    from .fleet.cli import add_parser as add_fleet
     from .predict import add_parser as add_predict
     from .propose import add_parser as add_propose
     from .sla import add_parser as add_sla
@@ -253,6 +255,7 @@ def parser() -> argparse.ArgumentParser:
     sub.choices["sla"].set_defaults(func=cmd_sla)
     add_doctor(sub)
     sub.choices["doctor"].set_defaults(func=cmd_doctor)
+    add_fleet(sub)
     return ap
 
 
