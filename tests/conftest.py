@@ -116,7 +116,7 @@ def write_stack(tmp_path):
 # cluster of its own (private_cluster): the modules of a lane in this order, each leaving its lane's
 # hosts as destroy leaves them for the next. The lanes are balanced by their measured time.
 CLUSTER_LANES = {
-    "a": ("test_sim_cluster", "test_sim_e2e", "test_team_state", "test_examples"),
+    "a": ("test_sim_cluster", "test_sim_e2e", "test_team_state", "test_examples", "test_fleet"),
     "b": ("test_operations", "test_faults", "test_rolling"),
 }
 CLUSTER_MODULES = ("test_sim_cluster",)  # outside tests/e2e

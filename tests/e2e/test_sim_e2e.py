@@ -14,7 +14,6 @@ import shlex
 import socket
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -28,7 +27,6 @@ import yaml
 from e2e.harness import (
     COLD,
     ROOT,
-    SIM_CACHE,
     SIM_STACK,
     assert_clean,
     make_revision,
@@ -41,7 +39,7 @@ from e2e.harness import (
     throttle_model_source,
     up_in_background,
 )
-from testbed import STANDINS
+from testbed.bench.rollout import build_vllm_wheel
 
 HOSTS = ("sim-1", "sim-2", "sim-3")
 PREFILL_UNITS = {"sim-1": ["glm-vllm-prefill-0", "glm-vllm-prefill-1"], "sim-2": ["glm-vllm-prefill-2", "glm-vllm-prefill-3"]}
@@ -463,16 +461,7 @@ def test_a_vllm_upgrade_reinstalls_and_restarts_the_instances_not_the_router(sta
     reinstalls the runtime on every host and restarts every instance, one at a time per pool; the
     router (its own wheel, untouched) keeps running."""
     version = "0.33.1+glmsim"
-    wheels = SIM_CACHE / "www" / "wheels"
-    standins = STANDINS
-    sim_binary = subprocess.run([str(standins / "build-llm-d-sim")], capture_output=True, text=True,
-                                check=True).stdout.strip().splitlines()[-1]
-    flashinfer = next(wheels.glob("flashinfer_python-*.whl")).name.split("-")[1].split("+")[0]
-    subprocess.run([sys.executable, str(standins / "wheels.py"), "build", "--name", "vllm", "--version", version,
-                    "--tag", "py3-none-linux_x86_64", "--package", str(standins / "vllm"), "--out", str(wheels),
-                    "--requires", f"flashinfer-python=={flashinfer}", "--console-script", "vllm=vllm.cli:main",
-                    "--executable", f"vllm/_bin/llm-d-inference-sim={sim_binary}"], check=True, capture_output=True)
-    subprocess.run([sys.executable, str(standins / "wheels.py"), "index", str(wheels)], check=True, capture_output=True)
+    build_vllm_wheel(version)
     installed = ("/opt/glm-infra/venv/bin/python -c "
                  "'import importlib.metadata as m; print(m.version(\"vllm\"))'")
     before = all_starts(router=True)
