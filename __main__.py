@@ -2,12 +2,17 @@
 
 import pulumi
 
-from glm_infra import Cluster, sdk_wait
+from glm_infra import Cluster, sdk_cycles, sdk_debug, sdk_wait
 from glm_infra.program import capacity_output, load
 
 # A fleet registers thousands of resources: the SDK waits for them one round at a time instead of once
 # per output (glm_infra/sdk_wait.py: tested SDK versions only; GLM_INFRA_SDK_WAIT=sdk leaves it alone).
 sdk_wait.install()
+# The SDK's own debug lines (five per resource, each a synchronous call to the engine) stay in the program
+# (glm_infra/sdk_debug.py; GLM_INFRA_SDK_DEBUG=1 keeps them).
+sdk_debug.quiet()
+# Its cycle check on each dependency without the walks that cannot find one (glm_infra/sdk_cycles.py).
+sdk_cycles.install()
 cluster = Cluster("glm", load())
 
 pulumi.export("hosts", {n: h.address for n, h in cluster.hosts.items()})
