@@ -32,6 +32,8 @@ plan takes ``step``.
 
 from __future__ import annotations
 
+import functools
+
 from glm_infra import render
 from glm_infra.plan import ports
 from glm_infra.plan.topology import HostPlan, Plan
@@ -48,9 +50,15 @@ NFTABLES_DROPIN = paths.dropin(NFTABLES_UNIT)
 SSH = "ssh"
 
 
-def _split(addresses: list[str]) -> tuple[list[str], list[str]]:
+def _split(addresses: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The IPv4 and IPv6 networks of ``addresses``, each once and none inside another (nft refuses an
-    interval set whose elements overlap: a host inside a listed CIDR)."""
+    interval set whose elements overlap: a host inside a listed CIDR). Every host's ruleset asks the same
+    few lists (quadratic in their length: 96 hosts asked 1.8 million containments): each is worked out once."""
+    return _split_once(tuple(addresses))
+
+
+@functools.lru_cache(maxsize=256)
+def _split_once(addresses: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     nets = set()
     for a in addresses:
         net = ports.network(a)
@@ -58,8 +66,8 @@ def _split(addresses: list[str]) -> tuple[list[str], list[str]]:
             raise ValueError(f"{a!r} is not an IP address or network: the firewall cannot use a DNS name")
         nets.add(net)
     kept = [n for n in nets if not any(n != m and n.version == m.version and n.subnet_of(m) for m in nets)]
-    return ([str(n) for n in sorted(n for n in kept if n.version == 4)],
-            [str(n) for n in sorted(n for n in kept if n.version == 6)])
+    return (tuple(str(n) for n in sorted(n for n in kept if n.version == 4)),
+            tuple(str(n) for n in sorted(n for n in kept if n.version == 6)))
 
 
 def audiences(stack: StackConfig) -> dict[str, list[str]]:
