@@ -11,7 +11,7 @@ sdk_wait.install()
 # The SDK's own debug lines (five per resource, each a synchronous call to the engine) stay in the program
 # (glm_infra/sdk_debug.py; GLM_INFRA_SDK_DEBUG=1 keeps them).
 sdk_debug.quiet()
-# Its cycle check on each dependency without the walks that cannot find one (glm_infra/sdk_cycles.py).
+# Its cycle check on each dependency searched from both ends (glm_infra/sdk_cycles.py).
 sdk_cycles.install()
 cluster = Cluster("glm", load())
 
