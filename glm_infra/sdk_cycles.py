@@ -34,6 +34,20 @@ def _dependents(res) -> set:
     return getattr(res, DEPENDENTS, set())
 
 
+def _level(frontier: list, seen: set, other: set, neighbours) -> tuple[list, bool]:
+    """One level further from FRONTIER over NEIGHBOURS: the next frontier (each added to SEEN), and whether
+    a neighbour is in OTHER (the search from the other end met this one)."""
+    nxt = []
+    for r in frontier:
+        for d in neighbours(r):
+            if d in other:
+                return nxt, True
+            if d not in seen:
+                seen.add(d)
+                nxt.append(d)
+    return nxt, False
+
+
 def _reaches(start, goal) -> bool:
     """Whether the recorded graph has a path START ⇝ GOAL: searched from both ends at once (START's
     dependencies, GOAL's dependents), a level of the smaller frontier at a time, so the cost follows the
@@ -44,25 +58,11 @@ def _reaches(start, goal) -> bool:
     ahead_frontier, behind_frontier = [start], [goal]
     while ahead_frontier and behind_frontier:
         if len(ahead_frontier) <= len(behind_frontier):
-            nxt = []
-            for r in ahead_frontier:
-                for d in _breaker._deps(r):
-                    if d in behind:
-                        return True
-                    if d not in ahead:
-                        ahead.add(d)
-                        nxt.append(d)
-            ahead_frontier = nxt
+            ahead_frontier, met = _level(ahead_frontier, ahead, behind, _breaker._deps)
         else:
-            nxt = []
-            for r in behind_frontier:
-                for d in _dependents(r):
-                    if d in ahead:
-                        return True
-                    if d not in behind:
-                        behind.add(d)
-                        nxt.append(d)
-            behind_frontier = nxt
+            behind_frontier, met = _level(behind_frontier, behind, ahead, _dependents)
+        if met:
+            return True
     return False
 
 
@@ -72,7 +72,11 @@ def declare_dependency(from_resource, to_resource) -> bool:
     if _reaches(to_resource, from_resource):
         return False
     _breaker._add_dep(from_resource, to_resource)
-    setattr(to_resource, DEPENDENTS, _dependents(to_resource) | {from_resource})
+    dependents = getattr(to_resource, DEPENDENTS, None)
+    if dependents is None:
+        setattr(to_resource, DEPENDENTS, {from_resource})
+    else:
+        dependents.add(from_resource)  # in place: a resource many depend on is not copied for each
     return True
 
 

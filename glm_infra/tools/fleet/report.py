@@ -52,7 +52,8 @@ def blast_radius(summary: PreviewSummary, rendering: Rendering) -> BlastRadius:
         pools[inst.pool] = (n + (_unit(inst.unit) in restarting), total + 1)
     router = rendering.router is not None and _unit(rendering.router[1]) in restarting
     changed = [n for op in OPS for n in summary.resources[op]]
-    hosts = [h for h in rendering.hosts if any(f"-{h}-" in f"-{n}-" for n in changed)]
+    named = {h for n in changed for h in rendering.hosts_named(n)}
+    hosts = [h for h in rendering.hosts if h in named]
     return BlastRadius(pools, router, hosts)
 
 

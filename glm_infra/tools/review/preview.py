@@ -45,8 +45,7 @@ def _preview_restarts(step: Mapping, rendering: Rendering) -> list[str]:
         return []
     # The connection is a secret ("[secret]" in the JSON): the host is the one the resource's name
     # names (glm-b300-1-firewall-nftables), else any host that has the script.
-    name = f"-{str(step.get('urn', '')).rsplit('::', 1)[-1]}-"
-    hosts = [h for h in rendering.hosts if f"-{h}-" in name] or list(rendering.hosts)
+    hosts = rendering.hosts_named(str(step.get("urn", "")).rsplit("::", 1)[-1]) or list(rendering.hosts)
 
     def script(path: str) -> str | None:
         found = [c for h in hosts if (c := rendering.files.get(f"{h}{path}", (None, 0))[0]) is not None]

@@ -42,6 +42,10 @@ class Rendering:
     instances: Mapping[str, Instance]
     router: tuple[str, str] | None = None  # (host, unit)
 
+    def hosts_named(self, resource: str) -> list[str]:
+        """The hosts a resource's name names (glm-b300-1-firewall-nftables: b300-1), as ``-HOST-`` inside it."""
+        return [h for h in self.hosts if f"-{h}-" in f"-{resource}-"]
+
     def host_files(self, host: str) -> dict[str, tuple[str, int]]:
         prefix = f"{host}/"
         return {k[len(host):]: v for k, v in self.files.items()
