@@ -115,10 +115,15 @@ def test_a_tree_started_beside_the_suite_is_left_alone(tmp_path):
     shell = subprocess.Popen(["bash", "-c", f"{fake} 305 & wait"], env=bare, start_new_session=True)
     try:
         deadline = time.monotonic() + 10
-        while not [p for p in proctree.descendants(shell.pid)]:
+
+        def started() -> list[int]:  # the fake program itself: a child seen between fork and exec is still bash
+            table = proctree.processes()
+            return [pid for pid in proctree.descendants(shell.pid, table) if table[pid].program == fake.name]
+
+        while not started():
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        child = proctree.descendants(shell.pid)[0]
+        child = started()[0]
         ours = {p.pid for p in proctree.leftovers(session, since, proctree.ancestors(os.getpid()))}
         assert child in ours, "below the suite: a leftover"
         # The same tree as if its shell were one of the suite's ancestors (the suite's own parent shell).
