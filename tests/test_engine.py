@@ -51,6 +51,29 @@ def test_toolchain_versions(engine, project):
     assert about.returncode == 0
 
 
+def test_glm_infras_pulumi_home_keeps_no_automatic_log_and_yours_is_left_alone(engine, project, tmp_path):
+    """The CLI's automatic log (every verbose line, property values included, compressed on each run: about two
+    thirds of a preview's engine CPU) is off in glm-infra's own PULUMI_HOME, a file where its folder would go
+    (scripts/lib/pulumi-env.sh); a PULUMI_HOME of your own keeps its folder and the CLI writes its log there."""
+    home = Path(pulumi(project, "version; echo \"$PULUMI_HOME\"").stdout.split()[-1])
+    assert home == Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache/glm-infra")) / "pulumi-home"
+    before = sorted(p.name for p in home.iterdir())
+    assert pulumi(project, "stack ls").returncode == 0
+    assert (home / "logs").is_file() and (home / "logs").stat().st_size == 0
+    assert sorted(p.name for p in home.iterdir()) == before, "no log file beside it either"
+
+    yours = tmp_path / "your-pulumi-home"
+    (yours / "logs").mkdir(parents=True)
+    (yours / "logs" / "kept.log").write_text("yours\n")
+    os.symlink(home / "plugins", yours / "plugins")
+    env = dict(os.environ, PULUMI_HOME=str(yours))
+    p = subprocess.run(["bash", "-c", f". {ROOT}/scripts/lib/pulumi-env.sh; cd {project}; pulumi version"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert (yours / "logs" / "kept.log").read_text() == "yours\n"
+    assert [f for f in (yours / "logs").iterdir() if f.name.startswith("pulumi-")], "the CLI logs where it may"
+
+
 def refused_before_any_resource(project, stack: str, cfg: dict) -> str:
     """Write ``cfg`` as STACK, then check that `preview` and `up` both fail cleanly (no traceback) and
     leave no resource in the state; returns what preview printed."""

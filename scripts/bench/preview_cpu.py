@@ -6,7 +6,9 @@ program, in one run (alternating, so that both see the same machine): prod-b300'
 
 The total is exact (``getrusage`` of the waited-for process tree); its split between the program (python), the
 engine (pulumi) and the command provider is sampled from /proc every 0.2 s (a process's last sample: a
-little under its real share). CPU-seconds vary less than wall time on a shared machine.
+little under its real share). CPU-seconds vary less than wall time on a shared machine. Pulumi's automatic log
+is off in glm-infra's own PULUMI_HOME (scripts/lib/pulumi-env.sh); PULUMI_HOME=DIR (with DIR/plugins the
+toolchain's) measures with it on.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import _repo  # noqa: F401  (the repository on sys.path)
 
@@ -119,7 +122,11 @@ def main() -> int:
     finally:
         for p in projects.values():
             p.cleanup()
-    print(f"\nmedians over {args.runs} runs")
+    # scripts/lib/pulumi-env.sh turns it off in glm-infra's own PULUMI_HOME; one set in the environment keeps it.
+    home = Path(os.environ.get("PULUMI_HOME") or
+                Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache/glm-infra")) / "pulumi-home")
+    print(f"\nPulumi's automatic log: {'off' if (home / 'logs').is_file() else 'on'} ({home}/logs)")
+    print(f"medians over {args.runs} runs")
     print("| hosts | program of | resources | wall | CPU-s (tree) | program | engine | provider |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for n, label, wall, cpu, med, creates in rows:
