@@ -41,6 +41,7 @@ class Registered:
     outputs: dict = field(default_factory=dict)  # what the mocks answered (the engine marks secret the
     # outputs whose input was secret and those in additional_secret_outputs)
     ignore_changes: list[str] = field(default_factory=list)
+    aliases: list = field(default_factory=list)  # as sent: URNs (aliasURNs) or specs (aliases)
 
 
 class _Mocks(pulumi.runtime.Mocks):
@@ -94,7 +95,8 @@ class RecordingMonitor(pmocks.MockMonitor):
                 Registered(request.type, request.name, resp.urn, request.parent, list(request.dependencies), inputs,
                            secret, bool(request.retainOnDelete), raw, list(request.additionalSecretOutputs),
                            {k: v for k, v in MessageToDict(request.customTimeouts).items() if v},
-                           MessageToDict(resp.object), list(request.ignoreChanges))
+                           MessageToDict(resp.object), list(request.ignoreChanges),
+                           [*request.aliasURNs, *(MessageToDict(a) for a in request.aliases)])
             )
         return resp
 

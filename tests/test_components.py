@@ -318,6 +318,37 @@ def test_a_step_reaches_the_provider_as_planned():
     assert waits.inputs["environment"] == {"X": "1"} and waits.inputs["addPreviousOutputInEnv"] is False
 
 
+def test_drivers_and_hoststep_register_the_steps_cluster_registers_directly():
+    """For a program of your own: Drivers and HostStep make the same commands as Cluster (which registers them
+    under itself, aliased to these components), each chained as the cluster chains them."""
+    from pulumi_command import remote
+
+    from glm_infra import Drivers, DriversArgs, HostStep, HostStepArgs
+    from glm_infra.steps import Step
+
+    def program():
+        conn = remote.ConnectionArgs(host="10.0.0.1", user="root", private_key=pulumi.Output.secret(KEY))
+        steps = {k: Step(k, f"echo {k}", None, None, local=k == "drivers-wait")
+                 for k in ("drivers-install", "drivers-reboot", "drivers-wait", "drivers-back")}
+        before = local.Command("before", create="true")
+        d = Drivers("h-drivers", DriversArgs(conn, steps), pulumi.ResourceOptions(depends_on=[before]))
+        HostStep("h-rdma", HostStepArgs(conn, Step("rdma", "echo rdma", "echo undo"), "setup", [d.ready.stdout]),
+                 pulumi.ResourceOptions(depends_on=[d]))
+        return d.ready.stdout
+
+    run, _ = run_callable(program)
+    cmds = commands(run)
+    assert sorted(cmds) == ["before", "h-drivers-back", "h-drivers-install", "h-drivers-reboot", "h-drivers-wait", "h-rdma-setup"]
+    assert all(cmds[f"h-drivers-{s}"].parent == run.urn("h-drivers") for s in ("install", "reboot", "wait", "back"))
+    assert cmds["h-rdma-setup"].parent == run.urn("h-rdma") and cmds["h-rdma-setup"].aliases == []
+    assert cmds["h-drivers-wait"].type == "command:local:Command"
+    for a, b in [("before", "h-drivers-install"), ("h-drivers-install", "h-drivers-reboot"),
+                 ("h-drivers-reboot", "h-drivers-wait"), ("h-drivers-wait", "h-drivers-back")]:
+        assert run.urn(a) in cmds[b].dependencies, (a, b)
+    assert cmds["h-drivers-wait"].inputs["create"].startswith(": glm-infra-triggers="), "re-run when the reboot's output changes"
+    assert cmds["h-rdma-setup"].inputs["create"].startswith(": glm-infra-triggers=")
+
+
 def test_the_components_leave_the_sdk_as_it_is():
     """The round wait is the program's choice (glm_infra.sdk_wait.install()), never a constructor's:
     a program that only builds a Cluster and Hosts runs the SDK it imported."""

@@ -80,14 +80,36 @@ def test_resource_tree(stack, key_file):
         key = run.get(name)
         assert key.parent == run.urn("glm") and set(key.additional_secret_outputs) >= {"stdout"}
         assert key.inputs["logging"] == "none"
-    assert types.count("glm-infra:index:Drivers") == len(p.serving_hosts)
+    # The driver steps and the host steps sit under the cluster (issue 43: a component each, changing nothing
+    # alone, was a fifth of a host's resources), each aliased to the component it was registered under before.
+    assert "glm-infra:index:Drivers" not in types and "glm-infra:index:HostStep" not in types
+    cluster = run.get("glm")
+
+    def was_under(r, type_: str) -> str | None:
+        """The name of the component of ``type_`` under the cluster that ``r`` was registered under before."""
+        prefix = f"{cluster.urn.rsplit('::', 1)[0]}$glm-infra:index:{type_}::"
+        old = [a["spec"]["parentUrn"].removeprefix(prefix) for a in r.aliases
+               if a["spec"]["parentUrn"].startswith(prefix)]
+        return old[0] if old else None
+
+    for h in p.serving_hosts:
+        for step in ("install", "reboot", "wait", "back"):
+            r = run.get(f"glm-{h.name}-drivers-{step}")
+            assert r.parent == cluster.urn and was_under(r, "Drivers") == f"glm-{h.name}-drivers", r.aliases
     runtimes = len({h.name for h in p.hosts if h.instances or h.runs_router})
     # Per serving host: the health gate, RDMA, the nearest NICs (nixl.nicPerRank) and the UCX env file; per
     # host that runs anything: the runtime and the placement; per host: the firewall.
     affinity = sum(1 for h in p.serving_hosts if nixl.per_rank(load_file(stack_file(stack)).config, h.name))
-    assert types.count("glm-infra:index:HostStep") == 3 * len(p.serving_hosts) + affinity + 2 * runtimes + len(p.hosts)
+    moved = {r.name: was_under(r, "HostStep") for r in run.resources if was_under(r, "HostStep")}
+    assert len(moved) == 3 * len(p.serving_hosts) + affinity + 2 * runtimes + len(p.hosts)
+    # Each keeps its name: the component's and what the component called its command.
+    assert all(name.startswith(old + "-") and name.removeprefix(old + "-") in
+               {"nftables", "gate", "setup", "pairs", "ucx-env", "venv", "placement"} for name, old in moved.items()), moved
+    # And before HostStep, four of them had a type of their own.
+    assert {was_under(run.get(f"glm-{h.name}-{step}"), type_) for h in p.serving_hosts
+            for step, type_ in (("health-gate", "Fabric"), ("rdma-setup", "Rdma"), ("nixl-ucx-env", "Nixl"))} \
+        == {f"glm-{h.name}-{c}" for h in p.serving_hosts for c in ("health", "rdma", "nixl")}
     # Every resource hangs under the cluster; names carry their parent's name.
-    cluster = run.get("glm")
     for r in run.resources:
         if r is cluster:
             continue

@@ -25,10 +25,9 @@ from glm_infra.spec.config import SERVING_KEYS
 from glm_infra.stack import StackError
 from glm_infra.steps import Step, digest
 
-from .drivers import Drivers, DriversArgs
+from .drivers import driver_steps
 from .engine_limits import check_parallel
 from .host import Host, HostArgs
-from .host_step import HostStep, HostStepArgs
 from .monitoring import STEP_KEYS, MonitoredHost, Monitoring, MonitoringArgs
 from .remote_step import relay_key, run_step, trigger_key
 from .router import Router, RouterArgs
@@ -181,17 +180,16 @@ class _Deployment(pulumi.ComponentResource):
                 before_drivers = run_step(f"{name}-{h.name}-host-drain", s["host-drain"], conn, self,
                                           live=self.live(h.name, "host-drain"), depends_on=[acquire])
                 self._drains[h.name] = before_drivers
-            drivers = Drivers(
-                f"{name}-{h.name}-drivers",
-                DriversArgs(conn, hostplan_subset(s, "drivers-"), self.lives(h.name, [k for k in s if k.startswith("drivers-")])),
-                pulumi.ResourceOptions(parent=self, depends_on=[before_drivers]),
-            )
+            _, drivers = driver_steps(
+                f"{name}-{h.name}-drivers", conn, hostplan_subset(s, "drivers-"), self,
+                live=self.lives(h.name, [k for k in s if k.startswith("drivers-")]), after=[before_drivers],
+                moved_from=self._moved_from(f"{name}-{h.name}-drivers", "Drivers"))
             after_drivers: pulumi.Resource = drivers
             if "firewall" in s:
                 after_drivers = self._host_step(f"{name}-{h.name}-firewall", "nftables", conn, s["firewall"], h.name,
                                                 [], [drivers])
             gate = self._host_step(f"{name}-{h.name}-health", "gate", conn, s["health-gate"], h.name,
-                                   [drivers.ready.stdout], [after_drivers], "Fabric")
+                                   [drivers.stdout], [after_drivers], "Fabric")
             rdma = self._host_step(f"{name}-{h.name}-rdma", "setup", conn, s["rdma"], h.name, [], [gate], "Rdma")
             kv = self._host_step(f"{name}-{h.name}-nic-affinity", "pairs", conn, s["nic-affinity"], h.name, [],
                                  [rdma]) if "nic-affinity" in s else rdma  # nixl.nicPerRank: before ucx.env
@@ -206,7 +204,7 @@ class _Deployment(pulumi.ComponentResource):
                                     depends_on=[back])
             # The host as provisioned (driver answering, RDMA up): read again when the driver, gate or RDMA step ran.
             chain.facts = host.read_facts(
-                s["facts"], [drivers.ready.stdout, gate.command.stdout, rdma.command.stdout], [previous],
+                s["facts"], [drivers.stdout, gate.stdout, rdma.stdout], [previous],
                 live=self.live(h.name, "facts"))
         elif "firewall" in s:
             previous = self._host_step(f"{name}-{h.name}-firewall", "nftables", conn, s["firewall"], h.name, [],
@@ -218,13 +216,19 @@ class _Deployment(pulumi.ComponentResource):
         return chain
 
     def _host_step(self, name: str, command: str, conn: remote.ConnectionArgs, step: Step, host: str,
-                   triggers: list, after: list, old_type: str | None = None) -> HostStep:
-        return HostStep(
-            name, HostStepArgs(conn, step, command, triggers, self.live(host, step.name)),
-            # Same resources as before the steps shared one component type.
-            pulumi.ResourceOptions(parent=self, depends_on=after,
-                                   aliases=[pulumi.Alias(type_=f"glm-infra:index:{old_type}")] if old_type else None),
-        )
+                   triggers: list, after: list, old_type: str | None = None) -> remote.Command:
+        """The step's command ``{name}-{command}``, under this component: it was once the only child of a
+        HostStep component ``name`` (and before that of a component of type ``old_type``)."""
+        return run_step(f"{name}-{command}", step, conn, self, live=self.live(host, step.name), triggers=triggers,
+                        depends_on=after, moved_from=self._moved_from(name, "HostStep", old_type))
+
+    def _moved_from(self, name: str, *types: str | None) -> list[pulumi.Output[str]]:
+        """The URNs a component ``name`` of each of ``types`` had under this one. Until issue 43 each host step
+        (and a host's driver steps together) had a component of its own: a resource that never changed alone,
+        a fifth of a host's resources, each costing the program and the engine. Their commands now sit under
+        this component, aliased to where they were, so a deployed stack keeps every step as it is (no create,
+        no delete run, no restart); only the empty components go, and a component's delete runs nothing."""
+        return [pulumi.create_urn(name, f"glm-infra:index:{t}", parent=self) for t in types if t]
 
     def _monitor(self, name: str, after: Sequence[pulumi.Resource] = ()) -> Monitoring | None:
         """The exporters on every host and Prometheus and Alertmanager on the monitoring host, once

@@ -92,10 +92,13 @@ def run_step(
     triggers: Sequence[pulumi.Input[str]] = (),
     depends_on: Sequence[pulumi.Resource] = (),
     environment: Mapping[str, pulumi.Input[str]] | None = None,
+    moved_from: Sequence[pulumi.Input[str]] = (),
 ) -> remote.Command | local.Command:
     """Register ``step``. Its options (timeout, retention, logging, local or remote) are fixed when the
     program runs; its commands and stdin come from ``live`` when they depend on values another
-    resource produces (addresses), else from ``step``. ``stdin`` overrides both (secret files)."""
+    resource produces (addresses), else from ``step``. ``stdin`` overrides both (secret files).
+    ``moved_from``: the URNs of the parents it had before (a component that no longer exists): aliases, so
+    that a deployed step stays the same resource (nothing created again, no delete run)."""
 
     def field(attr: str) -> pulumi.Input:
         return live.apply(lambda s: getattr(s, attr)) if live is not None else getattr(step, attr)
@@ -116,6 +119,7 @@ def run_step(
         additional_secret_outputs=(["stdin", "stdout"] if step.secret_output else ["stdin"]) if step.secret else None,
         custom_timeouts=pulumi.CustomTimeouts(create=step.timeout, update=step.timeout) if step.timeout else None,
         retain_on_delete=step.retain or None,
+        aliases=[pulumi.Alias(parent=urn) for urn in moved_from] or None,
     )
     if step.local:
         return local.Command(name, create=create, update=update, delete=field("delete"), stdin=data,

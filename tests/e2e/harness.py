@@ -285,6 +285,10 @@ PREVIOUS_MAIN = "f176da75a19788609c9ca64b7d8e34b0107db617"
 # relay key and its file on every host that relays, and the canaries' transition marker on the router's host;
 # issue 40: the unit-memory timer on every host with an instance or the router.
 UPGRADE_ADDS = ("-relay-key", "-etc-glm-infra-secrets-relay-env", "-canary-transition", "-unit-memory")
+# The component types whose resources an upgrade from PREVIOUS_MAIN deletes, issue 43: each host step and a host's
+# driver steps had a component of their own; their commands now sit under the cluster, aliased to where they were
+# (the same resources: nothing created, no step's delete run), and a component's delete runs nothing.
+UPGRADE_DROPS = ("glm-infra:index:HostStep", "glm-infra:index:Drivers")
 # Why an upgrade from PREVIOUS_MAIN restarts the instances (each through its rollout, one at a time per
 # pool), or None where it must restart none. Set it only for a change that must reach running instances.
 # Issue 39: drivers.sh and rdma.sh changed (NVIDIA's install order and relations), and a change to a driver or

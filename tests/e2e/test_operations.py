@@ -35,6 +35,7 @@ from e2e.harness import (
     ROOT,
     SIM_STACK,
     UPGRADE_ADDS,
+    UPGRADE_DROPS,
     UPGRADE_RESTARTS,
     UPGRADE_UPDATES,
     as_the_previous_main_found_them,
@@ -173,9 +174,10 @@ def _starts() -> dict[str, str]:
 def test_a_stack_deployed_by_the_previous_main_upgrades_without_replacing_or_deleting(stack, webhook, tmp_path):
     """The change a user makes when they update glm-infra under a running cluster: the module's stack is
     first deployed by the previous main (harness.PREVIOUS_MAIN), then `pulumi up` with this checkout's
-    code. Moving code must not change a resource's URN or type: nothing is replaced or deleted, nothing
-    is added but what this checkout adds on purpose (harness.UPGRADE_ADDS), and no instance restarts unless
-    this checkout says why (harness.UPGRADE_RESTARTS).
+    code. Moving code must not change a resource's URN or type: nothing is replaced, nothing deleted but the
+    components of harness.UPGRADE_DROPS (their steps moved under the cluster, aliased: the same resources, and a
+    component's delete runs nothing), nothing is added but what this checkout adds on purpose
+    (harness.UPGRADE_ADDS), and no instance restarts unless this checkout says why (harness.UPGRADE_RESTARTS).
     The rest of the module runs on the upgraded stack."""
     configure(stack, webhook)
     # A stack written for the previous main has no host keys (its loader refuses them); they come after the
@@ -200,28 +202,39 @@ def test_a_stack_deployed_by_the_previous_main_upgrades_without_replacing_or_del
     def added(urn: str) -> bool:
         return urn.rsplit("::", 1)[-1].endswith(UPGRADE_ADDS)
 
+    def dropped(urn: str) -> bool:  # a component that goes (its own type, the last of the URN's type chain)
+        return urn.split("::")[2].split("$")[-1] in UPGRADE_DROPS
+
+    def moved(urn: str) -> str:  # the URN under the parents that stay (an alias took it there)
+        return re.sub(r"\$(" + "|".join(map(re.escape, UPGRADE_DROPS)) + r")(?=\$)", "", urn)
+
     deployed = resources()
+    drops = sum(dropped(r["urn"]) for r in deployed)
+    assert drops, "the previous main deployed the components this checkout drops"
     started = _starts()
     preview = stack.preview_json()  # this checkout's code, from the repository root
     bad = sorted(f"{s['op']} {s['urn']}" for s in preview["steps"]
-                 if s["op"] in DESTRUCTIVE and not (s["op"] == "create" and added(s["urn"])))
+                 if s["op"] in DESTRUCTIVE and not (s["op"] == "create" and added(s["urn"]))
+                 and not (s["op"] == "delete" and dropped(s["urn"])))
     assert not bad, "the upgrade would replace, delete or add:\n" + "\n".join(bad)
     creates = sum(s["op"] == "create" for s in preview["steps"])
     # The JSON lists the steps that change something; the summary counts every resource.
     summary = preview["changeSummary"]
-    assert not (DESTRUCTIVE - {"create"}) & set(summary) and summary.get("create", 0) == creates, summary
-    assert summary.get("same", 0) + summary.get("update", 0) == len(deployed), summary
+    assert not (DESTRUCTIVE - {"create", "delete"}) & set(summary) and summary.get("create", 0) == creates, summary
+    assert summary.get("delete", 0) == drops, summary
+    assert summary.get("same", 0) + summary.get("update", 0) + drops == len(deployed), summary
     updates = sorted(s["urn"].rsplit("::", 1)[-1] for s in preview["steps"] if s["op"] == "update")
     # Only what this checkout changes on purpose, and nothing else.
-    # (83 unchanged before issue 42's preflight and service updates: 3 + 6)
-    assert summary["same"] > 70 and all(u.endswith(UPGRADE_UPDATES) for u in updates), \
+    # (83 unchanged before issue 42's preflight and service updates: 3 + 6; the components that go were unchanged)
+    assert summary["same"] + drops > 70 and all(u.endswith(UPGRADE_UPDATES) for u in updates), \
         "\n".join([str(summary), *[u for u in updates if not u.endswith(UPGRADE_UPDATES)]])
     out = stack.up()
-    assert not re.search(r"[1-9]\d* (to )?(replace|delete)", out.stdout[out.stdout.rfind("Resources:"):]), out.stdout
+    tail = out.stdout[out.stdout.rfind("Resources:"):]
+    assert not re.search(r"[1-9]\d* (to )?replace", tail) and re.search(rf"\b{drops} deleted", tail), out.stdout
     now = resources()
-    assert sorted(r["urn"] for r in now if not added(r["urn"])) == sorted(r["urn"] for r in deployed), \
-        "every URN as it was"
-    assert len(now) - len(deployed) == creates
+    assert sorted(r["urn"] for r in now if not added(r["urn"])) == \
+        sorted(moved(r["urn"]) for r in deployed if not dropped(r["urn"])), "every URN as it was, or under the cluster"
+    assert len(now) - len(deployed) == creates - drops
     if UPGRADE_RESTARTS is None:
         assert _starts() == started, "no instance restarted"
     else:  # each instance rolled once, to pick up what this checkout changes for it
