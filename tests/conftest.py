@@ -261,6 +261,25 @@ def pytest_runtest_setup(item):
 
 
 _SESSION = {"id": "", "since": 0.0}
+# Seconds of setup, call and teardown per lane of CLUSTER_LANES and for the fast tier: what balancing the lanes
+# needs (the suite's wall time is its longest lane's), printed at the end.
+LANE_SECONDS: dict[str, float] = {}
+
+
+def lane_label(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return f"lane {lane_of(path)}" if on_cluster_path(path) else "fast tier"
+
+
+def pytest_runtest_logreport(report):
+    label = lane_label(report.nodeid)
+    LANE_SECONDS[label] = LANE_SECONDS.get(label, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if LANE_SECONDS and not hasattr(terminalreporter.config, "workerinput"):
+        terminalreporter.write_line("seconds per lane (setup, call and teardown summed): " + ", ".join(
+            f"{label} {seconds:.0f}" for label, seconds in sorted(LANE_SECONDS.items())))
 
 
 def pytest_sessionstart(session):

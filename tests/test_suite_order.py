@@ -152,3 +152,20 @@ def test_a_lane_worker_has_its_own_network_state_and_run_folder():
     assert not state_file.exists() and not Path("/run/systemd/nspawn/lane-probe").exists()
     mounts = Path("/proc/self/mountinfo").read_text()
     assert str(ROOT / ".pulumi-state") not in mounts, "nothing was mounted in the machine's namespace"
+
+
+def test_the_end_says_how_long_each_lane_took(monkeypatch):
+    """What balancing the lanes needs: each test's setup, call and teardown summed per lane and for the fast tier,
+    on the controller (pytest-xdist sends it every worker's reports), printed once at the end."""
+    monkeypatch.setattr(conftest, "LANE_SECONDS", {})
+    for nodeid, seconds in [("tests/e2e/test_fleet.py::test_a", 100.0), ("tests/test_sim_cluster.py::test_b", 20.5),
+                            ("tests/e2e/test_rolling.py::test_c", 30.0), ("tests/test_render.py::test_d", 0.25),
+                            ("tests/e2e/test_fleet.py::test_a", 4.0)]:
+        conftest.pytest_runtest_logreport(SimpleNamespace(nodeid=nodeid, duration=seconds))
+    lines: list[str] = []
+    reporter = SimpleNamespace(config=SimpleNamespace(), write_line=lines.append)
+    conftest.pytest_terminal_summary(reporter)
+    assert lines == ["seconds per lane (setup, call and teardown summed): fast tier 0, lane a 124, lane b 30"]
+    worker = SimpleNamespace(config=SimpleNamespace(workerinput={}), write_line=lines.append)
+    conftest.pytest_terminal_summary(worker)
+    assert len(lines) == 1, "a worker's summary is not shown: the controller's alone"
