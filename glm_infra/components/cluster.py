@@ -181,7 +181,7 @@ class _Deployment(pulumi.ComponentResource):
                                           live=self.live(h.name, "host-drain"), depends_on=[acquire])
                 self._drains[h.name] = before_drivers
             _, drivers = driver_steps(
-                f"{name}-{h.name}-drivers", conn, hostplan_subset(s, "drivers-"), self,
+                f"{name}-{h.name}-drivers", conn, s, self,
                 live=self.lives(h.name, [k for k in s if k.startswith("drivers-")]), after=[before_drivers],
                 moved_from=self._moved_from(f"{name}-{h.name}-drivers", "Drivers"))
             after_drivers: pulumi.Resource = drivers
@@ -217,17 +217,14 @@ class _Deployment(pulumi.ComponentResource):
 
     def _host_step(self, name: str, command: str, conn: remote.ConnectionArgs, step: Step, host: str,
                    triggers: list, after: list, old_type: str | None = None) -> remote.Command:
-        """The step's command ``{name}-{command}``, under this component: it was once the only child of a
-        HostStep component ``name`` (and before that of a component of type ``old_type``)."""
+        """The step's command ``{name}-{command}`` (once a HostStep ``name``'s, before that an ``old_type``'s)."""
         return run_step(f"{name}-{command}", step, conn, self, live=self.live(host, step.name), triggers=triggers,
                         depends_on=after, moved_from=self._moved_from(name, "HostStep", old_type))
 
     def _moved_from(self, name: str, *types: str | None) -> list[pulumi.Output[str]]:
-        """The URNs a component ``name`` of each of ``types`` had under this one. Until issue 43 each host step
-        (and a host's driver steps together) had a component of its own: a resource that never changed alone,
-        a fifth of a host's resources, each costing the program and the engine. Their commands now sit under
-        this component, aliased to where they were, so a deployed stack keeps every step as it is (no create,
-        no delete run, no restart); only the empty components go, and a component's delete runs nothing."""
+        """The URNs a component ``name`` of each of ``types`` had under this one. Each host step (a host's driver
+        steps together) had a component until issue 43: a fifth of a host's resources, never changing alone.
+        Aliased there, a deployed step stays as it is; only the empty components go (their delete runs nothing)."""
         return [pulumi.create_urn(name, f"glm-infra:index:{t}", parent=self) for t in types if t]
 
     def _monitor(self, name: str, after: Sequence[pulumi.Resource] = ()) -> Monitoring | None:
@@ -247,10 +244,6 @@ class _Deployment(pulumi.ComponentResource):
         return Monitoring(f"{name}-monitoring", MonitoringArgs(hosts, secrets.get("webhook_url"), url,
                                                                secrets.get("dead_mans_switch_url")),
                           pulumi.ResourceOptions(parent=self))
-
-
-def hostplan_subset(steps: Mapping[str, Step], prefix: str) -> dict[str, Step]:
-    return {k: s for k, s in steps.items() if k.startswith(prefix)}
 
 
 def _read_key(path: str, source: str) -> str:
