@@ -47,8 +47,7 @@ def test_workers_get_each_lane_first_as_one_unit_and_the_fast_tier_loose():
     assert {f for f, s in scopes.items() if s == "simulated-cluster-a"} == {
         "tests/test_sim_cluster.py", "tests/e2e/test_sim_e2e.py"}
     assert {f for f, s in scopes.items() if s == "simulated-cluster-b"} == {
-        "tests/e2e/test_operations.py", "tests/e2e/test_faults.py"}
-    assert {f for f, s in scopes.items() if s == "simulated-cluster-c"} == {"tests/e2e/test_rolling.py"}
+        "tests/e2e/test_operations.py", "tests/e2e/test_faults.py", "tests/e2e/test_rolling.py"}
     assert scopes["tests/test_render.py"] == "tests/test_render.py::test_x", "the fast tier spreads over the workers"
     assert conftest.scheduler_scope("tests/test_render.py::test_y[sim]") != conftest.scheduler_scope("tests/test_render.py::test_x")
 
@@ -159,9 +158,9 @@ def test_the_end_says_how_long_each_lane_took(monkeypatch):
     """What balancing the lanes needs: each test's setup, call and teardown summed per lane and for the fast tier,
     on the controller (pytest-xdist sends it every worker's reports), printed once at the end."""
     monkeypatch.setattr(conftest, "LANE_SECONDS", {})
-    for nodeid, seconds in [("tests/e2e/test_sim_e2e.py::test_a", 100.0), ("tests/test_sim_cluster.py::test_b", 20.5),
-                            ("tests/e2e/test_operations.py::test_c", 30.0), ("tests/test_render.py::test_d", 0.25),
-                            ("tests/e2e/test_sim_e2e.py::test_a", 4.0)]:
+    for nodeid, seconds in [("tests/e2e/test_fleet.py::test_a", 100.0), ("tests/test_sim_cluster.py::test_b", 20.5),
+                            ("tests/e2e/test_rolling.py::test_c", 30.0), ("tests/test_render.py::test_d", 0.25),
+                            ("tests/e2e/test_fleet.py::test_a", 4.0)]:
         conftest.pytest_runtest_logreport(SimpleNamespace(nodeid=nodeid, duration=seconds))
     lines: list[str] = []
     reporter = SimpleNamespace(config=SimpleNamespace(), write_line=lines.append)
