@@ -13,6 +13,8 @@ import pytest
 import yaml
 from conftest import ROOT, stack_file
 
+from testbed.cluster import CACHE
+
 PASSPHRASE = "glm-infra-test"
 
 
@@ -56,7 +58,7 @@ def test_glm_infras_pulumi_home_keeps_no_automatic_log_and_yours_is_left_alone(e
     thirds of a preview's engine CPU) is off in glm-infra's own PULUMI_HOME, a file where its folder would go
     (scripts/lib/pulumi-env.sh); a PULUMI_HOME of your own keeps its folder and the CLI writes its log there."""
     home = Path(pulumi(project, "version; echo \"$PULUMI_HOME\"").stdout.split()[-1])
-    assert home == Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache/glm-infra")) / "pulumi-home"
+    assert home == CACHE / "pulumi-home"
     before = sorted(p.name for p in home.iterdir())
     assert pulumi(project, "stack ls").returncode == 0
     assert (home / "logs").is_file() and (home / "logs").stat().st_size == 0

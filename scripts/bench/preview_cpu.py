@@ -28,6 +28,7 @@ from pathlib import Path
 import _repo  # noqa: F401  (the repository on sys.path)
 
 from testbed.bench.common import PASSPHRASE, ROOT, Project, b300_fleet
+from testbed.cluster import CACHE
 
 KINDS = {"python": "program", "pulumi": "engine", "pulumi-resource": "provider", "pulumi-language": "language host"}
 
@@ -123,8 +124,7 @@ def main() -> int:
         for p in projects.values():
             p.cleanup()
     # scripts/lib/pulumi-env.sh turns it off in glm-infra's own PULUMI_HOME; one set in the environment keeps it.
-    home = Path(os.environ.get("PULUMI_HOME") or
-                Path(os.environ.get("GLM_INFRA_CACHE", Path.home() / ".cache/glm-infra")) / "pulumi-home")
+    home = Path(os.environ.get("PULUMI_HOME") or CACHE / "pulumi-home")
     print(f"\nPulumi's automatic log: {'off' if (home / 'logs').is_file() else 'on'} ({home}/logs)")
     print(f"medians over {args.runs} runs")
     print("| hosts | program of | resources | wall | CPU-s (tree) | program | engine | provider |")
