@@ -1,4 +1,4 @@
-"""How the suite schedules itself (tests/conftest.py): what boots simulated hosts is two lanes, each one
+"""How the suite schedules itself (tests/conftest.py): what boots simulated hosts is three lanes, each one
 unit of work for pytest-xdist with a cluster of its own, first with workers (a worker starts on each at
 once) and last in one process (the fast tier first)."""
 
@@ -39,15 +39,16 @@ def test_one_process_runs_the_fast_tier_first_then_the_cluster_lane_after_lane()
 
 
 def test_workers_get_each_lane_first_as_one_unit_and_the_fast_tier_loose():
-    items = ordered(numprocesses=3)
+    items = ordered(numprocesses=4)
     assert [i.rel for i in items][:5] == ["tests/test_sim_cluster.py", "tests/e2e/test_sim_e2e.py",
                                           "tests/e2e/test_operations.py", "tests/e2e/test_faults.py",
                                           "tests/e2e/test_rolling.py"]
     scopes = {f: conftest.scheduler_scope(f"{f}::test_x") for f in FILES}
     assert {f for f, s in scopes.items() if s == "simulated-cluster-a"} == {
         "tests/test_sim_cluster.py", "tests/e2e/test_sim_e2e.py"}
-    assert {f for f, s in scopes.items() if s == "simulated-cluster-b"} == {
-        "tests/e2e/test_operations.py", "tests/e2e/test_faults.py", "tests/e2e/test_rolling.py"}
+    assert {f for f, s in scopes.items() if s == "simulated-cluster-b"} == {"tests/e2e/test_operations.py"}
+    assert {f for f, s in scopes.items() if s == "simulated-cluster-c"} == {
+        "tests/e2e/test_faults.py", "tests/e2e/test_rolling.py"}
     assert scopes["tests/test_render.py"] == "tests/test_render.py::test_x", "the fast tier spreads over the workers"
     assert conftest.scheduler_scope("tests/test_render.py::test_y[sim]") != conftest.scheduler_scope("tests/test_render.py::test_x")
 
@@ -66,20 +67,21 @@ def test_the_scheduler_sends_each_lane_to_a_worker_of_its_own_in_order(tmp_path)
     record = ("import os\n\ndef _seen(name):\n    with open(os.environ['ORDER_LOG'], 'a') as f:\n"
               "        f.write(f\"{name} {os.environ['PYTEST_XDIST_WORKER']} {os.readlink('/proc/thread-self/ns/net')} "
               "{os.environ.get('GLM_SIM_RUN', '-')}\\n\")\n\n")
-    for module in ("test_sim_e2e", "test_team_state", "test_operations", "test_faults"):
+    for module in ("test_sim_e2e", "test_team_state", "test_operations", "test_fleet", "test_faults", "test_rolling"):
         (tmp_path / "tests" / "e2e" / f"{module}.py").write_text(
             record + "".join(f"def test_{module}_{n}():\n    _seen('{module}_{n}')\n\n" for n in (1, 2)))
     (tmp_path / "tests" / "test_fast.py").write_text(
         record + "".join(f"def test_fast_{n}():\n    _seen('fast_{n}')\n\n" for n in range(6)))
     log = tmp_path / "order.log"
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3", "--dist", "load",
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "4", "--dist", "load",
                         "--no-loadscope-reorder", "tests"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                        env={**__import__("os").environ, "ORDER_LOG": str(log)})
     assert p.returncode == 0, p.stdout + p.stderr
     seen = [line.split() for line in log.read_text().splitlines()]
     machine_net = __import__("os").readlink("/proc/thread-self/ns/net")
     lanes = {"a": ["test_sim_e2e_1", "test_sim_e2e_2", "test_team_state_1", "test_team_state_2"],
-             "b": ["test_operations_1", "test_operations_2", "test_faults_1", "test_faults_2"]}
+             "b": ["test_operations_1", "test_operations_2", "test_fleet_1", "test_fleet_2"],
+             "c": ["test_faults_1", "test_faults_2", "test_rolling_1", "test_rolling_2"]}
     where = {}
     for lane, names in lanes.items():
         rows = [r for r in seen if r[0] in names]
@@ -88,7 +90,8 @@ def test_the_scheduler_sends_each_lane_to_a_worker_of_its_own_in_order(tmp_path)
         worker, net, run = rows[0][1:]
         assert net != machine_net and run == f"/run/glm-infra-sim-lane-{lane}", rows[0]
         where[lane] = (worker, net)
-    assert where["a"][0] != where["b"][0] and where["a"][1] != where["b"][1], "the lanes run side by side, apart"
+    assert len({w for w, _ in where.values()}) == len({n for _, n in where.values()}) == 3, \
+        f"the lanes run side by side, apart: {where}"
     fast = [r for r in seen if r[0].startswith("fast")]
     assert len(fast) == 6 and all(r[2] == machine_net and r[3] == "-" for r in fast), "the fast tier stays on the machine"
 
@@ -165,7 +168,7 @@ def test_the_end_says_how_long_each_lane_took(monkeypatch):
     lines: list[str] = []
     reporter = SimpleNamespace(config=SimpleNamespace(), write_line=lines.append)
     conftest.pytest_terminal_summary(reporter)
-    assert lines == ["seconds per lane (setup, call and teardown summed): fast tier 0, lane a 124, lane b 30"]
+    assert lines == ["seconds per lane (setup, call and teardown summed): fast tier 0, lane a 20, lane b 104, lane c 30"]
     worker = SimpleNamespace(config=SimpleNamespace(workerinput={}), write_line=lines.append)
     conftest.pytest_terminal_summary(worker)
     assert len(lines) == 1, "a worker's summary is not shown: the controller's alone"

@@ -155,10 +155,15 @@ def doctor(*extra: str) -> subprocess.CompletedProcess:
 
 def configure(stack, webhook) -> None:
     sh(f"pulumi config set -s sim --secret --path glm-infra:monitoring.webhookUrl {webhook.url}")
-    # TTFT that grows with the prompt, as a real prefill's does: 1 µs a token (0.26 s at 256K), on top of
-    # what the simulator itself spends on a prompt (its tokenizer, twice with P/D: 0.7 s at 256K on a
-    # quiet 2-core machine, up to twice that beside the other lane; measured 256K mean TTFT 1.00 s quiet).
-    stack.config_set("glm-infra:prefill.env.GLM_SIM_PREFILL_US_PER_TOKEN", "1")
+    # TTFT as a real prefill's: 300 ms of overhead, then 3 µs a token (0.79 s at 256K), on top of what the
+    # simulator itself spends on a prompt (its tokenizer, twice with P/D: about 0.65 s at 256K on a quiet
+    # 2-core machine). Quiet, that is 16K 0.40 s, 64K 0.67, 128K 1.04, 256K 1.74: each bucket 0.25 to 0.7 s
+    # above the one before, so the SLA gate's "a longer prompt takes longer" holds beside other lanes (at
+    # 1 µs and 50 ms, 128K measured 1.10 s and 256K 1.03 s beside two of them). And each bucket's TTFT is
+    # long enough that 15 % of it covers what the client's TTFT adds to Prometheus's (TLS, the front, the
+    # router's hop: 35-40 ms quiet, 61 ms measured under load at 16K, past the gate's 50 ms floor at 0.35 s).
+    stack.config_set("glm-infra:prefill.env.GLM_SIM_TTFT_MS", "300")
+    stack.config_set("glm-infra:prefill.env.GLM_SIM_PREFILL_US_PER_TOKEN", "3")
 
 
 # What an upgrade must not do to a resource of a running cluster.
@@ -403,10 +408,10 @@ def test_the_sla_gate_passes_inside_the_sla(stack, tokenizer, tmp_path):
 
 
 def test_the_sla_gate_fails_for_the_right_bucket_and_metric(stack, tokenizer, tmp_path):
-    # A slower prefill: 9 µs a token puts only the 256K bucket past the 2.5 s TTFT, by the prefill alone
-    # (2.4 s + the simulator's own time; measured quiet: 256K 3.14 s, 128K 1.60 s), and leaves 128K room
-    # for the simulator's time to double under load (2.2 s).
-    stack.config_set("glm-infra:prefill.env.GLM_SIM_PREFILL_US_PER_TOKEN", "9")
+    # A slower prefill: 8 µs a token puts only the 256K bucket past the 2.5 s TTFT, by the prefill alone
+    # (300 ms + 2.1 s, then the simulator's own time: 256K about 3.0 s quiet; at 50 ms and 9 µs it measured
+    # 3.14 s), and leaves 128K room for the simulator's time to double under load (1.7 s quiet, 2.1 s).
+    stack.config_set("glm-infra:prefill.env.GLM_SIM_PREFILL_US_PER_TOKEN", "8")
     stack.up()
     p = sla(tmp_path)
     assert p.returncode == 1, p.stdout + p.stderr[-4000:]
