@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from e2e.harness import ROOT, SIM_STACK, Stack, close_ssh, set_host_keys, sh
+from e2e.harness import ROOT, SIM_STACK, Stack, set_host_keys, sh
 
 
 @pytest.fixture(scope="session")
@@ -25,12 +25,10 @@ def sim():
         pytest.fail("the simulated cluster needs root", pytrace=False)
     try:
         # Fresh hosts and fresh server logs, even when a cluster was left running (demo, benchmark).
-        close_ssh()
         subprocess.run([str(ROOT / "scripts/sim"), "down"], check=True, timeout=600)
         subprocess.run([str(ROOT / "scripts/sim"), "up"], check=True, timeout=1800)
         yield
     finally:
-        close_ssh()
         subprocess.run([str(ROOT / "scripts/sim"), "down"], timeout=600)
 
 

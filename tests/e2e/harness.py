@@ -106,52 +106,17 @@ def sh(cmd: str, check: bool = True, timeout: int = 3600, env: dict | None = Non
     return p
 
 
-def ssh_control() -> Path:
-    """Where this cluster's SSH connections wait for the harness's next command on each host: beside its run folder,
-    not in it (``scripts/sim down`` removes that)."""
-    return Path(f"{sim_run()}-ssh")
-
-
 def on_host(host: str, cmd: str, check: bool = True) -> str:
-    """``cmd`` on a simulated host of the sim stack, as ``scripts/sim ssh`` runs it, over one connection per host
-    that the harness keeps (OpenSSH's ControlMaster; 60 s after its last command it goes): a command costs the
-    machine about 7 ms of CPU instead of 170 (a Python process and a new SSH session each), and the suite runs
-    some thousand. A connection whose host went dark is noticed within about 6 s (ServerAlive); power_cut and the
-    end of the cluster close them at once (close_ssh)."""
-    from testbed.cluster import SIM, SSH_OPTS, hosts_of
-
-    address = {h.name: h.address for h in hosts_of(str(SIM_STACK))[0]}.get(host)
-    if address is None:
-        raise AssertionError(f"{host}: no such host in {SIM_STACK}")
-    ssh_control().mkdir(mode=0o700, exist_ok=True)
-    argv = ["ssh", "-i", str(SIM / "ssh" / "id_ed25519"), *SSH_OPTS, "-o", "ControlMaster=auto",
-            "-o", f"ControlPath={ssh_control()}/%h", "-o", "ControlPersist=60", "-o", "ServerAliveInterval=2",
-            "-o", "ServerAliveCountMax=3", f"root@{address}", cmd]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    p = subprocess.run([str(ROOT / "scripts/sim"), "ssh", host, cmd], capture_output=True, text=True, timeout=300)
     if check and p.returncode != 0:
         raise AssertionError(f"{host}: `{cmd}` exited {p.returncode}: {p.stderr[-2000:]}")
     return p.stdout
-
-
-def close_ssh(address: str | None = None) -> None:
-    """The harness's kept connection to ``address`` (all, and their folder: None) closed, its master process gone."""
-    for socket in sorted(ssh_control().glob(address or "*")):
-        subprocess.run(["ssh", "-o", f"ControlPath={socket}", "-O", "exit", "x"], capture_output=True, timeout=30)
-        socket.unlink(missing_ok=True)  # (a master killed without its -O exit leaves its socket)
-    if address is None:
-        shutil.rmtree(ssh_control(), ignore_errors=True)
 
 
 def power_cut(host: str) -> None:
     """``host`` goes down as a server losing power does: its link cut first (nothing it sends leaves, nothing
     sent to it is answered: no reset, no FIN), then every process of its container killed at once (its
     cgroup's), nothing shut down. ``scripts/sim up`` boots it again."""
-    # The harness's kept connection would otherwise wait on the dead link (until ServerAlive gives up).
-    from testbed.cluster import hosts_of
-
-    for h in hosts_of(str(SIM_STACK))[0]:
-        if h.name == host:
-            close_ssh(h.address)
     # nspawn's end of the host's veth on the bridge (--network-bridge): vb- and the machine's name.
     cut = subprocess.run(["ip", "link", "set", "dev", f"vb-{host}", "down"], capture_output=True, text=True, timeout=30)
     assert cut.returncode == 0, f"{host}: cannot cut its link vb-{host}: {cut.stderr}"
