@@ -157,8 +157,8 @@ def configure(stack, webhook) -> None:
     sh(f"pulumi config set -s sim --secret --path glm-infra:monitoring.webhookUrl {webhook.url}")
     # TTFT as a real prefill's: 300 ms of overhead, then 3 µs a token (0.79 s at 256K), on top of what the
     # simulator itself spends on a prompt (its tokenizer, twice with P/D: about 0.65 s at 256K on a quiet
-    # 2-core machine). Quiet, that is 16K 0.40 s, 64K 0.67, 128K 1.04, 256K 1.74: each bucket 0.25 to 0.7 s
-    # above the one before, so the SLA gate's "a longer prompt takes longer" holds beside other lanes (at
+    # 2-core machine). Expected quiet from the 1 µs run: 16K 0.40 s, 64K 0.67, 128K 1.04, 256K 1.74, each bucket
+    # 0.25 to 0.7 s above the one before, so the SLA gate's "a longer prompt takes longer" holds beside other lanes (at
     # 1 µs and 50 ms, 128K measured 1.10 s and 256K 1.03 s beside two of them). And each bucket's TTFT is
     # long enough that 15 % of it covers what the client's TTFT adds to Prometheus's (TLS, the front, the
     # router's hop: 35-40 ms quiet, 61 ms measured under load at 16K, past the gate's 50 ms floor at 0.35 s).
@@ -409,8 +409,8 @@ def test_the_sla_gate_passes_inside_the_sla(stack, tokenizer, tmp_path):
 
 def test_the_sla_gate_fails_for_the_right_bucket_and_metric(stack, tokenizer, tmp_path):
     # A slower prefill: 8 µs a token puts only the 256K bucket past the 2.5 s TTFT, by the prefill alone
-    # (300 ms + 2.1 s, then the simulator's own time: 256K about 3.0 s quiet; at 50 ms and 9 µs it measured
-    # 3.14 s), and leaves 128K room for the simulator's time to double under load (1.7 s quiet, 2.1 s).
+    # (300 ms + 2.1 s, then the simulator's own time: 256K about 3.0 s quiet, expected from 3.14 s measured at
+    # 50 ms and 9 µs), and leaves 128K room for the simulator's time to double under load (1.7 s quiet, 2.1 s).
     stack.config_set("glm-infra:prefill.env.GLM_SIM_PREFILL_US_PER_TOKEN", "8")
     stack.up()
     p = sla(tmp_path)
