@@ -41,6 +41,15 @@ def machine_cpu() -> tuple[float, float]:
     return (user + nice + system + irq + softirq) / hz, (idle + iowait) / hz
 
 
+def remove_groups(*groups: Path) -> None:
+    """Each group in turn, innermost first, while it can go (no process left in it, no group under it)."""
+    for group in groups:
+        try:
+            group.rmdir()
+        except OSError:
+            return
+
+
 def cgroup_cpu(group: Path) -> tuple[float, float, float]:
     """CPU-seconds of everything that ran in ``group`` (cpuacct.usage), and its user and system split."""
     stat = dict(line.split() for line in (group / "cpuacct.stat").read_text().splitlines())
@@ -81,11 +90,7 @@ def pytest_unconfigure(config):
     _worker.pop("log").close()
     # Back to the machine's root group, so that this run's group can go (a cgroup with a process cannot).
     (CPUACCT / "cgroup.procs").write_text(str(os.getpid()))
-    for folder in (group, group.parent, group.parent.parent):  # the worker's, the run's (the last worker), ours
-        try:
-            folder.rmdir()
-        except OSError:
-            break  # a child of the worker still in it, or another worker's group still there
+    remove_groups(group, group.parent, group.parent.parent)  # the worker's, the run's (the last worker), ours
 
 
 # --- the run and its table --------------------------------------------------------------------------------
@@ -140,12 +145,11 @@ def main() -> int:
     m1 = machine_cpu()
     print(report(read_rows(out), args.top, (m1[0] - m0[0], m1[1] - m0[1])))
     print(f"\n(each test's line: {out})")
+    # A worker's group that a process of its test still held when it ended, empty by now.
     run_group = CPUACCT / "glm-suite-cpu" / out.name
-    for group in sorted(run_group.glob("*"), reverse=True) + [run_group]:
-        try:
-            group.rmdir()
-        except OSError:
-            pass
+    for worker_group in [g for g in run_group.glob("*") if g.is_dir()]:
+        remove_groups(worker_group)
+    remove_groups(run_group, run_group.parent)
     return status
 
 
