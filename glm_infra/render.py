@@ -133,6 +133,20 @@ PACKAGE_SERVICE_WAIT_S = 60
 _SYSTEM_DIRS = {"/etc", "/etc/default", paths.UNIT_DIR}  # never removed, even if empty
 
 
+def systemd_units(units: list[str], files: list[RenderedFile]) -> list[str]:
+    """``units`` and every other unit one of ``files`` is, or is a drop-in of: what systemd must have
+    reloaded before they run on ``files``."""
+    out = [u if "." in u else f"{u}.service" for u in units]
+    for f in files:
+        folder, _, name = f.path.rpartition("/")
+        parent, _, dropins = folder.rpartition("/")
+        if folder == paths.UNIT_DIR:
+            out.append(name)
+        elif parent == paths.UNIT_DIR and dropins.endswith(".d"):
+            out.append(dropins.removesuffix(".d"))
+    return list(dict.fromkeys(out))
+
+
 def package_service_step(key: str, what: str, host: str, packages: list[str], units: list[str], urls: list[str],
                          files: list[RenderedFile], config_check: str = "", runtime_digest: tuple[str, ...] = (),
                          live_check: str = "", reload: bool = False) -> Step:
@@ -145,6 +159,7 @@ def package_service_step(key: str, what: str, host: str, packages: list[str], un
     script = render_template(
         "package-service.sh.j2", step_name=key, what=what, host=host, packages=packages,
         services=[u.removesuffix(".service") for u in units], urls=urls, files=files,
+        units=systemd_units(units, files),
         config_check=config_check, wait_seconds=PACKAGE_SERVICE_WAIT_S, runtime_digest=runtime_digest,
         live_check=live_check, restart="reload-or-restart" if reload else "restart",
         config_digest=digest(*packages, *(f"{f.path}\0{f.mode:o}\0{f.content}" for f in files)),

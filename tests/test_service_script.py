@@ -22,16 +22,25 @@ def script(timeout_s: int = 6) -> str:
 @pytest.fixture
 def stubs(tmp_path):
     s = StubPath(tmp_path)
-    # systemctl: "active" state lives in $STATE/active; "failed" in $STATE/failed.
+    # systemctl: "active" state lives in $STATE/active; "failed" in $STATE/failed; "enabled" in
+    # $STATE/enabled; $STATE/loaded: systemd runs the unit file on disk (else it needs a daemon-reload).
     s.add(
         "systemctl",
         """case "$1" in
   is-active) [ -e "$STATE/active" ] ;;
   is-failed) [ -e "$STATE/failed" ] ;;
+  is-enabled) if [ -e "$STATE/enabled" ]; then echo enabled; else echo disabled; exit 1; fi ;;
+  enable) touch "$STATE/enabled" ;;
+  daemon-reload) touch "$STATE/loaded" ;;
   start|restart) touch "$STATE/active" ;;
   list-unit-files) [ -e "$STATE/installed" ] ;;
-  disable) rm -f "$STATE/active" ;;
-  show) n=$(cat "$STATE/nrestarts" 2>/dev/null || echo 0); echo "$n"
+  disable) rm -f "$STATE/active" "$STATE/enabled" ;;
+  show) if [ "$3" = LoadState ]; then
+          echo LoadState=loaded
+          if [ -e "$STATE/loaded" ]; then echo NeedDaemonReload=no; else echo NeedDaemonReload=yes; fi
+          exit 0
+        fi
+        n=$(cat "$STATE/nrestarts" 2>/dev/null || echo 0); echo "$n"
         [ -e "$STATE/crashloop" ] && echo $((n + 1)) > "$STATE/nrestarts"; exit 0 ;;
   *) exit 0 ;;
 esac""",
@@ -56,6 +65,22 @@ def test_first_apply_starts_and_waits_for_health(stubs):
     assert "systemctl start glm-vllm-prefill-0.service" in r.calls
     assert not r.called("systemctl restart")
     assert "b300-1: glm-vllm-prefill-0.service healthy" in r.stdout
+
+
+def test_apply_reloads_systemd_and_enables_the_unit_only_when_needed(stubs):
+    """A reload re-reads every unit and `systemctl enable` reloads too, each time: a unit systemd already runs
+    from its file, enabled, gets neither; one whose file changed (NeedDaemonReload) gets the reload."""
+    (stubs.state / "healthy").touch()
+    assert stubs.run(script(), "apply").returncode == 0
+    again = stubs.run(script(), "apply")
+    assert again.returncode == 0, again.stderr
+    assert "systemctl restart glm-vllm-prefill-0.service" in again.calls
+    assert not again.called("systemctl daemon-reload") and not again.called("systemctl enable")
+    (stubs.state / "loaded").unlink()  # the unit file's own step wrote a new one
+    changed = stubs.run(script(), "apply")
+    assert changed.returncode == 0, changed.stderr
+    assert changed.calls.index("systemctl daemon-reload") < changed.calls.index("systemctl restart glm-vllm-prefill-0.service")
+    assert not changed.called("systemctl enable")
 
 
 def test_start_leaves_a_running_unit_alone(stubs):

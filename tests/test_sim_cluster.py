@@ -17,6 +17,7 @@ from conftest import ROOT, stack_file
 
 from glm_infra import hostplan
 from glm_infra.plan.topology import plan as plan_of
+from glm_infra.render import render_template
 from glm_infra.spec import paths
 from glm_infra.spec.config import StackConfig
 from glm_infra.steps import Step
@@ -134,6 +135,45 @@ def test_stand_in_faults_fail_the_gate_naming_host_and_check(cluster):
     finally:
         ssh(host, "rm -f /etc/glm-sim/hardware.conf.d/50-test.conf")
     assert ssh(host, f"{gate} check").returncode == 0
+
+
+def test_systemd_is_reloaded_only_when_a_unit_on_disk_is_newer_than_what_it_runs(cluster):
+    """_systemd.sh.j2 on real systemd: reload_for reloads for a new unit, a changed unit and a changed
+    drop-in, and for nothing else; enable_units enables once (systemctl enable reloads every time)."""
+    host, unit = "simt-1", "glm-test-reload.service"
+    path = f"{paths.UNIT_DIR}/{unit}"
+    functions = render_template("_systemd.sh.j2")
+
+    def run(body: str) -> tuple[str, int]:
+        """BODY after the functions; its stdout and the reloads systemd logged while it ran."""
+        r = ssh(host, "set -euo pipefail; before=$(journalctl -o cat _PID=1 | grep -c '^Reloading\\.$' || true)\n"
+                f"{functions}\n{body}\n"
+                "sleep 0.2; echo \"reloads=$(( $(journalctl -o cat _PID=1 | grep -c '^Reloading\\.$' || true) - before ))\"")
+        assert r.returncode == 0, r.stderr
+        out, _, count = r.stdout.rpartition("reloads=")
+        return out, int(count)
+
+    def write(description: str, dropin: str = "") -> str:
+        return (f"printf '[Unit]\\nDescription={description}\\n[Service]\\nType=oneshot\\nRemainAfterExit=yes\\nExecStart=/bin/true\\n"
+                f"[Install]\\nWantedBy=multi-user.target\\n' > {path}\n"
+                + (f"mkdir -p {path}.d; printf '[Unit]\\nDocumentation={dropin}\\n' > {path}.d/glm-infra.conf\n"
+                   if dropin else ""))
+
+    show = f"systemctl show -p Description -p Documentation --value {unit}"
+    try:
+        out, reloads = run(write("first") + f"reload_for {unit}; {show}")
+        assert out.split()[:1] == ["first"] and reloads <= 1  # a new unit: loaded, by a reload or on demand
+        # Enabled and active, it stays loaded (an idle unit nothing refers to is dropped and read anew).
+        out, reloads = run(f"enable_units {unit}; systemctl start {unit}; systemctl is-enabled {unit}")
+        assert out.strip() == "enabled" and reloads == 1, (out, reloads)
+        out, reloads = run(f"enable_units {unit}; reload_for {unit}; systemctl is-enabled {unit}")
+        assert out.strip() == "enabled" and reloads == 0, "nothing changed: no reload, no second enable"
+        out, reloads = run("sleep 0.01\n" + write("second") + f"reload_for {unit}; {show}")
+        assert out.split()[:1] == ["second"] and reloads == 1, (out, reloads)
+        out, reloads = run("sleep 0.01\n" + write("second", "https://example.invalid/a") + f"reload_for {unit}; {show}")
+        assert "https://example.invalid/a" in out and reloads == 1, (out, reloads)
+    finally:
+        ssh(host, f"systemctl disable --quiet {unit} 2>/dev/null; rm -rf {path} {path}.d; systemctl daemon-reload")
 
 
 def test_a_host_reboots_like_a_server(cluster):

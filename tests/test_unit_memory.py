@@ -221,7 +221,8 @@ def test_apply_installs_the_timer_and_samples_check_finds_an_edit_remove_leaves_
     applied = isolated(stubs, script, ["apply"], DIRS, tmp_path)
     assert applied.returncode == 0, applied.stderr
     assert f"{host}: unit-memory: every active unit measured" in applied.stdout
-    assert applied.called("systemctl daemon-reload") and applied.called("systemctl enable --now --quiet glm-unit-memory.timer")
+    assert applied.called("systemctl daemon-reload") and applied.called("systemctl enable --quiet glm-unit-memory.timer")
+    assert applied.called("systemctl start glm-unit-memory.timer")
     units = json.loads(in_root(tmp_path, paths.UNIT_MEMORY_UNITS).read_text())
     assert {"unit": "glm-vllm-router.service", "instance": "router", "pool": "router"} in units
     assert in_root(tmp_path, paths.UNIT_MEMORY).read_text() == PROGRAM.read_text()

@@ -319,7 +319,11 @@ UPGRADE_UPDATES = ("-weights-sim-1-stage", "-weights-sim-2-stage", "-weights-sim
                    # runs its preflight again); each service's script says what an unhealthy /health answered (the
                    # service steps run it again: `start` leaves a running unit alone, `rollout` with the same
                    # triggers does not restart).
-                   "-preflight", "-service")
+                   "-preflight", "-service",
+                   # Issue 43: the package services' script reloads systemd only for a unit it has not loaded as
+                   # on disk, and enables only what is not enabled (the node exporter's step runs it again:
+                   # its configuration is as it was, nothing restarts).
+                   "-node-exporter")
 
 
 def sim_host_key() -> str:
