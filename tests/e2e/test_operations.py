@@ -164,6 +164,11 @@ def configure(stack, webhook) -> None:
     # router's hop: 35-40 ms quiet, 61 ms measured under load at 16K, past the gate's 50 ms floor at 0.35 s).
     stack.config_set("glm-infra:prefill.env.GLM_SIM_TTFT_MS", "300")
     stack.config_set("glm-infra:prefill.env.GLM_SIM_PREFILL_US_PER_TOKEN", "3")
+    # One request at a time: the simulator's time is CPU (0.5 CPU-s at 256K), and two 256K requests at once
+    # compete for it with each other as well as with the other lanes. In a slow run at concurrency 2 (the stack's)
+    # 256K measured 3.03 s, 1.3 s above quiet; beside four busy processes a 256K request took 0.88-0.99 s
+    # two at a time and 0.66-0.68 s one at a time (quiet: 0.70 and 0.59).
+    stack.config_set("glm-infra:sla.concurrency", "1")
 
 
 # What an upgrade must not do to a resource of a running cluster.
