@@ -19,14 +19,9 @@ def script(timeout_s: int = 6) -> str:
     )
 
 
-@pytest.fixture
-def stubs(tmp_path):
-    s = StubPath(tmp_path)
-    # systemctl: "active" state lives in $STATE/active; "failed" in $STATE/failed; "enabled" in
-    # $STATE/enabled; $STATE/loaded: systemd runs the unit file on disk (else it needs a daemon-reload).
-    s.add(
-        "systemctl",
-        """case "$1" in
+# systemctl: "active" state lives in $STATE/active; "failed" in $STATE/failed; "enabled" in
+# $STATE/enabled; $STATE/loaded: systemd runs the unit file on disk (else it needs a daemon-reload).
+SYSTEMCTL = """case "$1" in
   is-active) [ -e "$STATE/active" ] ;;
   is-failed) [ -e "$STATE/failed" ] ;;
   is-enabled) if [ -e "$STATE/enabled" ]; then echo enabled; else echo disabled; exit 1; fi ;;
@@ -43,8 +38,13 @@ def stubs(tmp_path):
         n=$(cat "$STATE/nrestarts" 2>/dev/null || echo 0); echo "$n"
         [ -e "$STATE/crashloop" ] && echo $((n + 1)) > "$STATE/nrestarts"; exit 0 ;;
   *) exit 0 ;;
-esac""",
-    )
+esac"""
+
+
+@pytest.fixture
+def stubs(tmp_path):
+    s = StubPath(tmp_path)
+    s.add("systemctl", SYSTEMCTL)
     s.add("curl", '[ -e "$STATE/healthy" ]')
     s.add("journalctl", 'echo "vllm: CUDA error: out of memory"')
     s.add("sleep", "exit 0")
@@ -81,6 +81,20 @@ def test_apply_reloads_systemd_and_enables_the_unit_only_when_needed(stubs):
     assert changed.returncode == 0, changed.stderr
     assert changed.calls.index("systemctl daemon-reload") < changed.calls.index("systemctl restart glm-vllm-prefill-0.service")
     assert not changed.called("systemctl enable")
+
+
+def test_apply_reloads_systemd_when_it_cannot_tell_whether_it_must(stubs):
+    """systemctl show failing, or answering nothing or something else than loaded/no, is no proof that systemd
+    runs the unit file on disk: the apply reloads (the safe side) and still starts the unit."""
+    (stubs.state / "healthy").touch()
+    (stubs.state / "loaded").touch()
+    (stubs.state / "enabled").touch()
+    for answer in ("exit 1", "exit 0", "echo LoadState=not-found; echo NeedDaemonReload=no; exit 0"):
+        stubs.add("systemctl", f'if [ "$1 $3" = "show LoadState" ]; then {answer}; fi\n' + SYSTEMCTL)
+        (stubs.state / "active").unlink(missing_ok=True)  # stopped: each apply starts it
+        r = stubs.run(script(), "apply")
+        assert r.returncode == 0, (answer, r.stderr)
+        assert r.calls.index("systemctl daemon-reload") < r.calls.index("systemctl start glm-vllm-prefill-0.service"), answer
 
 
 def test_start_leaves_a_running_unit_alone(stubs):
