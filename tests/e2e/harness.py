@@ -106,8 +106,34 @@ def sh(cmd: str, check: bool = True, timeout: int = 3600, env: dict | None = Non
     return p
 
 
+_HOSTS_READ: dict[Path, tuple[tuple[int, int], dict[str, str]]] = {}
+
+
+def host_addresses(stack: Path = SIM_STACK) -> dict[str, str]:
+    """Each host's address in ``stack``'s file, read again whenever the file changes (the tests set its config)."""
+    seen = stack.stat()
+    key = (seen.st_mtime_ns, seen.st_size)
+    if stack not in _HOSTS_READ or _HOSTS_READ[stack][0] != key:
+        hosts = yaml.safe_load(stack.read_text())["config"]["glm-infra:hosts"]
+        _HOSTS_READ[stack] = key, {h["name"]: h["address"] for h in hosts}
+    return _HOSTS_READ[stack][1]
+
+
+def host_argv(host: str, cmd: str, stack: Path = SIM_STACK) -> list[str]:
+    """What ``scripts/sim [--stack FILE] ssh HOST CMD`` runs (testbed.cluster.ssh_cmd: its key and options), built
+    in this process: the suite runs some two thousand commands on hosts, and scripts/sim's own Python start was
+    about 130 of the 170 ms of CPU each cost (process accounting of a whole run). A new connection each time, as
+    scripts/sim makes: nothing kept that could outlive its host."""
+    from testbed.cluster import SIM, SimHost, ssh_cmd
+
+    address = host_addresses(stack).get(host)
+    if address is None:
+        raise AssertionError(f"{host}: no such host in {stack}")
+    return ssh_cmd(SimHost(host, address), SIM / "ssh" / "id_ed25519", cmd)
+
+
 def on_host(host: str, cmd: str, check: bool = True) -> str:
-    p = subprocess.run([str(ROOT / "scripts/sim"), "ssh", host, cmd], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(host_argv(host, cmd), capture_output=True, text=True, timeout=300)
     if check and p.returncode != 0:
         raise AssertionError(f"{host}: `{cmd}` exited {p.returncode}: {p.stderr[-2000:]}")
     return p.stdout

@@ -29,6 +29,7 @@ from e2e.harness import (
     ROOT,
     SIM_STACK,
     assert_clean,
+    host_argv,
     make_revision,
     on_host,
     router_chat,
@@ -577,8 +578,7 @@ def test_what_answers_on_a_relay_port_is_not_trusted_by_the_port(stack):
                                         stack_name="t").steps["prefill-warm-cache"].create
         relay = seed_step.split(" && ", 3)[3]  # after stage, prune and the stop of the previous relay
         squat("sim-1", "10.88.0.11", 7090, revision)
-        failed = subprocess.run([str(ROOT / "scripts/sim"), "ssh", "sim-1", relay], capture_output=True, text=True,
-                                timeout=120)
+        failed = subprocess.run(host_argv("sim-1", relay), capture_output=True, text=True, timeout=120)
         assert failed.returncode == 1, failed.stdout + failed.stderr
         assert re.search(r"cannot serve the relay on 10\.88\.0\.11:7090: Address already in use \(held by pid \d+ "
                          r"\(python3, user nobody\)\)", failed.stderr), failed.stderr
