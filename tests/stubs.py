@@ -95,9 +95,36 @@ def in_root(tmp: Path, path: str) -> Path:
     return tmp / "root" / path.lstrip("/")
 
 
+def _shellcheck_exe() -> str:
+    exe = Path(sys.executable).parent / "shellcheck"
+    return str(exe) if exe.exists() else "shellcheck"
+
+
 def shellcheck(text: str, tmp: Path, name: str = "script.sh") -> subprocess.CompletedProcess:
     p = tmp / name
     p.write_text(text)
-    exe = Path(sys.executable).parent / "shellcheck"
-    sc = str(exe) if exe.exists() else "shellcheck"
-    return subprocess.run([sc, "-s", "bash", str(p)], capture_output=True, text=True)
+    return subprocess.run([_shellcheck_exe(), "-s", "bash", str(p)], capture_output=True, text=True)
+
+
+_SHELLCHECKED: dict[str, list[str]] = {}  # text: shellcheck's findings (none: clean), for this test process
+
+
+def shellcheck_each(scripts: dict[str, str], tmp: Path) -> dict[str, str]:
+    """shellcheck's findings for each of ``scripts`` (label: text) that has any, by label: each distinct text
+    checked once in this test process (many stacks render the same scripts), the new ones in one shellcheck run."""
+    new = sorted(set(scripts.values()) - set(_SHELLCHECKED))
+    files = {}
+    for i, text in enumerate(new):
+        files[str(tmp / f"script-{i}.sh")] = text
+        (tmp / f"script-{i}.sh").write_text(text)
+    if files:
+        r = subprocess.run([_shellcheck_exe(), "-s", "bash", "-f", "gcc", *files], capture_output=True, text=True)
+        found: dict[str, list[str]] = {}
+        for line in r.stdout.splitlines():
+            path, _, rest = line.partition(":")
+            found.setdefault(path, []).append(rest)
+        # Any other failure (shellcheck missing, a file it could not read) is one too: never a silent pass.
+        assert r.returncode in (0, 1) and (r.returncode == 0) == (not found), (r.returncode, r.stdout, r.stderr)
+        assert set(found) <= set(files), f"shellcheck named files it was not given: {sorted(set(found) - set(files))}"
+        _SHELLCHECKED.update({text: found.get(path, []) for path, text in files.items()})
+    return {label: "\n".join(_SHELLCHECKED[text]) for label, text in scripts.items() if _SHELLCHECKED[text]}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import STACKS, stack_file
-from stubs import BOOT, DRIVER_SYSTEMCTL, StubPath, in_root, isolated, shellcheck
+from stubs import BOOT, DRIVER_SYSTEMCTL, StubPath, in_root, isolated, shellcheck_each
 
 from glm_infra import hostplan, render
 from glm_infra.plan.topology import plan
@@ -37,15 +37,16 @@ RUNTIME_DIRS = ["/opt", "/var/lib/glm-infra"]
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_rendered_host_script_is_shellcheck_clean(stack, tmp_path):
     cfg = load_file(stack_file(stack)).config
+    every: dict[str, str] = {}
     for host, hs in hostplan.plan_all(cfg, plan(cfg), stack_name=stack).items():
         scripts = {path: f.content for path, f in hs.files().items() if path.endswith(".sh")}
         # And the scripts steps run from stdin (reboot, wait for the reboot, back on a new boot).
         scripts.update({f"step {k}": st.stdin for k, st in hs.steps.items()
                         if "bash -s" in (st.create, (st.update or "").rsplit(" ", 2)[0])})
         assert any(k.startswith("step ") for k in scripts) == bool(hs.host.instances)
-        for path, text in scripts.items():
-            r = shellcheck(text, tmp_path)
-            assert r.returncode == 0, f"{host}:{path}\n{r.stdout}"
+        every.update({f"{host}:{path}": text for path, text in scripts.items()})
+    found = shellcheck_each(every, tmp_path)
+    assert not found, "\n".join(f"{where}\n{lines}" for where, lines in found.items())
 
 
 @pytest.fixture(autouse=True)
