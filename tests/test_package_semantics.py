@@ -146,7 +146,7 @@ def test_a_host_with_the_earlier_stand_ins_upgrades_to_these_in_one_run(repo, tm
 
     first = dpkg(old / "apt/glm-sim-hardware_1.2-1_all.deb", old / "apt/nvidia-driver-580-open_580.159.04-0ubuntu1_all.deb")
     assert first.returncode == 0, first.stderr
-    new = [repo / "glm-sim-hardware_1.3-1_all.deb", *(repo / f"{p}_580.172.08-1ubuntu1_all.deb" for p in FAMILY_580),
+    new = [repo / "glm-sim-hardware_1.4-1_all.deb", *(repo / f"{p}_580.172.08-1ubuntu1_all.deb" for p in FAMILY_580),
            repo / "nvidia-driver-580-open_580.172.08-1ubuntu1_all.deb"]
     r = dpkg(*new)
     assert r.returncode == 0, r.stderr

@@ -38,7 +38,7 @@ FAMILY = ("nvidia-utils-580", "nvidia-compute-utils-580", "nvidia-dkms-580-open"
           "libnvidia-compute-580")
 # The brief's package table, with NVIDIA's version schemes (glm_infra/spec/packages.py): the main repository.
 EXPECTED_VERSIONS = {
-    "glm-sim-hardware": "1.3-1",
+    "glm-sim-hardware": "1.4-1",
     "pciutils": "1:3.10.0-2glmsim1",
     "glm-sim-rdma-tools": "1.0-1",
     "nvidia-driver-pinning-580": "580-5",
@@ -66,7 +66,7 @@ DOCA_VERSIONS = {
     "infiniband-diags": ["2507mlnx56-1", "2599mlnx99-1"],
     "rdma-core": ["2507mlnx56-1", "2599mlnx99-1"],
     "ibverbs-utils": ["2507mlnx56-1", "2599mlnx99-1"],
-    "glm-sim-hardware": ["1.3-1"], "glm-sim-rdma-tools": ["1.0-1"], "pciutils": ["1:3.10.0-2glmsim1"],
+    "glm-sim-hardware": ["1.4-1"], "glm-sim-rdma-tools": ["1.0-1"], "pciutils": ["1:3.10.0-2glmsim1"],
 }
 EXPECTED_CONTENTS = {
     "nvidia-utils-580": ["usr/bin/nvidia-smi"],

@@ -10,14 +10,13 @@ but stays the same across calls.
 
 from __future__ import annotations
 
-import hashlib
+# Every stand-in tool imports this module, and a deploy runs them thousands of times: only what each needs is
+# imported (hashlib and subprocess where used; no dataclasses, whose inspect import costs more than the rest).
 import os
 import re
 import shlex
 import signal
-import socket
-import subprocess
-from dataclasses import dataclass
+from collections import namedtuple
 from pathlib import Path
 
 # Authoritative defaults; the shipped hardware.conf repeats them so operators can see and edit them.
@@ -165,6 +164,8 @@ def fabricmanager_active() -> bool:
     if os.environ.get("GLM_SIM_ROOT"):
         return sim_path(FABRICMANAGER_ACTIVE).exists()
     try:
+        import subprocess
+
         probe = ["systemctl", "is-active", "--quiet", "nvidia-fabricmanager"]
         return subprocess.run(probe, stderr=subprocess.DEVNULL).returncode == 0
     except FileNotFoundError:
@@ -187,7 +188,10 @@ def fabric_state(conf: dict[str, str], driver: str) -> tuple[str, str]:
 
 def digest(*parts: object) -> str:
     """A hash of parts salted with the host name: stable across calls, different on each host."""
-    return hashlib.sha256("/".join(str(p) for p in (socket.gethostname(), *parts)).encode()).hexdigest()
+    from hashlib import sha256
+
+    # os.uname's node name is what gethostname(2) returns.
+    return sha256("/".join(str(p) for p in (os.uname().nodename, *parts)).encode()).hexdigest()
 
 
 def _ints(conf: dict[str, str], key: str) -> set[int]:
@@ -197,13 +201,10 @@ def _ints(conf: dict[str, str], key: str) -> set[int]:
         raise ConfigError(f"{key} must list integers, got {conf[key]!r}") from None
 
 
-@dataclass(frozen=True)
-class Gpu:
-    index: int
-    name: str
-    memory_mib: int
-    inactive_links: frozenset[int]
-    remap_pending: bool
+class Gpu(namedtuple("Gpu", "index name memory_mib inactive_links remap_pending")):
+    """index: int, name: str, memory_mib: int, inactive_links: frozenset[int], remap_pending: bool."""
+
+    __slots__ = ()
 
     @property
     def bus(self) -> int:
@@ -285,14 +286,11 @@ def gpu_counts(conf: dict[str, str], key: str) -> dict[int, int]:
     return out
 
 
-@dataclass(frozen=True)
-class RdmaDevice:
-    name: str
-    compute_index: int | None  # rail number of a compute NIC; None for NVSwitch management
-    link_layer: str
-    up: bool
-    active_mtu: int
-    host_octet: int
+class RdmaDevice(namedtuple("RdmaDevice", "name compute_index link_layer up active_mtu host_octet")):
+    """name: str, compute_index: int | None (the rail number of a compute NIC; None for NVSwitch management),
+    link_layer: str, up: bool, active_mtu: int, host_octet: int."""
+
+    __slots__ = ()
 
     @property
     def ethernet(self) -> bool:
@@ -381,15 +379,11 @@ def nic_distances(conf: dict[str, str]) -> dict[int, str]:
     return out
 
 
-@dataclass(frozen=True)
-class PciDevice:
-    """One device lspci lists: a bridge has its bus range; a switch's downstream port its ACS state
-    (None: no ACS capability)."""
+class PciDevice(namedtuple("PciDevice", "bdf description bus_range acs_on", defaults=(None, None))):
+    """One device lspci lists (bdf: str, description: str): a bridge has its bus range (bus_range: tuple[int, int]
+    | None); a switch's downstream port its ACS state (acs_on: bool | None; None: no ACS capability)."""
 
-    bdf: str
-    description: str
-    bus_range: tuple[int, int] | None = None
-    acs_on: bool | None = None
+    __slots__ = ()
 
 
 # The ConnectX-8's PCIe switch that joins each GPU and its NIC (PXB in nvidia-smi topo -m): its ports'
