@@ -106,16 +106,15 @@ def sh(cmd: str, check: bool = True, timeout: int = 3600, env: dict | None = Non
     return p
 
 
-_HOSTS_READ: dict[Path, tuple[tuple[int, int], dict[str, str]]] = {}
+_HOSTS_READ: dict[Path, tuple[str, dict[str, str]]] = {}
 
 
 def host_addresses(stack: Path = SIM_STACK) -> dict[str, str]:
-    """Each host's address in ``stack``'s file, read again whenever the file changes (the tests set its config)."""
-    seen = stack.stat()
-    key = (seen.st_mtime_ns, seen.st_size)
-    if stack not in _HOSTS_READ or _HOSTS_READ[stack][0] != key:
-        hosts = yaml.safe_load(stack.read_text())["config"]["glm-infra:hosts"]
-        _HOSTS_READ[stack] = key, {h["name"]: h["address"] for h in hosts}
+    """Each host's address in ``stack``'s file, parsed again whenever its text changes (the tests set its config)."""
+    text = stack.read_text()
+    if stack not in _HOSTS_READ or _HOSTS_READ[stack][0] != text:
+        hosts = yaml.safe_load(text)["config"]["glm-infra:hosts"]
+        _HOSTS_READ[stack] = text, {h["name"]: h["address"] for h in hosts}
     return _HOSTS_READ[stack][1]
 
 
