@@ -120,8 +120,8 @@ def host_addresses(stack: Path = SIM_STACK) -> dict[str, str]:
 
 def host_argv(host: str, cmd: str, stack: Path = SIM_STACK) -> list[str]:
     """What ``scripts/sim [--stack FILE] ssh HOST CMD`` runs (testbed.cluster.ssh_cmd: its key and options), built
-    in this process: the suite runs some two thousand commands on hosts, and scripts/sim's own Python start was
-    about 130 of the 170 ms of CPU each cost (process accounting of a whole run). A new connection each time, as
+    in this process: the suite runs about a thousand commands on hosts, and scripts/sim's own Python start was
+    about 130 of the 157 ms of CPU each cost (process accounting of a whole run). A new connection each time, as
     scripts/sim makes: nothing kept that could outlive its host."""
     from testbed.cluster import SIM, SimHost, ssh_cmd
 
@@ -131,8 +131,8 @@ def host_argv(host: str, cmd: str, stack: Path = SIM_STACK) -> list[str]:
     return ssh_cmd(SimHost(host, address), SIM / "ssh" / "id_ed25519", cmd)
 
 
-def on_host(host: str, cmd: str, check: bool = True) -> str:
-    p = subprocess.run(host_argv(host, cmd), capture_output=True, text=True, timeout=300)
+def on_host(host: str, cmd: str, check: bool = True, stack: Path = SIM_STACK) -> str:
+    p = subprocess.run(host_argv(host, cmd, stack), capture_output=True, text=True, timeout=300)
     if check and p.returncode != 0:
         raise AssertionError(f"{host}: `{cmd}` exited {p.returncode}: {p.stderr[-2000:]}")
     return p.stdout

@@ -27,7 +27,7 @@ import urllib.request
 
 import pytest
 
-from e2e.harness import COLD, ROOT, host_argv, on_host, power_back, power_cut, router_chat, set_host_keys, sh, steady_load
+from e2e.harness import COLD, ROOT, on_host, power_back, power_cut, router_chat, set_host_keys, sh, steady_load
 
 ROUTER = "https://10.88.0.13:8000"
 ROLLING = ("sim-1", "sim-2")
@@ -328,9 +328,7 @@ def joining_hosts_stopped(tmp_path_factory):
 
 def on_joining(host: str, cmd: str) -> str:
     """``cmd`` on a joining host, also once the sim stack's file names it no more."""
-    p = subprocess.run(host_argv(host, cmd, EXTRA["file"]), capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, f"{host}: `{cmd}` exited {p.returncode}: {p.stderr[-2000:]}"
-    return p.stdout
+    return on_host(host, cmd, stack=EXTRA["file"])
 
 
 def stack_instances(hosts: tuple[str, ...]) -> dict[str, dict]:
