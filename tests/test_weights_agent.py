@@ -1774,9 +1774,10 @@ def test_a_peer_whose_sources_never_answer_fails_naming_them(tmp_path, capsys, c
 def test_a_source_that_never_completes_fails_the_peer_in_time(tmp_path, capsys, monkeypatch):
     stuck = parent(published=["config.json"], complete=False)
     with running(stuck.server) as up:
-        assert peer(tmp_path / "c" / "model", up, timeout="1") == 1
+        # The deadline is real time: 3 s leaves room for the 0.3 s stall on a loaded machine.
+        assert peer(tmp_path / "c" / "model", up, timeout="3") == 1
     out, err = capsys.readouterr()
-    assert f"c: weights: timed out after 1s with 1 files (sources: {up})" in err
+    assert f"c: weights: timed out after 3s with 1 files (sources: {up})" in err
     assert f"c: weights: {up}: no progress for 0.3s; copying from {up} (the seed) now" in out
     assert "/.glm-done?moved=1" not in stuck.paths(), "it did not move: nothing to tell"
 
@@ -2262,7 +2263,9 @@ def test_after_moving_a_source_that_does_not_answer_yet_gets_the_stall(tmp_path,
     with running(dead.server) as seed_url:
         pass
     with running(stuck.server) as up:
-        assert peer(tmp_path / "c" / "model", up, seed_url, stall="0.2", timeout="1") == 1
+        # The deadline is real time: 3 s leaves room for two 0.2 s stalls on a loaded machine (1 s did not:
+        # a CI run timed out with the seed still waited for).
+        assert peer(tmp_path / "c" / "model", up, seed_url, stall="0.2", timeout="3") == 1
     out = capsys.readouterr().out
     assert f"c: weights: {seed_url}: did not answer within 0.2s; copying from {up} (its parent) now" in out
     assert f"{seed_url}: failed" not in out
