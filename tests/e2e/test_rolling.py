@@ -372,14 +372,18 @@ def test_two_hosts_join_under_load_and_take_traffic_then_one_leaves_drained(stac
     with steady_load(vip_chat, per_second=4) as load:
         done = threading.Event()
 
-        def watch() -> None:  # when each new instance answers its first request
+        def watch() -> None:  # when each new instance answers its first request (printed, not asserted)
             while not done.wait(2):
-                for name, inst in stack_instances(("sim-4", "sim-5")).items():
+                try:
+                    instances = stack_instances(("sim-4", "sim-5"))
+                except AssertionError:  # the state read while the up rewrites it ("failed to load checkpoint: EOF")
+                    continue
+                for name, inst in instances.items():
                     if name not in firsts and requests_served(inst) > 0:
                         firsts[name] = time.time() - t_up
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
-        up = stack.up()
+        stack.up()
         took = time.time() - t_up
         time.sleep(6)
         done.set()
