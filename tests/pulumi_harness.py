@@ -42,6 +42,7 @@ class Registered:
     # outputs whose input was secret and those in additional_secret_outputs)
     ignore_changes: list[str] = field(default_factory=list)
     aliases: list = field(default_factory=list)  # as sent: URNs (aliasURNs) or specs (aliases)
+    on_error: list[str] = field(default_factory=list)  # the names of its error hooks
 
 
 class _Mocks(pulumi.runtime.Mocks):
@@ -96,7 +97,8 @@ class RecordingMonitor(pmocks.MockMonitor):
                            secret, bool(request.retainOnDelete), raw, list(request.additionalSecretOutputs),
                            {k: v for k, v in MessageToDict(request.customTimeouts).items() if v},
                            MessageToDict(resp.object), list(request.ignoreChanges),
-                           [*request.aliasURNs, *(MessageToDict(a) for a in request.aliases)])
+                           [*request.aliasURNs, *(MessageToDict(a) for a in request.aliases)],
+                           list(request.hooks.on_error))
             )
         return resp
 

@@ -266,6 +266,8 @@ def test_hosts_provisions_without_serving():
                 f"fleet-{h}-nixl-ucx-env", f"fleet-{h}-facts", f"fleet-weights-{h}-stage"} <= names
     assert not any("vllm" in n or "runtime" in n or "router" in n or "prune" in n for n in names)
     assert set(facts) == {"b300-1", "b300-2"}
+    # Nothing serves, so no host takes turns: no step needs to tell a waiting turn it failed.
+    assert not any(r.on_error for r in run.resources)
     # The hub needs the runtime's uv for the hf CLI: asked for, or refused plainly.
     with pytest.raises(InvalidArgsError, match="install_runtime=True"):
         run_callable(lambda: Hosts("fleet", {"hosts": hosts("10.0.0.41"), "ssh": {"private_key": KEY}, "model": MODEL,

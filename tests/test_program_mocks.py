@@ -218,6 +218,20 @@ def test_a_host_change_rolls_through_each_pool(key_file):
     assert any("decode: interrupted: its only host, b300-3, goes down" in m for m in run.logs), run.logs
 
 
+def test_every_step_tells_the_waiting_turns_when_it_fails(key_file):
+    """A step that fails ends the run only once every running step has finished, a host waiting for its turn
+    among them: each command carries the error hook that records the failure where that host's lease.sh reads
+    it (roll/runs.py). The hook is the Cluster's own (its name), one for the program."""
+    run = run_program(stack_file("prod-b300"), key_file)
+    commands = [r for r in run.resources if r.type.startswith("command:")]
+    keys = {"glm-trigger-key", "glm-relay-key"}  # made once, before any host: a failure there waits for nothing
+    assert {r.name for r in commands if not r.on_error} == keys
+    assert {tuple(r.on_error) for r in commands if r.name not in keys} == {("glm-run-failed",)}
+    for name in ("glm-b300-1-host-drain", "glm-b300-1-drivers-install", "glm-b300-1-host-return",
+                 "glm-b300-2-turn-acquire", "glm-router-service"):
+        assert run.get(name).on_error == ["glm-run-failed"], name
+
+
 def test_the_turns_follow_the_pool_order_not_the_host_order(key_file, tmp_path):
     cfg = yaml.safe_load(stack_file("prod-b300").read_text())
     cfg["config"]["glm-infra:prefill"]["hosts"] = ["b300-2", "b300-1"]

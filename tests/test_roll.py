@@ -10,6 +10,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,7 +21,8 @@ from stubs import StubPath, in_root, isolated
 
 from glm_infra import hostplan
 from glm_infra.plan.topology import plan, roll_predecessors, rolling, rolling_notes
-from glm_infra.roles import vllm
+from glm_infra.roles import roll, vllm
+from glm_infra.roles.roll import runs
 from glm_infra.stack import load_file
 
 
@@ -194,6 +196,80 @@ def test_the_wait_for_a_turn_is_bounded_and_names_the_holder(leases):
         in r.stderr
     assert "rm " in r.stderr and str(leases.root) in r.stderr
     assert slots(leases.root) == {"prefill/slot-0": "b300-1"}, "the waiter took nothing"
+
+
+def _failure_record(leases) -> Path:
+    folder = roll.lease_folder(load_file(stack_file("prod-b300")).config, "prod-b300")
+    return runs.lease_root(folder, {runs.LEASES: str(leases.root)})
+
+
+def test_a_waiter_stops_once_its_run_has_failed_and_gives_back_what_it_took(leases):
+    """pulumi waits for every running step after one fails, a turn-acquire waiting for its slot among them:
+    when b300-1's turn fails, its slot stays taken for the rest of the run, and b300-2's wait (hours: one
+    turn's step timeouts) held `pulumi up` that long. The program's error hook records the failure
+    (runs.record_failure); the waiter of that run stops at its next poll, naming the step."""
+    run = subprocess.Popen(["sleep", "120"])  # the pulumi run both turns belong to
+    other = subprocess.Popen(["sleep", "120"])  # another run, alive
+    try:
+        assert leases("b300-1", "acquire", holder=run.pid).returncode == 0
+        waiting = leases("b300-2", "acquire", holder=run.pid, background=True)
+        time.sleep(3)
+        assert waiting.poll() is None, "b300-2 waits for b300-1's turn"
+        record = runs.record_failure(_failure_record(leases), runs.this_run({runs.LEASE_PID: str(run.pid)}),
+                                     "glm-b300-1-host-return (update)")
+        t0 = time.monotonic()
+        out, err = waiting.communicate(timeout=30)
+        assert waiting.returncode == 1 and time.monotonic() - t0 < 10, (out, err)
+        assert (f"b300-2: turn: not taking a turn: this pulumi run (pid {run.pid}) failed at "
+                "glm-b300-1-host-return (update); it ends once what is running has finished") in err
+        assert slots(leases.root) == {"prefill/slot-0": "b300-1"}, "the holder's slot is left as it was"
+        # The first failure is the one named; a later one leaves the record as it is.
+        runs.record_failure(record.parent, runs.this_run({runs.LEASE_PID: str(run.pid)}), "glm-b300-3-rdma (update)")
+        assert record.read_text() == "glm-b300-1-host-return (update)\n"
+        # A turn of this run in a free pool stops too (pulumi would start nothing after it), taking nothing.
+        r = leases("b300-3", "acquire", holder=run.pid)
+        assert r.returncode == 1 and "failed at glm-b300-1-host-return (update)" in r.stderr
+        assert slots(leases.root) == {"prefill/slot-0": "b300-1"}
+        # Another run is not stopped by it: it waits for the slot, within its bound.
+        r = leases("b300-2", "acquire", wait_s=3, holder=other.pid)
+        assert r.returncode == 1 and "no turn in prefill after 3s" in r.stderr and "not taking" not in r.stderr
+        # A record that names no step (empty, unreadable) stops the waiter all the same.
+        record.write_text("")
+        r = leases("b300-3", "acquire", holder=run.pid)
+        assert r.returncode == 1 and f"failed at a step ({record} names none)" in r.stderr
+    finally:
+        for p in (run, other):
+            p.kill()
+            p.wait()
+    # Once the run is gone, its record goes with the next acquire, and the slot is taken back.
+    r = leases("b300-2", "acquire", wait_s=10)
+    assert r.returncode == 0, r.stderr
+    assert not record.exists() and "taken back from b300-1" in r.stdout
+
+
+def test_the_program_and_lease_sh_name_the_same_run(leases, tmp_path):
+    """Without overrides both sides name the run by the nearest `pulumi` process above them: the program
+    (runs.this_run, under the language host) and lease.sh (under the command provider). A stand-in
+    `pulumi` (bash by that name) runs both; the record the Python side writes stops the shell's wait."""
+    fake = tmp_path / "bin" / "pulumi"
+    fake.parent.mkdir()
+    fake.symlink_to(shutil.which("bash"))
+    root = _failure_record(leases)
+    python = f"{shlex.quote(sys.executable)} -c " + shlex.quote(
+        "import sys; from pathlib import Path; from glm_infra.roles.roll import runs; "
+        "r = runs.this_run(); print(r); runs.record_failure(Path(sys.argv[1]), r, 'glm-b300-1-drivers-back (update)')")
+    lease = leases.script("b300-2")
+    script = (f"{shlex.quote(shutil.which('bash'))} {shlex.quote(str(leases.script('b300-1')))} acquire 0123456789abcdef; "
+              f"{shlex.quote(shutil.which('bash'))} {lease} acquire 0123456789abcdef & waiter=$!; sleep 3; "
+              f"{python} {shlex.quote(str(root))}; wait $waiter; echo rc=$?; echo pid=$$")
+    env = {k: v for k, v in os.environ.items() if k != runs.LEASE_PID}
+    env.update(GLM_INFRA_LEASES=str(leases.root), PYTHONPATH=str(Path(__file__).parents[1]))
+    r = subprocess.run([str(fake), "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    pid = int(r.stdout.rsplit("pid=", 1)[1])
+    assert f"({pid}, '" in r.stdout, (r.stdout, r.stderr)  # the program named the stand-in pulumi
+    assert "rc=1" in r.stdout and f"this pulumi run (pid {pid}) failed at glm-b300-1-drivers-back (update)" in r.stderr, \
+        (r.stdout, r.stderr)
+    assert slots(leases.root) == {"prefill/slot-0": "b300-1"}, "b300-2 took nothing"
 
 
 def test_an_interrupted_acquire_gives_back_what_it_took(write_stack, tmp_path):

@@ -19,7 +19,8 @@ from glm_infra.args import ClusterArgs, HostsArgs
 from glm_infra.hostplan import HostSteps
 from glm_infra.plan import topology
 from glm_infra.plan.validate import Problem
-from glm_infra.roles import router as router_role, vllm
+from glm_infra.roles import roll, router as router_role, vllm
+from glm_infra.roles.roll import runs
 from glm_infra.spec import paths
 from glm_infra.spec.config import SERVING_KEYS
 from glm_infra.stack import StackError
@@ -29,7 +30,7 @@ from .drivers import driver_steps
 from .engine_limits import check_parallel
 from .host import Host, HostArgs
 from .monitoring import STEP_KEYS, MonitoredHost, Monitoring, MonitoringArgs
-from .remote_step import relay_key, run_step, trigger_key
+from .remote_step import record_failures, relay_key, run_step, trigger_key
 from .router import Router, RouterArgs
 from .vllm_service import VllmService, VllmServiceArgs, WarmCacheRelays
 from .weights import ModelWeights, stage_weights
@@ -80,6 +81,10 @@ class _Deployment(pulumi.ComponentResource):
         self.plan = topology.plan(self.stack, serve, runtime)
         check_parallel(self.stack, self.plan, self)
         self.steps = hostplan.plan_all(self.stack, self.plan, stack_name=pulumi.get_stack())
+        # A step that fails in a run with turns tells the hosts of that run waiting for one (roll/runs.py).
+        mine = {h: hs.steps for h, hs in self.steps.items() if self.mine(h)}
+        record_failures(name, runs.lease_root(roll.lease_folder(self.stack, pulumi.get_stack()))
+                        if roll.rolls(mine) else None)
         resolved = inputs.resolve(loaded, self._split, source, serve, runtime)
         self._live = resolved.apply(lambda r: hostplan.plan_all(r.stack, r.plan, stack_name=pulumi.get_stack())) \
             if self._split.later else None

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
+from pathlib import Path
 
 import pulumi
 import pulumi_command.local as local
 import pulumi_command.remote as remote
 
+from glm_infra.roles.roll import runs
 from glm_infra.steps import TRIGGERS_TOKEN, Step, digest, keyed_digest
 
 # The stack's trigger key: 32 random bytes as hex, made once (the command never changes, so it never
@@ -40,6 +42,36 @@ def relay_key(name: str, parent: pulumi.Resource) -> pulumi.Output[str]:
     made = local.Command(name, create=RELAY_KEY_COMMAND, logging=local.Logging.NONE, add_previous_output_in_env=False,
                          opts=pulumi.ResourceOptions(parent=parent, additional_secret_outputs=["stdout", "stderr"]))
     return pulumi.Output.secret(made.stdout)
+
+
+_RUN_FAILED_HOOK: ContextVar[pulumi.ErrorHook | None] = ContextVar("glm_infra_run_failed_hook", default=None)
+
+
+def record_failures(name: str, lease_root: Path | None) -> pulumi.ErrorHook | None:
+    """Bind to every step registered after this call in this program an error hook that records, in
+    ``lease_root`` (the stack's lease folder, runs.lease_root), that this run failed at that step: the hosts
+    of this run waiting for a turn read it and stop (runs.py says why). None (no host takes turns): no hook.
+    The hook never retries the step, and never fails itself: what it cannot record is a warning, and the
+    waiters then keep their bound."""
+    if lease_root is None:
+        _RUN_FAILED_HOOK.set(None)
+        return None
+
+    def on_error(args: pulumi.ErrorHookArgs) -> bool:
+        what = f"{args.name} ({args.failed_operation})"
+        try:
+            run = runs.this_run()
+            if run is None:
+                raise OSError("no pulumi process above the program to name the run")
+            runs.record_failure(lease_root, run, what)
+        except (OSError, ValueError) as e:
+            pulumi.log.warn(f"{what} failed, and the hosts of this run waiting for a turn cannot be told ({e}): "
+                            "they wait out their bound")
+        return False
+
+    hook = pulumi.ErrorHook(f"{name}-run-failed", on_error)
+    _RUN_FAILED_HOOK.set(hook)
+    return hook
 
 
 def inherited(opts: pulumi.ResourceOptions | None) -> list[pulumi.Resource]:
@@ -120,6 +152,7 @@ def run_step(
         custom_timeouts=pulumi.CustomTimeouts(create=step.timeout, update=step.timeout) if step.timeout else None,
         retain_on_delete=step.retain or None,
         aliases=[pulumi.Alias(parent=urn) for urn in moved_from] or None,
+        hooks=pulumi.ResourceHookBinding(on_error=[hook]) if (hook := _RUN_FAILED_HOOK.get()) else None,
     )
     if step.local:
         return local.Command(name, create=create, update=update, delete=field("delete"), stdin=data,

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from glm_infra.plan.topology import HostPlan, Instance, Plan, rolling
 from glm_infra.render import render_template
 from glm_infra.roles import vllm
+from glm_infra.roles.roll import runs
 from glm_infra.spec import paths, pins
 from glm_infra.spec.config import StackConfig
 from glm_infra.steps import RenderedFile, Step, digest, seconds
@@ -34,7 +35,19 @@ def roll_script(stack: StackConfig, plan: Plan, host: str, pools: list[tuple[str
 
 def lease_script(host: str, folder: str, pools: list[tuple[str, int]], wait_s: int) -> str:
     """lease.sh of ``host``: its turn in its pools' roll, on the machine running pulumi."""
-    return render_template("lease.sh.j2", host=host, folder=folder, pools=pools, wait_s=wait_s)
+    return render_template("lease.sh.j2", host=host, folder=folder, pools=pools, wait_s=wait_s,
+                           run_failed=runs.RUN_FAILED)
+
+
+def lease_folder(stack: StackConfig, stack_name: str) -> str:
+    """The stack's folder of turns (and of its runs' failure records) under the lease root: one per stack
+    and set of hosts."""
+    return f"{stack_name}-{digest(stack_name, *sorted(x.name for x in stack.hosts))}"
+
+
+def rolls(steps: Mapping[str, Mapping[str, Step]]) -> bool:
+    """Whether any host of these per-host steps takes turns (a serving host in a pool)."""
+    return any("turn-acquire" in s for s in steps.values())
 
 
 # The steps that take a host down or change what its instances run on: they roll, one turn at a time.
@@ -76,8 +89,7 @@ def roll_steps(stack: StackConfig, plan: Plan, h: HostPlan, stack_name: str,
     wait_s = turn_s + 300  # another host's whole turn, from the timeouts of its steps
     bounds = {"guard_s": wait_s, "down_s": down_s, "up_s": up_s, "start_s": start_s}
     script = roll_script(stack, plan, h.name, pools, bounds)
-    folder = f"{stack_name}-{digest(stack_name, *sorted(x.name for x in stack.hosts))}"
-    lease = lease_script(h.name, folder, pools, wait_s)
+    lease = lease_script(h.name, lease_folder(stack, stack_name), pools, wait_s)
     path = paths.script("roll")
     install = f"install -D -m 0755 /dev/stdin {path}"
     # roll.sh refuses to go on blind (the router unreadable) unless the operator sets this for one up;
