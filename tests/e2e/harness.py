@@ -78,9 +78,24 @@ def cluster_first(niceness: int = -20):
                 pass
 
 
-def sh(cmd: str, check: bool = True, timeout: int = 3600, env: dict | None = None) -> subprocess.CompletedProcess:
+# A pulumi operation that holds its stack's lock: killed, it leaves the lock behind (the file backend's lock file).
+_LOCKING = re.compile(r"\bpulumi (?:up|destroy|refresh|import)\b.*?(?:-s|--stack) (\S+)")
+
+
+def _unlock(cmd: str, env: dict) -> None:
+    """After ``cmd`` was killed: release the lock it left on its stack, so that the tests after it fail (or
+    pass) for their own reasons, not all on "the stack is currently locked"."""
+    m = _LOCKING.search(cmd)
+    if m:
+        subprocess.run(["bash", "-c", f". scripts/lib/pulumi-env.sh; pulumi cancel --yes -s {shlex.quote(m.group(1))}"],
+                       cwd=ROOT, env=env, capture_output=True, timeout=120)
+
+
+def sh(cmd: str, check: bool = True, timeout: int = 1800, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run cmd in bash from the repository root with the Pulumi environment of scripts/lib/pulumi-env.sh.
-    On a timeout or an interruption, cmd is killed with everything it started (pulumi's plugins too)."""
+    On a timeout or an interruption, cmd is killed with everything it started (pulumi's plugins too), and a
+    stack lock it held is released. The default limit is many times the longest `pulumi up` on the simulated
+    cluster: a run past it hangs."""
     e = dict(os.environ, PULUMI_CONFIG_PASSPHRASE=PASSPHRASE)
     e.update(env or {})
     proc = subprocess.Popen(["bash", "-c", f". scripts/lib/pulumi-env.sh; {cmd}"], cwd=ROOT, env=e, text=True,
@@ -90,10 +105,12 @@ def sh(cmd: str, check: bool = True, timeout: int = 3600, env: dict | None = Non
     except subprocess.TimeoutExpired:
         proctree.kill_tree(proc.pid)
         out, err = proc.communicate()
+        _unlock(cmd, e)
         raise AssertionError(f"`{cmd}` ran over {timeout}s and was killed with its process tree\n{out[-3000:]}\n{err[-2000:]}")
     except BaseException:
         proctree.kill_tree(proc.pid)
         proc.communicate()
+        _unlock(cmd, e)
         raise
     p = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     if check and p.returncode != 0:

@@ -628,8 +628,28 @@ def test_driver_change_reboots_only_when_the_module_changes(stack):
     # Nothing changed since: no reboot.
     stack.up()
     assert boot_ids() == after
-    # And back (a downgrade is a module change too).
+    # And back (a downgrade is a module change too); first with sim-1's turn failing: sim-1 cannot reach the
+    # router's metrics, so its drain refuses to go on blind while it holds prefill's only slot. sim-2, waiting
+    # for that slot in the same run, stops at once instead of waiting out its bound (hours: one turn's step
+    # timeouts), and the up ends with the failure once sim-3's roll (decode, its own pool) has finished.
     stack.config_set("glm-infra:drivers.version", "580.159.04")
+    on_host("sim-1", "nft add table inet glm_test_block && nft add chain inet glm_test_block out "
+                     "'{ type filter hook output priority 0; }' && nft add rule inet glm_test_block out "
+                     "ip daddr 10.88.0.13 tcp dport 29000 reject with tcp reset")
+    try:
+        t0 = time.monotonic()
+        failed = stack.up(check=False)
+        took = time.monotonic() - t0
+    finally:
+        on_host("sim-1", "nft delete table inet glm_test_block")
+    text = failed.stdout + failed.stderr
+    assert failed.returncode != 0, text[-3000:]
+    assert "sim-1: roll: the router's metrics (http://10.88.0.13:29000/metrics) cannot be read" in text, text[-3000:]
+    assert re.search(r"sim-2: turn: not taking a turn: this pulumi run \(pid \d+\) failed at glm-sim-1-host-drain "
+                     r"\(update\)", text), text[-3000:]
+    assert took < 600, f"the failed up took {took:.0f} s"
+    assert {h: boot_ids()[h] for h in ("sim-1", "sim-2")} == {h: after[h] for h in ("sim-1", "sim-2")}, \
+        "neither prefill host rolled"
     stack.up()
     assert all(boot_ids()[h] != after[h] for h in HOSTS)
     assert {loaded_driver(h) for h in HOSTS} == {"580.159.04"}
