@@ -20,7 +20,6 @@ from glm_infra.hostplan import HostSteps
 from glm_infra.plan import topology
 from glm_infra.plan.validate import Problem
 from glm_infra.roles import roll, router as router_role, vllm
-from glm_infra.roles.roll import runs
 from glm_infra.spec import paths
 from glm_infra.spec.config import SERVING_KEYS
 from glm_infra.stack import StackError
@@ -82,9 +81,8 @@ class _Deployment(pulumi.ComponentResource):
         check_parallel(self.stack, self.plan, self)
         self.steps = hostplan.plan_all(self.stack, self.plan, stack_name=pulumi.get_stack())
         # A step that fails in a run with turns tells the hosts of that run waiting for one (roll/runs.py).
-        mine = {h: hs.steps for h, hs in self.steps.items() if self.mine(h)}
-        record_failures(name, runs.lease_root(roll.lease_folder(self.stack, pulumi.get_stack()))
-                        if roll.rolls(mine) else None)
+        record_failures(name, roll.failure_folder(self.stack, {h: s.steps for h, s in self.steps.items() if self.mine(h)},
+                                                  pulumi.get_stack()))
         resolved = inputs.resolve(loaded, self._split, source, serve, runtime)
         self._live = resolved.apply(lambda r: hostplan.plan_all(r.stack, r.plan, stack_name=pulumi.get_stack())) \
             if self._split.later else None

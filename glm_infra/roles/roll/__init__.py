@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Mapping
+from pathlib import Path
 
 from glm_infra.plan.topology import HostPlan, Instance, Plan, rolling
 from glm_infra.render import render_template
@@ -45,9 +46,12 @@ def lease_folder(stack: StackConfig, stack_name: str) -> str:
     return f"{stack_name}-{digest(stack_name, *sorted(x.name for x in stack.hosts))}"
 
 
-def rolls(steps: Mapping[str, Mapping[str, Step]]) -> bool:
-    """Whether any host of these per-host steps takes turns (a serving host in a pool)."""
-    return any("turn-acquire" in s for s in steps.values())
+def failure_folder(stack: StackConfig, steps: Mapping[str, Mapping[str, Step]], stack_name: str) -> Path | None:
+    """Where the program records that a step of its run failed, for the hosts of the run waiting for a turn
+    (runs.py): the stack's lease folder; None when no host of these per-host steps takes turns."""
+    if not any("turn-acquire" in s for s in steps.values()):
+        return None
+    return runs.lease_root(lease_folder(stack, stack_name))
 
 
 # The steps that take a host down or change what its instances run on: they roll, one turn at a time.
